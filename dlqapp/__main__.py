@@ -1,0 +1,17 @@
+"""`python -m dlqapp …` is `faust -A dlqapp …`."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    """Run Faust's command line with this app."""
+    from dlqapp.app import app
+    import dlqapp  # noqa: F401  (registers agents, views and commands)
+
+    app.main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Faust wiring: one agent per topic, and the retry timer. Logic lives elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from faust import StreamT, TopicT
+
+from dlqapp.app import app, settings
+from dlqapp.dlq import DeadLetterRecorder
+from dlqapp.flow import InFlightWindow
+from dlqapp.inference import create_backend
+from dlqapp.pipeline import Pipeline
+from dlqapp.retry import RetryScheduler
+from dlqapp.topology import (
+    dead_letters,
+    dlq_topic,
+    due_topic,
+    input_topic,
+    parked_retries,
+    requests_table,
+    results_topic,
+    tier_topics,
+)
+
+log = logging.getLogger("dlqapp.agents")
+
+backend = create_backend(settings)
+pipeline = Pipeline(
+    settings,
+    backend,
+    tier_topics=tier_topics,
+    dlq_topic=dlq_topic,
+    results_topic=results_topic,
+    requests_table=requests_table,
+)
+scheduler = RetryScheduler(pipeline, parked_retries, due_topic)
+recorder = DeadLetterRecorder(dead_letters, settings.dead_letter_log)
+
+
+def _window() -> InFlightWindow:
+    return InFlightWindow(settings.concurrency * 2, on_fatal=app._crash)
+
+
+@app.agent(input_topic, name="input")
+async def input_agent(stream: StreamT) -> None:
+    """Fresh requests: many in flight at once, acked in offset order."""
+    window = _window()
+    async for event in stream.noack().events():
+        await window.submit(event.message.partition, event, lambda event=event: pipeline.on_input(event, input_topic))
+
+
+@app.agent(due_topic, name="due")
+async def due_agent(stream: StreamT) -> None:
+    """Due retries handed over by the timer: attempted ahead of fresh input."""
+    window = _window()
+    async for event in stream.noack().events():
+        await window.submit(event.message.partition, event, lambda event=event: scheduler.on_due(event))
+
+
+def _tier_agent(tier: int, topic: TopicT) -> None:
+    async def park(stream: StreamT) -> None:
+        async for event in stream.events():
+            await scheduler.park(event, tier, topic)
+    
+    park.__doc__ = f"Parks retries of tier {topic.get_topic_name()} until their due time."
+    app.agent(topic, name=f"tier-{tier + 1}")(park)
+
+
+for _tier, _topic in enumerate(tier_topics):
+    _tier_agent(_tier, _topic)
+
+
+@app.agent(dlq_topic, name="dlq")
+async def dlq_agent(stream: StreamT) -> None:
+    """Dead letters: the DLQ table, the JSON-lines log, the alert line."""
+    async for event in stream.events():
+        await recorder.on_message(event)
+
+
+@app.task
+async def retry_timer() -> None:
+    """Every DLQ_TIMER_INTERVAL, hand due retries to the due agent."""
+    interval = settings.timer_interval_ms / 1000
+    while not app.should_stop:
+        await asyncio.sleep(interval)
+        if app.rebalancing or app.in_recovery:
+            scheduler.forget_fired()
+            continue
+        try:
+            await scheduler.fire_due()
+        except Exception:  # a failed tick must not stop the timer; the next one retries
+            log.exception("retry timer tick failed")

@@ -1,0 +1,82 @@
+"""The Faust app: built from settings, and little else.
+
+Agents, tables, views and commands live in their own modules and register on `app`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import faust
+from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
+
+from dlqapp.logs import configure_logging
+from dlqapp.settings import Settings, SettingsError
+from dlqapp.topics import TopicMismatchError, ensure_topics
+
+log = logging.getLogger(__name__)
+
+
+def load_settings() -> Settings:
+    """Settings from the environment; exit with a message naming the bad variable."""
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        print(f"dlqapp: invalid setting: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class IdempotentProducer(AIOKafkaProducer):
+    """Faust's producer with acks=all and idempotence, so retried sends never duplicate."""
+
+    def _settings_extra(self) -> dict:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+
+class DlqApp(faust.App):
+    """A Faust app that ensures its topics before consuming and produces idempotently."""
+
+    dlq_settings: Settings
+
+    async def on_first_start(self) -> None:
+        await super().on_first_start()
+        try:
+            created = await ensure_topics(self.dlq_settings)
+        except TopicMismatchError as exc:
+            log.critical("refusing to start: %s", exc)
+            print(f"dlqapp: refusing to start: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(3) from None
+        if created:
+            log.info("topics_created names=%s", ",".join(created))
+
+    def _new_producer(self) -> IdempotentProducer:
+        return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
+
+
+def create_app(settings: Settings) -> DlqApp:
+    """A configured, not yet started, dlqapp Faust app."""
+    configure_logging(settings)
+    brokers = ";".join(settings.kafka_bootstrap.split(","))
+    app = DlqApp(
+        settings.app_id,
+        broker=f"kafka://{brokers}",
+        store="rocksdb://",
+        datadir=settings.data_dir,
+        autodiscover=False,
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        producer_acks=-1,
+        web_bind=settings.web_host,
+        web_host=settings.web_host,
+        web_port=settings.web_port,
+        web_tables_enabled=False,
+        stream_wait_empty=True,
+        table_standby_replicas=1,
+    )
+    app.dlq_settings = settings
+    return app
+
+
+settings = load_settings()
+app = create_app(settings)

@@ -1,0 +1,78 @@
+"""Error classes and whether each is worth retrying: retry decisions as data.
+
+Backends raise `InferenceError` with a class; anything else they raise is classified
+by `classify_exception`. The router only looks classes up in the retryable table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ErrorClass(str, Enum):
+    """Why an attempt failed. The value is what headers, the DLQ and the API show."""
+
+    TIMEOUT = "timeout"
+    CONNECTION_ERROR = "connection_error"
+    SERVER_ERROR = "server_error"
+    RATE_LIMITED = "rate_limited"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    INVALID_REQUEST = "invalid_request"
+    AUTH_ERROR = "auth_error"
+    CONTEXT_LENGTH = "context_length"
+    CONTENT_FILTER = "content_filter"
+    EXPIRED = "expired"
+    REPLAY_LIMIT = "replay_limit"
+    UNKNOWN = "unknown"
+
+
+DEFAULT_RETRYABLE: dict[ErrorClass, bool] = {
+    ErrorClass.TIMEOUT: True,
+    ErrorClass.CONNECTION_ERROR: True,
+    ErrorClass.SERVER_ERROR: True,
+    ErrorClass.RATE_LIMITED: True,
+    ErrorClass.UNKNOWN: True,
+    ErrorClass.QUOTA_EXCEEDED: False,
+    ErrorClass.INVALID_REQUEST: False,
+    ErrorClass.AUTH_ERROR: False,
+    ErrorClass.CONTEXT_LENGTH: False,
+    ErrorClass.CONTENT_FILTER: False,
+    ErrorClass.EXPIRED: False,
+    ErrorClass.REPLAY_LIMIT: False,
+}
+"""Retryable by default: transient failures and the unexplained. Overridden by DLQ_RETRYABLE."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt, as the router sees it."""
+
+    error_class: ErrorClass
+    message: str
+    retry_after_ms: int | None = None
+
+
+class InferenceError(Exception):
+    """Raised by a backend for a failure it has already classified."""
+
+    def __init__(self, error_class: ErrorClass, message: str, retry_after_ms: int | None = None):
+        super().__init__(message)
+        self.failure = Failure(error_class, message, retry_after_ms)
+
+
+def classify_exception(exc: BaseException) -> Failure:
+    """Map any exception from a backend call to a `Failure`; unexpected ones are `unknown`."""
+    if isinstance(exc, InferenceError):
+        return exc.failure
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
+        return Failure(ErrorClass.TIMEOUT, f"backend call timed out ({type(exc).__name__})")
+    if isinstance(exc, (ConnectionError, OSError)):
+        return Failure(ErrorClass.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}")
+    return Failure(ErrorClass.UNKNOWN, f"{type(exc).__name__}: {exc}")
+
+
+def is_retryable(error_class: ErrorClass, table: dict[ErrorClass, bool]) -> bool:
+    """Look a class up; classes missing from the table are retried, like `unknown`."""
+    return table.get(error_class, True)

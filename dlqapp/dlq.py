@@ -1,0 +1,112 @@
+"""The dead-letter side: DLQ entries, counts, the JSON-lines log and the alert line.
+
+The `dlq` topic carries each dead letter's original bytes as its value and what dlqapp
+knows about it as headers; a null value (tombstone) removes the entry. The DLQ agent
+mirrors the topic into the `dead-letters` table.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+from collections import Counter
+from typing import Any, Iterable
+
+from faust import EventT
+from faust.tables import Table
+
+from dlqapp.logs import log_event
+from dlqapp.models import (
+    H_DEAD_AT,
+    H_ERROR_CLASS,
+    H_FINAL_ERROR,
+    H_HISTORY,
+    H_LAST_ERROR,
+    H_ORIGINAL_TIMESTAMP,
+    H_RETRY_COUNT,
+    H_SOURCE,
+    header_dict,
+    now_ms,
+)
+
+log = logging.getLogger("dlqapp.dlq")
+
+
+def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partition: int, offset: int) -> dict[str, Any]:
+    """A DLQ entry from a `dlq` topic message: payload, headers and attempt history."""
+    try:
+        text: str | None = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    try:
+        parsed = json.loads(text) if text else None
+    except ValueError:
+        parsed = None
+    return {
+        "request_id": request_id,
+        "error_class": headers.get(H_ERROR_CLASS, "unknown"),
+        "final_error": headers.get(H_FINAL_ERROR),
+        "last_error": headers.get(H_LAST_ERROR),
+        "retry_count": int(headers.get(H_RETRY_COUNT) or 0),
+        "history": _json(headers.get(H_HISTORY), []),
+        "first_seen": int(headers.get(H_ORIGINAL_TIMESTAMP) or 0) or None,
+        "dead_at": int(headers.get(H_DEAD_AT) or 0) or now_ms(),
+        "source": _json(headers.get(H_SOURCE), {}),
+        "model": parsed.get("model") if isinstance(parsed, dict) else None,
+        "payload": parsed if parsed is not None else text,
+        "payload_b64": base64.b64encode(payload).decode() if text is None else None,
+        "payload_bytes": len(payload),
+        "headers": headers,
+        "dlq": {"partition": partition, "offset": offset},
+    }
+
+
+def counts_by_error_class(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """DLQ size per error class, derived from the entries (so a replay cannot double-count)."""
+    return dict(Counter(entry["error_class"] for entry in entries))
+
+
+class DeadLetterRecorder:
+    """Mirrors the `dlq` topic into the DLQ table, the JSON-lines log and alert lines."""
+
+    def __init__(self, table: Table, log_path: str) -> None:
+        self.table = table
+        self.log_path = log_path
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+
+    async def on_message(self, event: EventT) -> None:
+        request_id = bytes(event.key or b"").decode("utf-8", "replace")
+        key = request_id.encode()
+        if event.value is None:
+            self.table.pop(key, None)
+            return
+        message = event.message
+        previous = self.table.get(key)
+        if previous is not None and json.loads(previous).get("dlq") == {"partition": message.partition, "offset": message.offset}:
+            return  # redelivered after a crash: already recorded, logged and alerted
+        entry = build_entry(request_id, event.value, header_dict(event.headers), message.partition, message.offset)
+        self.table[key] = json.dumps(entry, separators=(",", ":")).encode()
+        self._append_to_log(entry)
+        log_event(
+            log,
+            logging.WARNING,
+            "dead_letter",
+            request_id=request_id,
+            error_class=entry["error_class"],
+            retry_count=entry["retry_count"],
+            final_error=(entry["final_error"] or "")[:300],
+        )
+
+    def _append_to_log(self, entry: dict[str, Any]) -> None:
+        line = json.dumps({k: v for k, v in entry.items() if k != "headers"}, separators=(",", ":"))
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+
+def _json(value: str | None, default: Any) -> Any:
+    try:
+        return json.loads(value) if value else default
+    except ValueError:
+        return default

@@ -1,0 +1,22 @@
+"""Inference backends: the interface, and a factory that picks one from settings."""
+
+from __future__ import annotations
+
+from dlqapp.inference.base import InferenceBackend, InferenceOutput
+from dlqapp.inference.simulated import SimulatedBackend
+from dlqapp.settings import Settings, SettingsError
+
+__all__ = ["InferenceBackend", "InferenceOutput", "SimulatedBackend", "create_backend"]
+
+
+def create_backend(settings: Settings) -> InferenceBackend:
+    """The backend named by DLQ_INFERENCE."""
+    if settings.inference == "simulated":
+        return SimulatedBackend(
+            success_rate=settings.simulated_success_rate,
+            latency_ms=settings.simulated_latency_ms,
+            jitter_ms=settings.simulated_jitter_ms,
+            seed=settings.simulated_seed,
+            default_model=settings.default_model,
+        )
+    raise SettingsError(f"DLQ_INFERENCE={settings.inference!r} names no known backend")

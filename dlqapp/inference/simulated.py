@@ -1,0 +1,97 @@
+"""The default in-process backend: seeded random outcomes, or a deterministic script.
+
+A request whose `metadata.simulate` is `{"fail_times": N, "error": "<class>",
+"retry_after": S}` fails its first N attempts with that class (and retry-after, in
+seconds), then succeeds. Other requests succeed with probability `success_rate`;
+failures follow a fixed mix of timeouts, server errors, rate limits and invalid requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from typing import Any
+
+from dlqapp.classification import ErrorClass, InferenceError
+from dlqapp.inference.base import InferenceOutput
+from dlqapp.models import Request
+
+FAILURE_MIX: tuple[tuple[ErrorClass, float], ...] = (
+    (ErrorClass.TIMEOUT, 0.3),
+    (ErrorClass.SERVER_ERROR, 0.4),
+    (ErrorClass.RATE_LIMITED, 0.2),
+    (ErrorClass.INVALID_REQUEST, 0.1),
+)
+
+
+class SimulatedBackend:
+    """Simulated model calls with configurable latency, success rate and seed."""
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        success_rate: float = 0.8,
+        latency_ms: int = 20,
+        jitter_ms: int = 10,
+        seed: int | None = None,
+        default_model: str = "sim-small",
+    ) -> None:
+        self.success_rate = success_rate
+        self.latency_ms = latency_ms
+        self.jitter_ms = jitter_ms
+        self.default_model = default_model
+        self._rng = random.Random(seed)
+        self._calls: Counter[str] = Counter()
+
+    def calls_for(self, request_id: str) -> int:
+        return self._calls[request_id]
+
+    async def complete(self, request: Request, attempt: int) -> InferenceOutput:
+        self._calls[request.request_id] += 1
+        await asyncio.sleep(self._latency_s())
+        directive = request.metadata.get("simulate")
+        if isinstance(directive, dict):
+            self._follow(directive, attempt)
+        elif self._rng.random() >= self.success_rate:
+            self._fail_randomly()
+        return self._answer(request, attempt)
+
+    def _latency_s(self) -> float:
+        jitter = (self._rng.random() * 2 - 1) * self.jitter_ms
+        return max(0.0, self.latency_ms + jitter) / 1000
+
+    @staticmethod
+    def _follow(directive: dict[str, Any], attempt: int) -> None:
+        fail_times = int(directive.get("fail_times", 0))
+        if attempt <= fail_times:
+            try:
+                error_class = ErrorClass(directive.get("error", "server_error"))
+            except ValueError:
+                error_class = ErrorClass.UNKNOWN
+            retry_after = directive.get("retry_after")
+            retry_after_ms = int(float(retry_after) * 1000) if retry_after is not None else None
+            raise InferenceError(
+                error_class, f"simulated {error_class.value} (attempt {attempt} of {fail_times} planned failures)", retry_after_ms
+            )
+
+    def _fail_randomly(self) -> None:
+        classes, weights = zip(*FAILURE_MIX)
+        error_class = self._rng.choices(classes, weights)[0]
+        retry_after_ms = int(self._rng.uniform(0.5, 2.0) * 1000) if error_class is ErrorClass.RATE_LIMITED else None
+        raise InferenceError(error_class, f"simulated {error_class.value}", retry_after_ms)
+
+    def _answer(self, request: Request, attempt: int) -> InferenceOutput:
+        model = request.model or self.default_model
+        if request.messages:
+            last = request.messages[-1].get("content")
+            prompt = last if isinstance(last, str) else "(structured content)"
+        else:
+            prompt = request.prompt or ""
+        text = f"[{model}] simulated answer to: {prompt[:200]}"
+        usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split())}
+        return InferenceOutput(text=text, model=model, usage=usage)
+
+    async def close(self) -> None:
+        return None

@@ -1,0 +1,14 @@
+"""Which partition owns a request: the same on every topic and table of dlqapp."""
+
+from __future__ import annotations
+
+from aiokafka.partitioner import murmur2
+
+
+def owner_partition(request_id: str, partitions: int) -> int:
+    """Kafka's default key partitioning (murmur2) of the request id.
+
+    dlqapp sends every message about a request to this partition explicitly, so the
+    request's dedup entry, state, parked retries and DLQ entry share one worker.
+    """
+    return (murmur2(request_id.encode()) & 0x7FFFFFFF) % partitions

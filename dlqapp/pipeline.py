@@ -1,0 +1,298 @@
+"""The request path: validate, dedup, attempt, and carry out the outcome.
+
+`Pipeline.attempt` calls the backend once and asks `outcomes.decide` what follows;
+`Pipeline.carry_out` is the one place an outcome becomes a Kafka send
+(results, a retry tier, or the DLQ) and a state change. Every send is confirmed by the
+broker before the handler returns, so the event is acked only after its outcome is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any, Mapping
+
+from faust import EventT, TopicT
+from faust.tables import Table
+
+from dlqapp import state as states
+from dlqapp.classification import ErrorClass, Failure, classify_exception
+from dlqapp.flow import PriorityLimiter
+from dlqapp.inference import InferenceBackend, InferenceOutput
+from dlqapp.logs import log_event
+from dlqapp.models import (
+    H_ORIGINAL_TIMESTAMP,
+    H_SOURCE,
+    Attempt,
+    Envelope,
+    InvalidRequest,
+    Request,
+    Result,
+    fallback_key,
+    header_dict,
+    now_ms,
+    parse_request,
+    salvage_request_id,
+)
+from dlqapp.outcomes import DeadLetter, Outcome, RetryAt, RetryPolicy, Succeeded, decide, expiry
+from dlqapp.partitioning import owner_partition
+from dlqapp.scheduling import Backoff
+from dlqapp.settings import Settings
+
+log = logging.getLogger("dlqapp.pipeline")
+
+
+class Pipeline:
+    """Request handling shared by the input agent and the due-retry agent."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        backend: InferenceBackend,
+        *,
+        tier_topics: list[TopicT],
+        dlq_topic: TopicT,
+        results_topic: TopicT,
+        requests_table: Table,
+    ) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.policy = RetryPolicy(
+            backoff=Backoff(settings.retry_delays_ms, settings.backoff, settings.backoff_jitter),
+            retryable=settings.retryable,
+            max_age_ms=settings.max_age_ms,
+        )
+        self.limiter = PriorityLimiter(settings.concurrency)
+        self.tier_topics = tier_topics
+        self.dlq_topic = dlq_topic
+        self.results_topic = results_topic
+        self.requests = requests_table
+        self.in_flight: set[str] = set()
+        self._rng = random.Random()
+        self._timeout_s = settings.inference_timeout_ms / 1000
+
+    # -- entry points -----------------------------------------------------------------
+
+    async def on_input(self, event: EventT, topic: TopicT) -> None:
+        """Handle one message from `input`."""
+        payload: bytes | None = event.value
+        try:
+            request = parse_request(payload, self.settings.max_payload_bytes)
+        except InvalidRequest as exc:
+            await self.dead_letter_invalid(event, exc)
+            return
+        request_id = request.request_id
+        if not self.owns(event, request_id):
+            await self.forward(event, topic, request_id)
+            return
+        if self.is_duplicate(request_id, event.message.topic):
+            return
+        envelope = self.new_envelope(event, request_id, payload or b"")
+        await self.attempt(envelope, request, event.message.topic, priority=1)
+
+    def owns(self, event: EventT, request_id: str) -> bool:
+        """Whether `event` sits on the partition that owns `request_id`."""
+        return event.message.partition == owner_partition(request_id, self.settings.partitions)
+
+    async def forward(self, event: EventT, topic: TopicT, request_id: str) -> None:
+        """Re-send a message keyed by its request id to the partition that owns it.
+
+        Producers need not key by request id: this hop makes dedup and state local.
+        """
+        headers = dict(header_dict(event.headers))
+        headers.setdefault(H_ORIGINAL_TIMESTAMP, str(self._event_time_ms(event)))
+        headers.setdefault(H_SOURCE, _source_json(event))
+        await self.send(topic, request_id, event.value or b"", [(k, v.encode()) for k, v in headers.items()])
+        log_event(log, logging.DEBUG, "rerouted", request_id=request_id, topic=event.message.topic)
+
+    def is_duplicate(self, request_id: str, source: str) -> bool:
+        """True (and counted) when the request already succeeded or is being retried."""
+        if request_id in self.in_flight:
+            previous = self.load_state(request_id) or states.transition(None, request_id, states.IN_FLIGHT, now_ms())
+        else:
+            previous = self.load_state(request_id)
+            if previous is None or previous["state"] not in states.SETTLED_FOR_DEDUP:
+                return False
+        self.requests[request_id.encode()] = states.dump(states.count_duplicate(previous, now_ms(), source))
+        log_event(log, logging.INFO, "duplicate_skipped", request_id=request_id, state=previous["state"])
+        return True
+
+    def new_envelope(self, event: EventT, request_id: str, payload: bytes) -> Envelope:
+        """A fresh envelope for a request first seen in `event` (keeps replay lineage)."""
+        envelope = Envelope.from_headers(request_id, payload, event.headers or {})
+        envelope.retry_count = 0
+        envelope.scheduled_time = None
+        envelope.error_class = envelope.last_error = None
+        envelope.history = []
+        headers = header_dict(event.headers)
+        envelope.original_timestamp = int(headers.get(H_ORIGINAL_TIMESTAMP) or self._event_time_ms(event))
+        if not envelope.source:
+            envelope.source = _source(event)
+        return envelope
+
+    # -- one attempt ------------------------------------------------------------------
+
+    async def attempt(self, envelope: Envelope, request: Request, topic: str, priority: int) -> None:
+        """Call the backend once (unless expired) and carry out the outcome."""
+        expired = expiry(self.policy, envelope.original_timestamp, now_ms())
+        if expired is not None:
+            await self.carry_out(expired, envelope, request, None)
+            return
+        number = envelope.retry_count + 1
+        self.in_flight.add(request.request_id)
+        try:
+            async with self.limiter.slot(priority):
+                started = now_ms()
+                output, failure = await self.call_backend(request, number)
+            finished = now_ms()
+            record = Attempt(
+                attempt=number,
+                at=started,
+                topic=topic,
+                scheduled=envelope.scheduled_time,
+                duration_ms=finished - started,
+                error_class=failure.error_class.value if failure else None,
+                error=failure.message if failure else None,
+            )
+            outcome = decide(self.policy, number, failure, output, finished, self._rng)
+            await self.carry_out(outcome, envelope, request, record)
+        finally:
+            self.in_flight.discard(request.request_id)
+
+    async def call_backend(self, request: Request, attempt: int) -> tuple[InferenceOutput | None, Failure | None]:
+        """One backend call, bounded by DLQ_INFERENCE_TIMEOUT; never raises."""
+        try:
+            output = await asyncio.wait_for(self.backend.complete(request, attempt), self._timeout_s)
+        except Exception as exc:  # every failure is classified, nothing escapes
+            return None, classify_exception(exc)
+        return output, None
+
+    # -- outcomes ---------------------------------------------------------------------
+
+    async def carry_out(self, outcome: Outcome, envelope: Envelope, request: Request | None, record: Attempt | None) -> None:
+        """Send the outcome to its topic, wait for the broker, then record the state."""
+        if record is not None:
+            envelope.record(record)
+        if isinstance(outcome, Succeeded):
+            await self._publish_result(outcome, envelope, request)
+        elif isinstance(outcome, RetryAt):
+            await self._schedule_retry(outcome, envelope)
+        else:
+            await self._dead_letter(outcome, envelope)
+
+    async def _publish_result(self, outcome: Succeeded, envelope: Envelope, request: Request | None) -> None:
+        at = now_ms()
+        output = outcome.output
+        result = Result(
+            request_id=envelope.request_id,
+            model=output.model,
+            output=output.text,
+            attempts=envelope.retry_count,
+            latency_ms=at - envelope.original_timestamp,
+            completed_at=at,
+            metadata=request.metadata if request else {},
+            usage=output.usage or None,
+        )
+        await self.send(self.results_topic, envelope.request_id, result.to_bytes(), [(k, v.encode()) for k, v in envelope.lineage.items()])
+        self.set_state(envelope.request_id, states.SUCCEEDED, at, attempts=envelope.retry_count, model=output.model)
+        log_event(log, logging.DEBUG, "succeeded", request_id=envelope.request_id, attempts=envelope.retry_count)
+
+    async def _schedule_retry(self, outcome: RetryAt, envelope: Envelope) -> None:
+        envelope.scheduled_time = outcome.due_ms
+        topic = self.tier_topics[outcome.tier]
+        await self.send(topic, envelope.request_id, envelope.payload, envelope.headers())
+        self.set_state(
+            envelope.request_id,
+            states.RETRY_SCHEDULED,
+            now_ms(),
+            attempts=envelope.retry_count,
+            tier=topic.get_topic_name(),
+            due=outcome.due_ms,
+            error_class=outcome.failure.error_class.value,
+            last_error=outcome.failure.message,
+        )
+        log_event(
+            log,
+            logging.DEBUG,
+            "retry_scheduled",
+            request_id=envelope.request_id,
+            attempt=envelope.retry_count,
+            tier=topic.get_topic_name(),
+            due=outcome.due_ms,
+            error_class=outcome.failure.error_class.value,
+        )
+
+    async def _dead_letter(self, outcome: DeadLetter, envelope: Envelope) -> None:
+        at = now_ms()
+        envelope.error_class = outcome.error_class.value
+        envelope.last_error = envelope.last_error or outcome.reason
+        headers = envelope.headers(final_error=outcome.reason, dead_at=at)
+        await self.send(self.dlq_topic, envelope.request_id, envelope.payload, headers)
+        self.set_state(
+            envelope.request_id,
+            states.DEAD_LETTERED,
+            at,
+            attempts=envelope.retry_count,
+            error_class=outcome.error_class.value,
+            final_error=outcome.reason,
+        )
+
+    async def dead_letter_invalid(self, event: EventT, exc: InvalidRequest) -> None:
+        """Send an invalid message to the DLQ at once, with its original bytes."""
+        payload: bytes | None = event.value
+        request_id = exc.request_id or salvage_request_id(payload) or fallback_key(payload)
+        envelope = Envelope(
+            request_id=request_id,
+            payload=payload or b"",
+            original_timestamp=self._event_time_ms(event),
+            source=_source(event),
+        )
+        envelope.last_error = str(exc)
+        outcome = DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}")
+        at = now_ms()
+        envelope.error_class = outcome.error_class.value
+        extra: dict[str, Any] = {"final_error": outcome.reason, "dead_at": at}
+        if payload is None:
+            extra["payload_null"] = "true"
+        await self.send(self.dlq_topic, request_id, envelope.payload, envelope.headers(**extra))
+        if self.owns(event, request_id):
+            self.set_state(request_id, states.DEAD_LETTERED, at, error_class=outcome.error_class.value, final_error=outcome.reason)
+        log_event(log, logging.DEBUG, "invalid_request", request_id=request_id, reason=str(exc)[:200])
+
+    # -- Kafka and table helpers ------------------------------------------------------
+
+    async def send(self, topic: TopicT, request_id: str, value: bytes, headers: list[tuple[str, bytes]], partition: int | None = None) -> None:
+        """Send to the request's owner partition and wait until the broker confirms."""
+        if partition is None:
+            partition = owner_partition(request_id, self.settings.partitions)
+        pending = await topic.send(key=request_id.encode(), value=value, headers=headers, partition=partition)
+        await pending
+
+    def load_state(self, request_id: str) -> dict[str, Any] | None:
+        return states.load(self.requests.get(request_id.encode()))
+
+    def set_state(self, request_id: str, state: str, at: int, **detail: Any) -> None:
+        """Record a settled state (must run inside the owning partition's stream)."""
+        new = states.transition(self.load_state(request_id), request_id, state, at, **detail)
+        self.requests[request_id.encode()] = states.dump(new)
+
+    @staticmethod
+    def _event_time_ms(event: EventT) -> int:
+        timestamp = event.message.timestamp
+        return int(timestamp * 1000) if timestamp else now_ms()
+
+
+def _source(event: EventT) -> dict[str, Any]:
+    message = event.message
+    return {"topic": message.topic, "partition": message.partition, "offset": message.offset}
+
+
+def _source_json(event: EventT) -> str:
+    import json
+
+    return json.dumps(_source(event), separators=(",", ":"))
+
+
+def as_header_pairs(headers: Mapping[str, str]) -> list[tuple[str, bytes]]:
+    return [(k, v.encode()) for k, v in headers.items()]

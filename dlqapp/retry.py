@@ -1,0 +1,152 @@
+"""Retry scheduling: park each retry in a due-time table, fire it when due.
+
+1. A tier agent parks each message of its tier topic in `parked_retries` under
+   `parked_key(due, request_id)` (a write inside stream iteration, on the partition
+   that owns the request).
+2. The retry timer scans, for each partition this worker actively owns, the keys up to
+   "now" (byte order is time order) and hands each due key to the due agent through the
+   internal `due` topic, on the same partition.
+3. The due agent reads the parked entry, attempts the request, carries out the outcome,
+   and only then deletes the entry. A crash anywhere re-fires the entry, never loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Iterator
+
+from faust import EventT, TopicT
+from faust.tables import Table
+from rocksdict import ReadOptions
+
+from dlqapp.flow import HIGH
+from dlqapp.logs import log_event
+from dlqapp.models import Envelope, InvalidRequest, now_ms, parse_request
+from dlqapp.pipeline import Pipeline
+from dlqapp import state as states
+from dlqapp.scheduling import decode_parked_key, due_upper_bound, parked_key
+
+log = logging.getLogger("dlqapp.retry")
+
+REFIRE_AFTER_MS = 120_000
+"""A fired entry still parked after this long (its due message was lost to a crash of
+the due agent's worker mid-flight) is fired again; the due agent ignores duplicates."""
+
+
+class RetryScheduler:
+    """Parks retries, scans for due ones, and attempts them."""
+
+    def __init__(self, pipeline: Pipeline, parked: Table, due_topic: TopicT) -> None:
+        self.pipeline = pipeline
+        self.parked = parked
+        self.due_topic = due_topic
+        self.fired: dict[bytes, int] = {}
+        self.delays_ms = pipeline.settings.retry_delays_ms
+        self.batch = pipeline.settings.timer_batch
+
+    # -- 1. park ----------------------------------------------------------------------
+
+    async def park(self, event: EventT, tier: int, topic: TopicT) -> None:
+        """Store one tier-topic message in the due-time table."""
+        request_id = _request_id(event)
+        if request_id is None:
+            await self.pipeline.dead_letter_invalid(event, InvalidRequest(["retry message without a request id"]))
+            return
+        if not self.pipeline.owns(event, request_id):
+            await self.pipeline.forward(event, topic, request_id)
+            return
+        envelope = Envelope.from_headers(request_id, event.value or b"", event.headers or {})
+        if envelope.scheduled_time is None:
+            envelope.scheduled_time = int(event.message.timestamp * 1000) + self.delays_ms[tier]
+        self.parked[parked_key(envelope.scheduled_time, request_id)] = envelope.to_bytes()
+
+    # -- 2. fire ----------------------------------------------------------------------
+
+    async def fire_due(self) -> int:
+        """Hand every due, not yet fired retry to the due agent. Returns how many."""
+        now = now_ms()
+        fired = 0
+        for partition, db in self._active_partitions():
+            keys = list(self._due_keys(db, now))
+            if not keys:
+                continue
+            sends = []
+            for key in keys:
+                self.fired[key] = now
+                _, request_id = decode_parked_key(key)
+                sends.append(await self.due_topic.send(key=request_id.encode(), value=key, partition=partition))
+            await asyncio.gather(*sends)
+            fired += len(keys)
+        return fired
+
+    def _active_partitions(self) -> Iterator[tuple[int, object]]:
+        app = self.parked.app
+        changelog = self.parked.changelog_topic.get_topic_name()
+        store = self.parked.data
+        for tp in app.assignor.assigned_actives():
+            if tp.topic == changelog:
+                yield tp.partition, store._db_for_partition(tp.partition)
+
+    def _due_keys(self, db: object, now: int) -> Iterator[bytes]:
+        """Due keys of one partition, earliest first, at most `batch` of them (sync scan)."""
+        options = ReadOptions()
+        options.set_iterate_upper_bound(due_upper_bound(now))
+        it = db.iter(options)  # type: ignore[attr-defined]
+        it.seek_to_first()
+        taken = 0
+        while it.valid() and taken < self.batch:
+            key = it.key()
+            fired_at = self.fired.get(key)
+            if fired_at is None or now - fired_at > REFIRE_AFTER_MS:
+                taken += 1
+                yield key
+            it.next()
+
+    def forget_fired(self) -> None:
+        """After a rebalance: entries may have moved; fire whatever is still parked."""
+        self.fired.clear()
+
+    # -- 3. attempt -------------------------------------------------------------------
+
+    async def on_due(self, event: EventT) -> None:
+        """Attempt the parked retry named by a due message, then delete it."""
+        key: bytes = event.value
+        blob = self.parked.get(key)
+        if blob is None:
+            self.fired.pop(key, None)
+            return
+        envelope = Envelope.from_bytes(blob)
+        request_id = envelope.request_id
+        if request_id in self.pipeline.in_flight:
+            return  # a re-fire while the first attempt is still running
+        previous = self.pipeline.load_state(request_id)
+        if previous is None or previous.get("state") != states.SUCCEEDED:
+            await self._attempt(envelope)
+        else:
+            log_event(log, logging.INFO, "retry_skipped_already_succeeded", request_id=request_id)
+        del self.parked[key]
+        self.fired.pop(key, None)
+
+    async def _attempt(self, envelope: Envelope) -> None:
+        tier = max(0, min(envelope.retry_count - 1, len(self.pipeline.tier_topics) - 1))
+        topic = self.pipeline.tier_topics[tier].get_topic_name()
+        try:
+            request = parse_request(envelope.payload, self.pipeline.settings.max_payload_bytes)
+        except InvalidRequest as exc:
+            from dlqapp.classification import ErrorClass
+            from dlqapp.outcomes import DeadLetter
+
+            await self.pipeline.carry_out(DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}"), envelope, None, None)
+            return
+        await self.pipeline.attempt(envelope, request, topic, priority=HIGH)
+
+
+def _request_id(event: EventT) -> str | None:
+    key = event.key
+    if isinstance(key, (bytes, bytearray)) and key:
+        try:
+            return bytes(key).decode()
+        except UnicodeDecodeError:
+            return None
+    return None

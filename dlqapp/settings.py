@@ -1,0 +1,230 @@
+"""Every dlqapp setting: its environment variable, type, default and meaning.
+
+This module is the one place settings are defined. `Settings.from_env()` reads them,
+validates each one, and raises `SettingsError` naming the variable to fix. The README's
+settings table is checked against `SETTINGS` by a test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping
+
+from dlqapp.classification import DEFAULT_RETRYABLE, ErrorClass
+
+
+class SettingsError(ValueError):
+    """A setting has an invalid value; the message names its environment variable."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
+
+
+def parse_duration_ms(text: str) -> int:
+    """Parse `250ms`, `1s`, `10s`, `1m`, `2h`, `1d` or bare seconds (`1.5`) into ms."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"{text!r} is not a duration (examples: 250ms, 1s, 1m, 2h)")
+    return int(round(float(match.group(1)) * _UNIT_MS[match.group(2)]))
+
+
+def format_duration(ms: int) -> str:
+    """The shortest exact spelling of a duration: 1000 → `1s`, 60000 → `1m`."""
+    for unit in ("d", "h", "m", "s"):
+        size = _UNIT_MS[unit]
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"{text!r} is not a boolean (use true or false)")
+
+
+def _parse_delays(text: str) -> tuple[int, ...]:
+    delays = tuple(parse_duration_ms(part) for part in text.split(",") if part.strip())
+    if not delays:
+        raise ValueError("at least one retry delay is needed (example: 1s,10s,1m)")
+    if any(d <= 0 for d in delays):
+        raise ValueError("retry delays must be positive")
+    return delays
+
+
+def _parse_retryable(text: str) -> dict[ErrorClass, bool]:
+    """`context_length=true,unknown=false` → overrides of the default retryable table."""
+    overrides: dict[ErrorClass, bool] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"{part!r} should be CLASS=true|false")
+        try:
+            error_class = ErrorClass(name.strip())
+        except ValueError:
+            known = ", ".join(c.value for c in ErrorClass)
+            raise ValueError(f"unknown error class {name.strip()!r} (known: {known})") from None
+        overrides[error_class] = _parse_bool(value)
+    return overrides
+
+
+def _parse_rate(text: str) -> float:
+    rate = float(text)
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError("must be between 0 and 1")
+    return rate
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 < value < 65536:
+        raise ValueError("must be a TCP port (1-65535)")
+    return value
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in options:
+            raise ValueError(f"{text!r} is not one of: {', '.join(options)}")
+        return text
+
+    return parse
+
+
+def _optional_int(text: str) -> int | None:
+    return int(text) if text.strip() else None
+
+
+def _setting(env: str, default: str, parse: Callable[[str], Any], doc: str) -> Any:
+    return field(metadata={"env": env, "default": default, "parse": parse, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated settings. Build with `Settings.from_env()`; each field documents itself."""
+
+    app_id: str = _setting("DLQ_APP_ID", "dlqapp", str, "Faust app id: the consumer group and the prefix of internal topics.")
+    kafka_bootstrap: str = _setting("DLQ_KAFKA_BOOTSTRAP", "127.0.0.1:9092", str, "Kafka bootstrap servers, comma-separated host:port.")
+    topic_prefix: str = _setting("DLQ_TOPIC_PREFIX", "", str, "Prefix applied to every topic name below.")
+    input_topic: str = _setting("DLQ_INPUT_TOPIC", "input", str, "Topic of incoming inference requests.")
+    retry_topic_template: str = _setting("DLQ_RETRY_TOPIC_TEMPLATE", "retry-{delay}", str, "Name of each retry tier topic; `{delay}` becomes the tier delay (`1s`).")
+    dlq_topic: str = _setting("DLQ_DLQ_TOPIC", "dlq", str, "Dead-letter topic (compacted, keyed by request id).")
+    results_topic: str = _setting("DLQ_RESULTS_TOPIC", "results", str, "Topic of successful results, keyed by request id.")
+    due_topic: str = _setting("DLQ_DUE_TOPIC", "dlqapp-due", str, "Internal topic on which the retry timer hands due retries to the due agent.")
+    partitions: int = _setting("DLQ_PARTITIONS", "3", _positive_int, "Partitions of every dlqapp topic (all must match).")
+    replication_factor: int = _setting("DLQ_REPLICATION_FACTOR", "1", _positive_int, "Replication factor used when dlqapp creates topics.")
+    retry_delays_ms: tuple[int, ...] = _setting("DLQ_RETRY_DELAYS", "1s,10s,1m", _parse_delays, "Delay of each retry tier; one tier topic per delay.")
+    backoff: str = _setting("DLQ_BACKOFF", "tiers", _choice("tiers", "exponential"), "`tiers`: each tier waits its delay exactly. `exponential`: first delay × 2^(k-1) with jitter, still through the tier topics.")
+    backoff_jitter: float = _setting("DLQ_BACKOFF_JITTER", "0.2", _parse_rate, "Fraction of an exponential delay that is randomised (0 to 1).")
+    max_age_ms: int = _setting("DLQ_MAX_AGE", "24h", parse_duration_ms, "A request older than this at attempt time is dead-lettered as `expired`.")
+    retryable_overrides: dict = _setting("DLQ_RETRYABLE", "", _parse_retryable, "Overrides of the retryable table, e.g. `context_length=true,unknown=false`.")
+    max_payload_bytes: int = _setting("DLQ_MAX_PAYLOAD_BYTES", "1048576", _positive_int, "Largest accepted request payload; larger ones are dead-lettered as `invalid_request`.")
+    concurrency: int = _setting("DLQ_CONCURRENCY", "64", _positive_int, "Backend calls in flight at once per worker.")
+    timer_interval_ms: int = _setting("DLQ_TIMER_INTERVAL", "20ms", parse_duration_ms, "How often the retry timer scans for due retries.")
+    timer_batch: int = _setting("DLQ_TIMER_BATCH", "500", _positive_int, "Most due retries the timer hands over per partition per tick.")
+    inference: str = _setting("DLQ_INFERENCE", "simulated", _choice("simulated"), "Inference backend: `simulated` (in-process).")
+    default_model: str = _setting("DLQ_DEFAULT_MODEL", "sim-small", str, "Model used when a request names none.")
+    simulated_success_rate: float = _setting("DLQ_SIMULATED_SUCCESS_RATE", "0.8", _parse_rate, "Simulated backend: share of calls that succeed.")
+    simulated_seed: int | None = _setting("DLQ_SIMULATED_SEED", "", _optional_int, "Simulated backend: random seed (empty: unseeded).")
+    simulated_latency_ms: int = _setting("DLQ_SIMULATED_LATENCY", "20ms", parse_duration_ms, "Simulated backend: mean call latency.")
+    simulated_jitter_ms: int = _setting("DLQ_SIMULATED_JITTER", "10ms", parse_duration_ms, "Simulated backend: latency jitter (uniform ±).")
+    inference_url: str = _setting("DLQ_INFERENCE_URL", "http://127.0.0.1:8000/v1", str, "`openai` backend: base URL of an OpenAI-compatible API.")
+    inference_api_key: str = _setting("DLQ_INFERENCE_API_KEY", "", str, "`openai` backend: API key sent as a bearer token.")
+    inference_timeout_ms: int = _setting("DLQ_INFERENCE_TIMEOUT", "60s", parse_duration_ms, "Timeout of one backend call.")
+    data_dir: str = _setting("DLQ_DATA_DIR", "dlqapp-data", str, "Worker state: RocksDB tables and the dead-letter log.")
+    dlq_log_path: str = _setting("DLQ_LOG_PATH", "", str, "JSON-lines file of dead letters (empty: <DLQ_DATA_DIR>/dead-letters.jsonl).")
+    web_host: str = _setting("DLQ_WEB_HOST", "127.0.0.1", str, "Address the worker's HTTP server binds.")
+    web_port: int = _setting("DLQ_WEB_PORT", "6066", _port, "Port of the worker's HTTP server.")
+    web_url: str = _setting("DLQ_WEB_URL", "http://127.0.0.1:6066", str, "URL of a running worker, used by the CLI commands.")
+    admin_token: str = _setting("DLQ_ADMIN_TOKEN", "", str, "Bearer token required for mutations (empty: loopback clients only).")
+    log_level: str = _setting("DLQ_LOG_LEVEL", "info", _choice("debug", "info", "warning", "error"), "Level of dlqapp's own loggers.")
+    log_format: str = _setting("DLQ_LOG_FORMAT", "text", _choice("text", "json"), "`text`: key=value lines. `json`: one JSON object per line.")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        """Read and validate every setting; raise `SettingsError` naming a bad variable."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            env, parse = f.metadata["env"], f.metadata["parse"]
+            raw = environ.get(env, f.metadata["default"])
+            try:
+                values[f.name] = parse(raw)
+            except (TypeError, ValueError) as exc:
+                raise SettingsError(f"{env}={raw!r} is invalid: {exc}") from None
+        settings = cls(**values)
+        settings._check_topic_names()
+        return settings
+
+    def _check_topic_names(self) -> None:
+        if "{delay}" not in self.retry_topic_template:
+            raise SettingsError("DLQ_RETRY_TOPIC_TEMPLATE must contain {delay}")
+        names = self.all_topics()
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", name):
+                raise SettingsError(
+                    f"topic name {name!r} is not a valid Kafka topic name: "
+                    "check DLQ_TOPIC_PREFIX and the DLQ_*_TOPIC settings"
+                )
+        if len(set(names)) != len(names):
+            raise SettingsError(f"topic names must differ: {names} (check DLQ_*_TOPIC and DLQ_RETRY_DELAYS)")
+
+    def topic(self, name: str) -> str:
+        """A topic name with the prefix applied."""
+        return f"{self.topic_prefix}{name}"
+
+    @property
+    def input(self) -> str:
+        return self.topic(self.input_topic)
+
+    @property
+    def dlq(self) -> str:
+        return self.topic(self.dlq_topic)
+
+    @property
+    def results(self) -> str:
+        return self.topic(self.results_topic)
+
+    @property
+    def due(self) -> str:
+        return self.topic(self.due_topic)
+
+    @property
+    def retry_topics(self) -> tuple[str, ...]:
+        """Tier topics in order, named after their delays (`retry-1s`, `retry-10s`, …)."""
+        return tuple(
+            self.topic(self.retry_topic_template.format(delay=format_duration(d)))
+            for d in self.retry_delays_ms
+        )
+
+    def all_topics(self) -> list[str]:
+        """Every topic dlqapp creates and consumes."""
+        return [self.input, *self.retry_topics, self.dlq, self.results, self.due]
+
+    @property
+    def retryable(self) -> dict[ErrorClass, bool]:
+        """The retryable table: defaults with `DLQ_RETRYABLE` applied."""
+        return {**DEFAULT_RETRYABLE, **self.retryable_overrides}
+
+    @property
+    def dead_letter_log(self) -> str:
+        return self.dlq_log_path or os.path.join(self.data_dir, "dead-letters.jsonl")
+
+
+SETTINGS: list[tuple[str, str, str]] = [
+    (f.metadata["env"], f.metadata["default"], f.metadata["doc"]) for f in fields(Settings)
+]
+"""(variable, default, meaning) for every setting, in definition order."""

@@ -1,0 +1,49 @@
+"""Each request's state machine and bounded history, as stored in the `requests` table.
+
+received → in_flight → retry_scheduled(k) → … → succeeded | dead_lettered → reprocessed …
+`in_flight` is live only in the worker's memory (a crash must not leave a request stuck
+in it); the table records every settled state.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+HISTORY_LIMIT = 50
+
+SUCCEEDED = "succeeded"
+RETRY_SCHEDULED = "retry_scheduled"
+DEAD_LETTERED = "dead_lettered"
+REPROCESSED = "reprocessed"
+DISCARDED = "discarded"
+IN_FLIGHT = "in_flight"
+
+SETTLED_FOR_DEDUP = frozenset({SUCCEEDED, RETRY_SCHEDULED})
+"""A new copy of a request in one of these states is a duplicate: skip it."""
+
+
+def load(blob: bytes | None) -> dict[str, Any] | None:
+    return json.loads(blob) if blob else None
+
+
+def dump(state: dict[str, Any]) -> bytes:
+    return json.dumps(state, separators=(",", ":")).encode()
+
+
+def transition(previous: dict[str, Any] | None, request_id: str, state: str, at: int, **detail: Any) -> dict[str, Any]:
+    """The next stored state: `previous` moved to `state`, with the change appended to history."""
+    current = dict(previous) if previous else {"request_id": request_id, "first_seen": at, "duplicates": 0, "history": []}
+    current["state"] = state
+    current["updated_at"] = at
+    current.update({k: v for k, v in detail.items() if k != "history"})
+    current["history"] = [*current.get("history", []), {"at": at, "state": state, **detail}][-HISTORY_LIMIT:]
+    return current
+
+
+def count_duplicate(previous: dict[str, Any], at: int, source: str) -> dict[str, Any]:
+    """`previous` with one more duplicate counted, its state unchanged."""
+    current = dict(previous)
+    current["duplicates"] = current.get("duplicates", 0) + 1
+    current["history"] = [*current.get("history", []), {"at": at, "state": "duplicate_skipped", "source": source}][-HISTORY_LIMIT:]
+    return current

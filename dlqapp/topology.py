@@ -1,0 +1,38 @@
+"""dlqapp's topics and tables, declared once on the app.
+
+Every topic and table carries raw bytes keyed by the request id (UTF-8), so topic keys
+and table keys route alike; dlqapp encodes values itself.
+"""
+
+from __future__ import annotations
+
+import faust
+from faust import TopicT
+from faust.tables import Table
+
+from dlqapp.app import app, settings
+
+
+
+def _raw() -> faust.Schema:
+    """A fresh raw-bytes schema (tables update their schema in place, so never share one)."""
+    return faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+
+def _topic(name: str) -> TopicT:
+    return app.topic(name, partitions=settings.partitions, schema=_raw())
+
+
+def _table(name: str, help: str) -> Table:
+    return app.Table(name, partitions=settings.partitions, help=help, key_type=bytes, value_type=bytes)
+
+
+input_topic = _topic(settings.input)
+tier_topics = [_topic(name) for name in settings.retry_topics]
+due_topic = _topic(settings.due)
+dlq_topic = _topic(settings.dlq)
+results_topic = _topic(settings.results)
+
+parked_retries = _table("parked-retries", "Retries waiting for their due time: key = due_ms (u64 BE) ‖ request id.")
+requests_table = _table("requests", "Each request's settled state and bounded history.")
+dead_letters = _table("dead-letters", "DLQ entries keyed by request id.")

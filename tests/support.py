@@ -1,0 +1,246 @@
+"""Test helpers: a broker, workers as subprocesses, Kafka produce/consume, waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+ROOT = Path(__file__).resolve().parent.parent
+KAFKA_LOCAL = ROOT / "scripts" / "kafka-local"
+FAUST = Path(sys.executable).parent / "faust"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll `predicate` until it returns something truthy; fail naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+# -- HTTP ------------------------------------------------------------------------------
+
+
+def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = 10) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, raw.decode(errors="replace")
+
+
+# -- Kafka -----------------------------------------------------------------------------
+
+
+@dataclass
+class Record:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: dict[str, str]
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.value) if self.value else None
+
+
+def produce(bootstrap: str, topic: str, messages: Iterable[tuple[bytes | None, bytes | None]], headers: list[tuple[str, bytes]] | None = None) -> None:
+    """Send (key, value) pairs and wait for every acknowledgement."""
+
+    async def run() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        await producer.start()
+        try:
+            futures = [await producer.send(topic, key=k, value=v, headers=headers) for k, v in messages]
+            await asyncio.gather(*futures)
+        finally:
+            await producer.stop()
+
+    asyncio.run(run())
+
+
+def request_bytes(request_id: str, **extra: Any) -> bytes:
+    body = {"request_id": request_id, "messages": [{"role": "user", "content": f"hello {request_id}"}], **extra}
+    return json.dumps(body).encode()
+
+
+def read_topic(bootstrap: str, topic: str, until: Callable[[list[Record]], bool], timeout: float, partitions: int = 3) -> list[Record]:
+    """Read `topic` from the beginning until `until(records)` holds; fail on timeout."""
+
+    async def run() -> list[Record]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+            await consumer.seek_to_beginning()
+            records: list[Record] = []
+            deadline = time.monotonic() + timeout
+            while not until(records):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"timed out after {timeout}s reading {topic}: {len(records)} records so far")
+                batch = await consumer.getmany(timeout_ms=200)
+                for messages in batch.values():
+                    for m in messages:
+                        headers = {k: v.decode("utf-8", "replace") for k, v in (m.headers or [])}
+                        records.append(Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, headers))
+            return records
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+def keys_seen(records: list[Record]) -> set[str]:
+    return {r.key.decode() for r in records if r.key is not None}
+
+
+# -- broker ----------------------------------------------------------------------------
+
+
+@dataclass
+class LocalKafka:
+    """A broker started by scripts/kafka-local for this test session."""
+
+    port: int
+    data_dir: Path
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KAFKA_PORT": str(self.port), "KAFKA_CONTROLLER_PORT": str(free_port()), "KAFKA_DATA_DIR": str(self.data_dir)}
+
+    def run(self, command: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(KAFKA_LOCAL), command], env=env or self.env(), capture_output=True, text=True, timeout=300, check=check)
+
+
+# -- workers ---------------------------------------------------------------------------
+
+
+@dataclass
+class Worker:
+    """`faust -A dlqapp worker` in a subprocess with its own app id, topics, datadir and port."""
+
+    bootstrap: str
+    tmp: Path
+    app_id: str = field(default_factory=lambda: unique("app"))
+    prefix: str | None = None
+    env_extra: dict[str, str] = field(default_factory=dict)
+    web_port: int = field(default_factory=free_port)
+    name: str = "w1"
+    process: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefix is None:
+            self.prefix = f"{self.app_id}."
+        self.data_dir = self.tmp / f"{self.name}-data"
+        self.log_path = self.tmp / f"{self.name}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    def topic(self, name: str) -> str:
+        return f"{self.prefix}{name}"
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "DLQ_KAFKA_BOOTSTRAP": self.bootstrap,
+            "DLQ_APP_ID": self.app_id,
+            "DLQ_TOPIC_PREFIX": self.prefix or "",
+            "DLQ_DATA_DIR": str(self.data_dir),
+            "DLQ_WEB_PORT": str(self.web_port),
+            **self.env_extra,
+        }
+
+    def start(self, wait: bool = True) -> "Worker":
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [str(FAUST), "-A", "dlqapp", "worker", "-l", "info", "--web-port", str(self.web_port)],
+            cwd=self.tmp,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Until the worker serves HTTP and owns partitions (or fail with its log)."""
+
+        def ready() -> bool:
+            if self.process and self.process.poll() is not None:
+                raise AssertionError(f"worker exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                status, body = http_json(self.url + "/", timeout=2)
+            except OSError:
+                return False
+            return status == 200 and body.get("ready")
+
+        try:
+            wait_until(ready, timeout, f"worker {self.name} to be ready", interval=0.3)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.log_tail()}") from None
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        """kill -9."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def get(self, path: str) -> tuple[int, Any]:
+        return http_json(self.url + path)
