@@ -19,6 +19,7 @@ from faust.tables import Table
 
 from dlqapp.logs import log_event
 from dlqapp.models import (
+    H_ATTEMPTS,
     H_DEAD_AT,
     H_ERROR_CLASS,
     H_FINAL_ERROR,
@@ -50,6 +51,7 @@ def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partit
         "final_error": headers.get(H_FINAL_ERROR),
         "last_error": headers.get(H_LAST_ERROR),
         "retry_count": int(headers.get(H_RETRY_COUNT) or 0),
+        "attempts": int(headers.get(H_ATTEMPTS) or 0),
         "history": _json(headers.get(H_HISTORY), []),
         "first_seen": int(headers.get(H_ORIGINAL_TIMESTAMP) or 0) or None,
         "dead_at": int(headers.get(H_DEAD_AT) or 0) or now_ms(),

@@ -19,6 +19,7 @@ CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "fun
 # Header names (public contract: retry_count, scheduled_time, original_timestamp,
 # error_class, last_error, final_error).
 H_RETRY_COUNT = "retry_count"
+H_ATTEMPTS = "attempts"
 H_SCHEDULED_TIME = "scheduled_time"
 H_ORIGINAL_TIMESTAMP = "original_timestamp"
 H_ERROR_CLASS = "error_class"
@@ -85,9 +86,11 @@ def parse_request(payload: bytes | None, max_bytes: int) -> Request:
     if len(payload) > max_bytes:
         raise InvalidRequest([f"payload is {len(payload)} bytes, over the {max_bytes}-byte limit"])
     try:
-        data = json.loads(payload)
+        text = payload.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidRequest(["payload is not valid UTF-8"]) from None
+    try:
+        data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise InvalidRequest([f"payload is not valid JSON: {exc}"]) from None
     if not isinstance(data, dict):
@@ -159,14 +162,15 @@ class Envelope:
     """A request in flight: its original bytes plus everything learnt about it so far.
 
     Serialised as Kafka headers on the tier, due and dlq topics, and as one blob in the
-    parked-retry table. `retry_count` counts attempts made so far.
+    parked-retry table. `attempts` counts attempts made so far; the `retry_count`
+    header is the number of the retry a tier message waits for (1, 2, 3), which is the same.
     """
 
     request_id: str
     payload: bytes
     original_timestamp: int
     source: dict[str, Any]
-    retry_count: int = 0
+    attempts: int = 0
     scheduled_time: int | None = None
     error_class: str | None = None
     last_error: str | None = None
@@ -175,7 +179,7 @@ class Envelope:
 
     def record(self, attempt: Attempt) -> None:
         """Append an attempt to the history (bounded) and update the last error."""
-        self.retry_count = attempt.attempt
+        self.attempts = attempt.attempt
         self.error_class = attempt.error_class
         self.last_error = attempt.error
         self.history.append(asdict(attempt))
@@ -185,7 +189,8 @@ class Envelope:
         """Kafka headers for this envelope, plus any `extra` (None values are left out)."""
         values: dict[str, Any] = {
             H_REQUEST_ID: self.request_id,
-            H_RETRY_COUNT: self.retry_count,
+            H_RETRY_COUNT: self.attempts,
+            H_ATTEMPTS: self.attempts,
             H_SCHEDULED_TIME: self.scheduled_time,
             H_ORIGINAL_TIMESTAMP: self.original_timestamp,
             H_ERROR_CLASS: self.error_class,
@@ -209,7 +214,7 @@ class Envelope:
             payload=payload,
             original_timestamp=_int(h.get(H_ORIGINAL_TIMESTAMP)) or now_ms(),
             source=_json(h.get(H_SOURCE), {}),
-            retry_count=_int(h.get(H_RETRY_COUNT)) or 0,
+            attempts=_int(h.get(H_ATTEMPTS)) or _int(h.get(H_RETRY_COUNT)) or 0,
             scheduled_time=_int(h.get(H_SCHEDULED_TIME)),
             error_class=h.get(H_ERROR_CLASS),
             last_error=h.get(H_LAST_ERROR),
@@ -274,6 +279,7 @@ class Result:
     completed_at: int
     metadata: dict[str, Any]
     usage: dict[str, Any] | None = None
+    history: list[dict[str, Any]] | None = None
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()

@@ -121,7 +121,7 @@ class Pipeline:
     def new_envelope(self, event: EventT, request_id: str, payload: bytes) -> Envelope:
         """A fresh envelope for a request first seen in `event` (keeps replay lineage)."""
         envelope = Envelope.from_headers(request_id, payload, event.headers or {})
-        envelope.retry_count = 0
+        envelope.attempts = 0
         envelope.scheduled_time = None
         envelope.error_class = envelope.last_error = None
         envelope.history = []
@@ -139,7 +139,7 @@ class Pipeline:
         if expired is not None:
             await self.carry_out(expired, envelope, request, None)
             return
-        number = envelope.retry_count + 1
+        number = envelope.attempts + 1
         self.in_flight.add(request.request_id)
         try:
             async with self.limiter.slot(priority):
@@ -188,15 +188,16 @@ class Pipeline:
             request_id=envelope.request_id,
             model=output.model,
             output=output.text,
-            attempts=envelope.retry_count,
+            attempts=envelope.attempts,
             latency_ms=at - envelope.original_timestamp,
             completed_at=at,
             metadata=request.metadata if request else {},
             usage=output.usage or None,
+            history=envelope.history,
         )
         await self.send(self.results_topic, envelope.request_id, result.to_bytes(), [(k, v.encode()) for k, v in envelope.lineage.items()])
-        self.set_state(envelope.request_id, states.SUCCEEDED, at, attempts=envelope.retry_count, model=output.model)
-        log_event(log, logging.DEBUG, "succeeded", request_id=envelope.request_id, attempts=envelope.retry_count)
+        self.set_state(envelope.request_id, states.SUCCEEDED, at, attempts=envelope.attempts, model=output.model)
+        log_event(log, logging.DEBUG, "succeeded", request_id=envelope.request_id, attempts=envelope.attempts)
 
     async def _schedule_retry(self, outcome: RetryAt, envelope: Envelope) -> None:
         envelope.scheduled_time = outcome.due_ms
@@ -206,7 +207,7 @@ class Pipeline:
             envelope.request_id,
             states.RETRY_SCHEDULED,
             now_ms(),
-            attempts=envelope.retry_count,
+            attempts=envelope.attempts,
             tier=topic.get_topic_name(),
             due=outcome.due_ms,
             error_class=outcome.failure.error_class.value,
@@ -217,7 +218,7 @@ class Pipeline:
             logging.DEBUG,
             "retry_scheduled",
             request_id=envelope.request_id,
-            attempt=envelope.retry_count,
+            attempt=envelope.attempts,
             tier=topic.get_topic_name(),
             due=outcome.due_ms,
             error_class=outcome.failure.error_class.value,
@@ -227,13 +228,14 @@ class Pipeline:
         at = now_ms()
         envelope.error_class = outcome.error_class.value
         envelope.last_error = envelope.last_error or outcome.reason
-        headers = envelope.headers(final_error=outcome.reason, dead_at=at)
+        # In the DLQ, retry_count is the number of retries made: attempts - 1.
+        headers = envelope.headers(final_error=outcome.reason, dead_at=at, retry_count=max(envelope.attempts - 1, 0))
         await self.send(self.dlq_topic, envelope.request_id, envelope.payload, headers)
         self.set_state(
             envelope.request_id,
             states.DEAD_LETTERED,
             at,
-            attempts=envelope.retry_count,
+            attempts=envelope.attempts,
             error_class=outcome.error_class.value,
             final_error=outcome.reason,
         )

@@ -103,6 +103,11 @@ class RetryScheduler:
                 yield key
             it.next()
 
+    def parked_count(self) -> int:
+        """Retries parked on the partitions this worker actively owns."""
+        offset_key = self.parked.data.offset_key
+        return sum(1 for _, db in self._active_partitions() for key in db.keys() if key != offset_key)  # type: ignore[attr-defined]
+
     def forget_fired(self) -> None:
         """After a rebalance: entries may have moved; fire whatever is still parked."""
         self.fired.clear()
@@ -129,7 +134,7 @@ class RetryScheduler:
         self.fired.pop(key, None)
 
     async def _attempt(self, envelope: Envelope) -> None:
-        tier = max(0, min(envelope.retry_count - 1, len(self.pipeline.tier_topics) - 1))
+        tier = max(0, min(envelope.attempts - 1, len(self.pipeline.tier_topics) - 1))
         topic = self.pipeline.tier_topics[tier].get_topic_name()
         try:
             request = parse_request(envelope.payload, self.pipeline.settings.max_payload_bytes)

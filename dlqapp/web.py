@@ -5,7 +5,7 @@ from __future__ import annotations
 from faust import web
 
 from dlqapp import __version__
-from dlqapp.agents import backend, pipeline
+from dlqapp.agents import backend, pipeline, scheduler
 from dlqapp.app import app, settings
 from dlqapp.topology import requests_table
 
@@ -28,7 +28,7 @@ async def index(self: web.View, request: web.Request) -> web.Response:
             "ready": _ready(),
             "assigned_partitions": len(app.assignor.assigned_actives()),
             "in_flight": len(pipeline.in_flight),
-            "routes": ["/requests/{request_id}/", "/inference/calls/{request_id}/"],
+            "routes": ["/requests/{request_id}/", "/retries/", "/inference/calls/{request_id}/"],
         }
     )
 
@@ -49,6 +49,12 @@ async def request_status(self: web.View, request: web.Request, request_id: str) 
     if request_id in pipeline.in_flight:
         state["state"] = "in_flight"
     return self.bytes(json.dumps(state).encode(), content_type="application/json")
+
+
+@app.page("/retries/")
+async def retries(self: web.View, request: web.Request) -> web.Response:
+    """Retries parked on this worker's partitions, and those handed to the due agent."""
+    return self.json({"parked": scheduler.parked_count(), "fired": len(scheduler.fired)})
 
 
 @app.page("/inference/calls/{request_id}/")

@@ -1,0 +1,23 @@
+# dlqapp: the two set-up commands, and a few more.
+.PHONY: run test unit venv kafka-start kafka-stop clean
+
+run:            ## Kafka + one worker (simulated backend) in the foreground; Ctrl-C stops both
+	@scripts/run
+
+test:           ## the whole suite; starts (and stops) its own Kafka unless KAFKA_BOOTSTRAP is set
+	@scripts/test
+
+unit:           ## only the fast unit tests (no broker)
+	@scripts/venv test && .venv/bin/python -m pytest tests/unit -q
+
+venv:
+	@scripts/venv test
+
+kafka-start:
+	@scripts/kafka-local start
+
+kafka-stop:
+	@scripts/kafka-local stop
+
+clean:
+	rm -rf .venv .kafka-data dlqapp-data .pytest_cache

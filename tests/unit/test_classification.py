@@ -1,0 +1,28 @@
+import asyncio
+
+import pytest
+
+from dlqapp.classification import DEFAULT_RETRYABLE, ErrorClass, InferenceError, classify_exception, is_retryable
+
+
+@pytest.mark.parametrize(
+    "exc, cls",
+    [
+        (asyncio.TimeoutError(), ErrorClass.TIMEOUT),
+        (ConnectionRefusedError("refused"), ErrorClass.CONNECTION_ERROR),
+        (InferenceError(ErrorClass.RATE_LIMITED, "429", 2000), ErrorClass.RATE_LIMITED),
+        (ValueError("surprise"), ErrorClass.UNKNOWN),
+        (KeyError("x"), ErrorClass.UNKNOWN),
+    ],
+)
+def test_every_exception_maps_to_a_class(exc, cls):
+    assert classify_exception(exc).error_class is cls
+
+
+def test_retry_after_survives_classification():
+    assert classify_exception(InferenceError(ErrorClass.RATE_LIMITED, "429", 2000)).retry_after_ms == 2000
+
+
+def test_default_table_matches_the_brief():
+    retryable = {c for c in ErrorClass if is_retryable(c, DEFAULT_RETRYABLE)}
+    assert retryable == {ErrorClass.TIMEOUT, ErrorClass.CONNECTION_ERROR, ErrorClass.SERVER_ERROR, ErrorClass.RATE_LIMITED, ErrorClass.UNKNOWN}

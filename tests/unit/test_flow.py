@@ -1,0 +1,124 @@
+import asyncio
+
+from dlqapp.flow import HIGH, LOW, InFlightWindow, PriorityLimiter
+
+
+class FakeEvent:
+    def __init__(self, offset, acked):
+        self.offset, self._acked = offset, acked
+
+    def ack(self):
+        self._acked.append(self.offset)
+        return True
+
+
+def test_window_acks_each_partition_in_offset_order_even_when_handlers_finish_out_of_order():
+    async def run():
+        acked = []
+        gates = {i: asyncio.Event() for i in range(5)}
+        window = InFlightWindow(10, on_fatal=lambda exc: None)
+        for i in range(5):
+            async def handler(i=i):
+                await gates[i].wait()
+            await window.submit("p0", FakeEvent(i, acked), handler)
+        for i in (3, 1, 4):  # later offsets finish first: nothing may be acked yet
+            gates[i].set()
+        await asyncio.sleep(0.01)
+        assert acked == []
+        gates[0].set()
+        await asyncio.sleep(0.01)
+        assert acked == [0, 1]  # 2 is still running, so 3 and 4 must wait
+        gates[2].set()
+        await window.join()
+        assert acked == [0, 1, 2, 3, 4]
+
+    asyncio.run(run())
+
+
+def test_a_failing_handler_is_never_acked_and_is_reported():
+    async def run():
+        acked, fatal = [], []
+        window = InFlightWindow(10, on_fatal=fatal.append)
+
+        async def boom():
+            raise RuntimeError("bug")
+
+        async def fine():
+            return None
+
+        await window.submit("p0", FakeEvent(0, acked), boom)
+        await window.submit("p0", FakeEvent(1, acked), fine)
+        await window.join()
+        assert acked == [] and isinstance(fatal[0], RuntimeError)
+
+    asyncio.run(run())
+
+
+def test_window_bounds_in_flight_handlers():
+    async def run():
+        window = InFlightWindow(2, on_fatal=lambda exc: None)
+        gate = asyncio.Event()
+        acked = []
+        for i in range(2):
+            await window.submit("p", FakeEvent(i, acked), gate.wait)
+        third = asyncio.create_task(window.submit("p", FakeEvent(2, acked), gate.wait))
+        await asyncio.sleep(0.01)
+        assert not third.done()
+        gate.set()
+        await third
+        await window.join()
+        assert acked == [0, 1, 2]
+
+    asyncio.run(run())
+
+
+def test_limiter_serves_high_priority_waiters_first():
+    async def run():
+        limiter = PriorityLimiter(1)
+        order = []
+        hold = asyncio.Event()
+
+        async def user(name, priority, wait=None):
+            async with limiter.slot(priority):
+                order.append(name)
+                if wait:
+                    await wait.wait()
+
+        first = asyncio.create_task(user("first", LOW, hold))
+        await asyncio.sleep(0)
+        lows = [asyncio.create_task(user(f"low{i}", LOW)) for i in range(3)]
+        await asyncio.sleep(0)
+        high = asyncio.create_task(user("high", HIGH))
+        await asyncio.sleep(0)
+        assert limiter.high_waiting == 1
+        hold.set()
+        await asyncio.gather(first, high, *lows)
+        assert order == ["first", "high", "low0", "low1", "low2"]
+
+    asyncio.run(run())
+
+
+def test_limiter_never_exceeds_its_limit_and_survives_cancellation():
+    async def run():
+        limiter = PriorityLimiter(3)
+        active = peak = 0
+
+        async def user(i):
+            nonlocal active, peak
+            async with limiter.slot(i % 2):
+                active += 1
+                peak = max(peak, active)
+                await asyncio.sleep(0.001)
+                active -= 1
+
+        tasks = [asyncio.create_task(user(i)) for i in range(50)]
+        await asyncio.sleep(0)
+        tasks[10].cancel()
+        tasks[20].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert peak == 3
+        async with limiter.slot(LOW):  # every slot came back
+            pass
+        assert limiter._free == 3
+
+    asyncio.run(run())

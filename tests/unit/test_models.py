@@ -1,0 +1,85 @@
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dlqapp.models import Attempt, Envelope, InvalidRequest, parse_request, salvage_request_id, fallback_key
+
+LIMIT = 10_000
+
+
+def ok(**extra):
+    return json.dumps({"request_id": "r1", "messages": [{"role": "user", "content": "hi"}], **extra}).encode()
+
+
+def test_a_valid_request_parses():
+    request = parse_request(ok(model="m", params={"temperature": 0}, metadata={"team": "rag"}), LIMIT)
+    assert request.request_id == "r1" and request.model == "m" and request.metadata == {"team": "rag"}
+
+
+def test_prompt_form_is_accepted():
+    assert parse_request(b'{"request_id": "p", "prompt": "hello"}', LIMIT).prompt == "hello"
+
+
+@pytest.mark.parametrize(
+    "payload, reason",
+    [
+        (b"", "empty"),
+        (None, "empty"),
+        (b"not json", "not valid JSON"),
+        (b"\xff\xfe\x00", "UTF-8"),
+        (b"[1, 2]", "JSON object"),
+        (b"42", "JSON object"),
+        (b"null", "JSON object"),
+        (b'{"messages": [{"role": "user", "content": "x"}]}', "request_id"),
+        (b'{"request_id": "", "prompt": "x"}', "request_id"),
+        (b'{"request_id": 5, "prompt": "x"}', "request_id"),
+        (json.dumps({"request_id": "x" * 257, "prompt": "x"}).encode(), "request_id"),
+        (b'{"request_id": "r"}', "messages or prompt"),
+        (b'{"request_id": "r", "messages": "hi"}', "messages must be"),
+        (b'{"request_id": "r", "messages": [{"role": "wizard", "content": "x"}]}', "role"),
+        (b'{"request_id": "r", "prompt": "x", "params": [1]}', "params"),
+        (b'{"request_id": "r", "prompt": "x", "model": 3}', "model"),
+        (b"[" * 100_000 + b"]" * 100_000, "JSON"),
+    ],
+)
+def test_invalid_payloads_are_rejected_with_a_reason(payload, reason):
+    with pytest.raises(InvalidRequest, match=reason):
+        parse_request(payload, 10_000_000)
+
+
+def test_oversized_payload_is_rejected_before_parsing():
+    with pytest.raises(InvalidRequest, match="over the 100-byte limit"):
+        parse_request(ok(padding="x" * 200), 100)
+
+
+def test_request_id_is_salvaged_from_invalid_requests():
+    with pytest.raises(InvalidRequest) as info:
+        parse_request(b'{"request_id": "r9", "messages": 7}', LIMIT)
+    assert info.value.request_id == "r9"
+    assert salvage_request_id(b'{"request_id": "r9"}') == "r9"
+    assert salvage_request_id(b"garbage") is None
+    assert fallback_key(b"garbage") == fallback_key(b"garbage") != fallback_key(b"other")
+
+
+@given(st.binary(max_size=2000))
+def test_parser_never_raises_anything_but_invalid_request(payload):
+    try:
+        parse_request(payload, LIMIT)
+    except InvalidRequest:
+        pass
+
+
+@given(st.binary(max_size=500), st.text(min_size=1, max_size=50), st.integers(min_value=0, max_value=10))
+def test_envelope_round_trips_through_headers_and_blob_with_bytes_intact(payload, request_id, attempts):
+    envelope = Envelope(request_id, payload, original_timestamp=123, source={"topic": "input", "partition": 1, "offset": 9})
+    for n in range(1, attempts + 1):
+        envelope.record(Attempt(n, 1000 + n, "input", scheduled=900 + n, error_class="timeout", error=f"slow {n}"))
+    envelope.scheduled_time = 5000
+    for copy in (Envelope.from_bytes(envelope.to_bytes()), Envelope.from_headers(request_id, payload, envelope.headers())):
+        assert copy.payload == payload
+        assert copy.request_id == request_id
+        assert copy.attempts == attempts
+        assert copy.history == envelope.history
+        assert copy.scheduled_time == 5000 and copy.original_timestamp == 123

@@ -1,0 +1,47 @@
+from dlqapp.classification import DEFAULT_RETRYABLE, ErrorClass, Failure
+from dlqapp.inference import InferenceOutput
+from dlqapp.outcomes import DeadLetter, RetryAt, RetryPolicy, Succeeded, decide, expiry
+from dlqapp.scheduling import Backoff
+
+POLICY = RetryPolicy(Backoff((1000, 10_000, 60_000)), DEFAULT_RETRYABLE, max_age_ms=3_600_000)
+NOW = 1_700_000_000_000
+
+
+def test_success_publishes():
+    out = InferenceOutput("hi", "m")
+    assert decide(POLICY, 1, None, out, NOW) == Succeeded(out)
+
+
+def test_retryable_failures_walk_the_tiers():
+    failure = Failure(ErrorClass.SERVER_ERROR, "503")
+    assert decide(POLICY, 1, failure, None, NOW) == RetryAt(0, NOW + 1000, failure)
+    assert decide(POLICY, 2, failure, None, NOW) == RetryAt(1, NOW + 10_000, failure)
+    assert decide(POLICY, 3, failure, None, NOW) == RetryAt(2, NOW + 60_000, failure)
+
+
+def test_after_the_last_tier_the_request_is_dead_lettered_as_final():
+    outcome = decide(POLICY, 4, Failure(ErrorClass.TIMEOUT, "slow"), None, NOW)
+    assert isinstance(outcome, DeadLetter) and outcome.final
+    assert outcome.error_class is ErrorClass.TIMEOUT and "4 attempts" in outcome.reason
+
+
+def test_non_retryable_goes_to_the_dlq_at_once():
+    for cls in (ErrorClass.AUTH_ERROR, ErrorClass.INVALID_REQUEST, ErrorClass.CONTEXT_LENGTH, ErrorClass.CONTENT_FILTER):
+        outcome = decide(POLICY, 1, Failure(cls, "no"), None, NOW)
+        assert isinstance(outcome, DeadLetter) and outcome.error_class is cls and not outcome.final
+
+
+def test_rate_limit_retry_after_sets_the_due_time_exactly():
+    failure = Failure(ErrorClass.RATE_LIMITED, "429", retry_after_ms=3000)
+    assert decide(POLICY, 1, failure, None, NOW) == RetryAt(0, NOW + 3000, failure)
+
+
+def test_overrides_change_the_route():
+    policy = RetryPolicy(POLICY.backoff, {**DEFAULT_RETRYABLE, ErrorClass.UNKNOWN: False}, POLICY.max_age_ms)
+    assert isinstance(decide(policy, 1, Failure(ErrorClass.UNKNOWN, "?"), None, NOW), DeadLetter)
+
+
+def test_expiry():
+    assert expiry(POLICY, NOW - 3_600_000, NOW) is None
+    expired = expiry(POLICY, NOW - 3_600_001, NOW)
+    assert expired is not None and expired.error_class is ErrorClass.EXPIRED

@@ -1,0 +1,73 @@
+import re
+from pathlib import Path
+
+import pytest
+
+from dlqapp.classification import ErrorClass
+from dlqapp.settings import SETTINGS, Settings, SettingsError, format_duration, parse_duration_ms
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_follow_the_contract():
+    s = Settings.from_env({})
+    assert s.retry_delays_ms == (1000, 10_000, 60_000)
+    assert s.retry_topics == ("retry-1s", "retry-10s", "retry-1m")
+    assert (s.input, s.dlq, s.results) == ("input", "dlq", "results")
+    assert s.partitions == 3
+    assert s.web_port == 6066
+    assert s.simulated_success_rate == 0.8
+
+
+def test_prefix_applies_to_every_topic():
+    s = Settings.from_env({"DLQ_TOPIC_PREFIX": "team-a.", "DLQ_RETRY_DELAYS": "250ms,2s"})
+    assert s.all_topics() == ["team-a.input", "team-a.retry-250ms", "team-a.retry-2s", "team-a.dlq", "team-a.results", "team-a.dlqapp-due"]
+
+
+@pytest.mark.parametrize(
+    "env, var",
+    [
+        ({"DLQ_PARTITIONS": "zero"}, "DLQ_PARTITIONS"),
+        ({"DLQ_PARTITIONS": "0"}, "DLQ_PARTITIONS"),
+        ({"DLQ_WEB_PORT": "70000"}, "DLQ_WEB_PORT"),
+        ({"DLQ_RETRY_DELAYS": "1s,soon"}, "DLQ_RETRY_DELAYS"),
+        ({"DLQ_RETRY_DELAYS": ""}, "DLQ_RETRY_DELAYS"),
+        ({"DLQ_SIMULATED_SUCCESS_RATE": "1.5"}, "DLQ_SIMULATED_SUCCESS_RATE"),
+        ({"DLQ_RETRYABLE": "nonsense=true"}, "DLQ_RETRYABLE"),
+        ({"DLQ_BACKOFF": "linear"}, "DLQ_BACKOFF"),
+        ({"DLQ_TOPIC_PREFIX": "bad prefix/"}, "DLQ_TOPIC_PREFIX"),
+        ({"DLQ_INPUT_TOPIC": "dlq"}, "DLQ_*_TOPIC"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_its_variable(env, var):
+    with pytest.raises(SettingsError, match=re.escape(var)):
+        Settings.from_env(env)
+
+
+def test_retryable_overrides_apply_on_top_of_defaults():
+    s = Settings.from_env({"DLQ_RETRYABLE": "context_length=true,unknown=false"})
+    assert s.retryable[ErrorClass.CONTEXT_LENGTH] is True
+    assert s.retryable[ErrorClass.UNKNOWN] is False
+    assert s.retryable[ErrorClass.TIMEOUT] is True
+
+
+@pytest.mark.parametrize("text, ms", [("250ms", 250), ("1s", 1000), ("1.5", 1500), ("1m", 60_000), ("2h", 7_200_000), ("1d", 86_400_000)])
+def test_durations(text, ms):
+    assert parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize("ms, text", [(1000, "1s"), (10_000, "10s"), (60_000, "1m"), (250, "250ms"), (90_000, "90s")])
+def test_duration_names(ms, text):
+    assert format_duration(ms) == text
+
+
+def test_every_setting_has_a_default_that_validates_and_a_doc():
+    assert Settings.from_env({})
+    for env, default, doc in SETTINGS:
+        assert env.startswith("DLQ_") and doc
+
+
+def test_readme_documents_every_setting():
+    readme = (ROOT / "README.md").read_text()
+    missing = [env for env, _, _ in SETTINGS if f"`{env}`" not in readme]
+    assert not missing, f"README.md lacks settings: {missing}"
