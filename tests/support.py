@@ -101,14 +101,15 @@ def request_bytes(request_id: str, **extra: Any) -> bytes:
     return json.dumps(body).encode()
 
 
-def read_topic(bootstrap: str, topic: str, until: Callable[[list[Record]], bool], timeout: float, partitions: int = 3) -> list[Record]:
-    """Read `topic` from the beginning until `until(records)` holds; fail on timeout."""
+def read_topic(bootstrap: str, topic: str | list[str], until: Callable[[list[Record]], bool], timeout: float, partitions: int = 3) -> list[Record]:
+    """Read `topic` (or several) from the beginning until `until(records)` holds; fail on timeout."""
+    topics = [topic] if isinstance(topic, str) else topic
 
     async def run() -> list[Record]:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
         await consumer.start()
         try:
-            consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+            consumer.assign([TopicPartition(t, p) for t in topics for p in range(partitions)])
             await consumer.seek_to_beginning()
             records: list[Record] = []
             deadline = time.monotonic() + timeout

@@ -132,7 +132,7 @@ def test_the_same_id_three_times_keyed_and_unkeyed_is_called_once(worker):
     send(worker, (rid, payload))
     send(worker, (rid, payload), key_by_id=False)
     send(worker, (rid, payload))
-    results = results_for(worker, [rid])
+    results_for(worker, [rid])
     wait_until(lambda: worker.get(f"/requests/{rid}/")[1].get("duplicates") == 2, 30, "two duplicates to be counted")
-    assert len(results) == 1
+    assert len(results_for(worker, [rid])) == 1
     assert worker.get(f"/inference/calls/{rid}/")[1]["calls"] == 1
