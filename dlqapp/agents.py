@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from faust import StreamT, TopicT
 
 from dlqapp.app import app, settings
@@ -38,8 +39,23 @@ scheduler = RetryScheduler(pipeline, parked_retries, due_topic)
 recorder = DeadLetterRecorder(dead_letters, settings.dead_letter_log)
 
 
+FATAL_EXIT_CODE = 70
+FATAL_GRACE_S = 15.0
+
+
+def _fatal(exc: BaseException) -> None:
+    """A handler bug: stop the worker without acking, so its event is redelivered.
+
+    Faust's crash path stops the services; should the process linger, it is ended
+    after a grace period (like kill -9, which at-least-once delivery already covers).
+    """
+    log.critical("fatal handler error, stopping the worker: %r", exc)
+    app._crash(exc)
+    asyncio.get_running_loop().call_later(FATAL_GRACE_S, os._exit, FATAL_EXIT_CODE)
+
+
 def _window() -> InFlightWindow:
-    return InFlightWindow(settings.concurrency * 2, on_fatal=app._crash)
+    return InFlightWindow(settings.concurrency * 2, on_fatal=_fatal)
 
 
 @app.agent(input_topic, name="input")

@@ -7,7 +7,7 @@ from faust import web
 from dlqapp import __version__
 from dlqapp.agents import backend, pipeline, scheduler
 from dlqapp.app import app, settings
-from dlqapp.topology import requests_table
+from dlqapp.topology import dead_letters, requests_table
 
 
 def _ready() -> bool:
@@ -49,6 +49,16 @@ async def request_status(self: web.View, request: web.Request, request_id: str) 
     if request_id in pipeline.in_flight:
         state["state"] = "in_flight"
     return self.bytes(json.dumps(state).encode(), content_type="application/json")
+
+
+@app.page("/dlq/{request_id}/")
+@app.table_route(table=dead_letters, match_info="request_id")
+async def dead_letter(self: web.View, request: web.Request, request_id: str) -> web.Response:
+    """One DLQ entry: payload, headers, attempt history (answered by the owning worker)."""
+    blob = dead_letters.get(request_id.encode())
+    if blob is None:
+        return self.json({"error": f"no dead letter with request id {request_id!r}"}, status=404)
+    return self.bytes(blob, content_type="application/json")
 
 
 @app.page("/retries/")

@@ -81,14 +81,20 @@ class Record:
         return json.loads(self.value) if self.value else None
 
 
-def produce(bootstrap: str, topic: str, messages: Iterable[tuple[bytes | None, bytes | None]], headers: list[tuple[str, bytes]] | None = None) -> None:
+def produce(
+    bootstrap: str,
+    topic: str,
+    messages: Iterable[tuple[bytes | None, bytes | None]],
+    headers: list[tuple[str, bytes]] | None = None,
+    timestamp_ms: int | None = None,
+) -> None:
     """Send (key, value) pairs and wait for every acknowledgement."""
 
     async def run() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
         await producer.start()
         try:
-            futures = [await producer.send(topic, key=k, value=v, headers=headers) for k, v in messages]
+            futures = [await producer.send(topic, key=k, value=v, headers=headers, timestamp_ms=timestamp_ms) for k, v in messages]
             await asyncio.gather(*futures)
         finally:
             await producer.stop()

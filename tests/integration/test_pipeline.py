@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -136,3 +137,28 @@ def test_the_same_id_three_times_keyed_and_unkeyed_is_called_once(worker):
     wait_until(lambda: worker.get(f"/requests/{rid}/")[1].get("duplicates") == 2, 30, "two duplicates to be counted")
     assert len(results_for(worker, [rid])) == 1
     assert worker.get(f"/inference/calls/{rid}/")[1]["calls"] == 1
+
+
+def test_a_request_older_than_the_ttl_is_dead_lettered_as_expired_without_a_call(worker):
+    rid = unique("stale")
+    payload = request_bytes(rid)
+    two_days_ago = int(time.time() * 1000) - 2 * 86_400_000
+    produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), payload)], timestamp_ms=two_days_ago)
+    (dead,) = dead_letters_for(worker, [rid])
+    assert dead.headers["error_class"] == "expired" and "DLQ_MAX_AGE" in dead.headers["final_error"]
+    assert dead.value == payload
+    assert worker.get(f"/inference/calls/{rid}/")[1]["calls"] == 0
+
+
+def test_the_dlq_agent_records_the_entry_the_json_line_and_the_alert(worker):
+    rid = unique("recorded")
+    payload = request_bytes(rid, **simulate(1, "content_filter"))
+    send(worker, (rid, payload))
+    entry = wait_until(lambda: (r := worker.get(f"/dlq/{rid}/"))[0] == 200 and r[1], 30, "the DLQ entry")
+    assert entry["error_class"] == "content_filter" and entry["payload"]["request_id"] == rid
+    assert entry["payload_bytes"] == len(payload) and len(entry["history"]) == 1
+    assert entry["source"]["topic"] == worker.topic("input") and entry["dead_at"] >= entry["first_seen"]
+    log_lines = (worker.data_dir / "dead-letters.jsonl").read_text().splitlines()
+    assert [json.loads(line)["error_class"] for line in log_lines if rid in line] == ["content_filter"]
+    assert f"dead_letter request_id={rid} error_class=content_filter" in worker.log_path.read_text()
+    assert worker.get(f"/dlq/{unique('nope')}/")[0] == 404
