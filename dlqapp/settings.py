@@ -144,7 +144,7 @@ class Settings:
     inference_url: str = _setting("DLQ_INFERENCE_URL", "http://127.0.0.1:8000/v1", str, "`openai` backend: base URL of an OpenAI-compatible API.")
     inference_api_key: str = _setting("DLQ_INFERENCE_API_KEY", "", str, "`openai` backend: API key sent as a bearer token.")
     inference_timeout_ms: int = _setting("DLQ_INFERENCE_TIMEOUT", "60s", parse_duration_ms, "Timeout of one backend call.")
-    data_dir: str = _setting("DLQ_DATA_DIR", "dlqapp-data", str, "Worker state: RocksDB tables and the dead-letter log.")
+    data_dir: str = _setting("DLQ_DATA_DIR", "{app_id}-data", str, "Worker state: RocksDB tables and the dead-letter log (`{app_id}` is replaced).")
     dlq_log_path: str = _setting("DLQ_LOG_PATH", "", str, "JSON-lines file of dead letters (empty: <DLQ_DATA_DIR>/dead-letters.jsonl).")
     web_host: str = _setting("DLQ_WEB_HOST", "127.0.0.1", str, "Address the worker's HTTP server binds.")
     web_port: int = _setting("DLQ_WEB_PORT", "6066", _port, "Port of the worker's HTTP server.")
@@ -165,6 +165,7 @@ class Settings:
                 values[f.name] = parse(raw)
             except (TypeError, ValueError) as exc:
                 raise SettingsError(f"{env}={raw!r} is invalid: {exc}") from None
+        values["data_dir"] = values["data_dir"].replace("{app_id}", values["app_id"])
         settings = cls(**values)
         settings._check_topic_names()
         return settings
