@@ -13,12 +13,15 @@ from dlqapp.flow import InFlightWindow
 from dlqapp.inference import create_backend
 from dlqapp.pipeline import Pipeline
 from dlqapp.retry import RetryScheduler
+from dlqapp.operator import Operator
 from dlqapp.topology import (
+    commands_topic,
     dead_letters,
     dlq_topic,
     due_topic,
     input_topic,
     parked_retries,
+    replay_ledger,
     requests_table,
     results_topic,
     tier_topics,
@@ -37,6 +40,7 @@ pipeline = Pipeline(
 )
 scheduler = RetryScheduler(pipeline, parked_retries, due_topic)
 recorder = DeadLetterRecorder(dead_letters, settings.dead_letter_log)
+operator = Operator(pipeline, dead_letters, replay_ledger, input_topic, dlq_topic)
 
 
 FATAL_EXIT_CODE = 70
@@ -92,6 +96,17 @@ async def dlq_agent(stream: StreamT) -> None:
     """Dead letters: the DLQ table, the JSON-lines log, the alert line."""
     async for event in stream.events():
         await recorder.on_message(event)
+
+
+@app.agent(commands_topic, name="operator")
+async def operator_agent(stream: StreamT):
+    """Operator commands (replay, discard), one at a time, on the owning worker; answers `ask()`."""
+    async for command in stream:
+        try:
+            yield await operator.execute(command)
+        except Exception as exc:  # answer the asker instead of leaving it to time out
+            log.exception("operator command failed: %r", command)
+            yield {"request_id": command.get("request_id"), "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
 
 
 @app.task

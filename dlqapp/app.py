@@ -11,6 +11,7 @@ import sys
 import faust
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 
+from dlqapp.auth import guard_middleware
 from dlqapp.logs import configure_logging
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.topics import TopicMismatchError, ensure_topics
@@ -71,9 +72,16 @@ def create_app(settings: Settings) -> DlqApp:
         web_host=settings.web_host,
         web_port=settings.web_port,
         web_tables_enabled=False,
+        web_application_options={
+            "client_max_size": settings.max_body_bytes,
+            "middlewares": [guard_middleware(settings.admin_token)],
+        },
+        reply_create_topic=True,
         stream_wait_empty=True,
         table_standby_replicas=1,
     )
+    if settings.web_advertised_url:
+        app.conf.canonical_url = settings.web_advertised_url
     app.dlq_settings = settings
     return app
 

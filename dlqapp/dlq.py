@@ -19,6 +19,7 @@ from faust.tables import Table
 
 from dlqapp.logs import log_event
 from dlqapp.models import (
+    H_REPLAY_COUNT,
     H_ATTEMPTS,
     H_DEAD_AT,
     H_ERROR_CLASS,
@@ -36,15 +37,17 @@ log = logging.getLogger("dlqapp.dlq")
 
 
 def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partition: int, offset: int) -> dict[str, Any]:
-    """A DLQ entry from a `dlq` topic message: payload, headers and attempt history."""
+    """A DLQ entry from a `dlq` topic message: exact payload, headers and attempt history."""
     try:
         text: str | None = payload.decode("utf-8")
     except UnicodeDecodeError:
         text = None
+    model = None
     try:
         parsed = json.loads(text) if text else None
-    except ValueError:
-        parsed = None
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+    except (ValueError, RecursionError):
+        pass
     return {
         "request_id": request_id,
         "error_class": headers.get(H_ERROR_CLASS, "unknown"),
@@ -56,13 +59,40 @@ def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partit
         "first_seen": int(headers.get(H_ORIGINAL_TIMESTAMP) or 0) or None,
         "dead_at": int(headers.get(H_DEAD_AT) or 0) or now_ms(),
         "source": _json(headers.get(H_SOURCE), {}),
-        "model": parsed.get("model") if isinstance(parsed, dict) else None,
-        "payload": parsed if parsed is not None else text,
+        "model": model,
+        "replay_count": int(headers.get(H_REPLAY_COUNT) or 0),
+        "payload_text": text,
         "payload_b64": base64.b64encode(payload).decode() if text is None else None,
         "payload_bytes": len(payload),
         "headers": headers,
         "dlq": {"partition": partition, "offset": offset},
     }
+
+
+def original_payload(entry: dict[str, Any]) -> bytes:
+    """The dead letter's payload, byte for byte."""
+    if entry.get("payload_b64") is not None:
+        return base64.b64decode(entry["payload_b64"])
+    return (entry.get("payload_text") or "").encode("utf-8")
+
+
+def presented(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry as the API shows it: `payload` is the parsed JSON when the bytes are JSON."""
+    shown = dict(entry)
+    text = entry.get("payload_text")
+    try:
+        shown["payload"] = json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        shown["payload"] = text
+    return shown
+
+
+def summary(entry: dict[str, Any]) -> dict[str, Any]:
+    """The fields a list shows, with a short payload preview."""
+    text = entry.get("payload_text")
+    preview = text[:160] if text is not None else f"<{entry.get('payload_bytes', 0)} bytes, not UTF-8>"
+    keys = ("request_id", "error_class", "final_error", "model", "attempts", "retry_count", "replay_count", "first_seen", "dead_at")
+    return {**{k: entry.get(k) for k in keys}, "payload_preview": preview}
 
 
 def counts_by_error_class(entries: Iterable[dict[str, Any]]) -> dict[str, int]:

@@ -264,8 +264,10 @@ class Pipeline:
 
     # -- Kafka and table helpers ------------------------------------------------------
 
-    async def send(self, topic: TopicT, request_id: str, value: bytes, headers: list[tuple[str, bytes]], partition: int | None = None) -> None:
-        """Send to the request's owner partition and wait until the broker confirms."""
+    async def send(self, topic: TopicT, request_id: str, value: bytes | None, headers: list[tuple[str, bytes]], partition: int | None = None) -> None:
+        """Send to the request's owner partition and wait until the broker confirms.
+
+        A None value is a tombstone (used on the compacted `dlq` topic)."""
         if partition is None:
             partition = owner_partition(request_id, self.settings.partitions)
         pending = await topic.send(key=request_id.encode(), value=value, headers=headers, partition=partition)

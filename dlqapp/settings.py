@@ -123,6 +123,7 @@ class Settings:
     retry_topic_template: str = _setting("DLQ_RETRY_TOPIC_TEMPLATE", "retry-{delay}", str, "Name of each retry tier topic; `{delay}` becomes the tier delay (`1s`).")
     dlq_topic: str = _setting("DLQ_DLQ_TOPIC", "dlq", str, "Dead-letter topic (compacted, keyed by request id).")
     results_topic: str = _setting("DLQ_RESULTS_TOPIC", "results", str, "Topic of successful results, keyed by request id.")
+    commands_topic: str = _setting("DLQ_COMMANDS_TOPIC", "dlqapp-commands", str, "Internal topic that carries operator commands (replay, discard) to the worker owning the request.")
     due_topic: str = _setting("DLQ_DUE_TOPIC", "dlqapp-due", str, "Internal topic on which the retry timer hands due retries to the due agent.")
     partitions: int = _setting("DLQ_PARTITIONS", "3", _positive_int, "Partitions of every dlqapp topic (all must match).")
     replication_factor: int = _setting("DLQ_REPLICATION_FACTOR", "1", _positive_int, "Replication factor used when dlqapp creates topics.")
@@ -149,6 +150,11 @@ class Settings:
     web_host: str = _setting("DLQ_WEB_HOST", "127.0.0.1", str, "Address the worker's HTTP server binds.")
     web_port: int = _setting("DLQ_WEB_PORT", "6066", _port, "Port of the worker's HTTP server.")
     web_url: str = _setting("DLQ_WEB_URL", "http://127.0.0.1:6066", str, "URL of a running worker, used by the CLI commands.")
+    web_advertised_url: str = _setting("DLQ_WEB_ADVERTISED_URL", "", str, "URL other workers use to reach this one (empty: http://<DLQ_WEB_HOST or hostname>:<port>).")
+    max_body_bytes: int = _setting("DLQ_MAX_BODY_BYTES", "4194304", _positive_int, "Largest HTTP request body accepted; larger ones get 413.")
+    max_replays: int = _setting("DLQ_MAX_REPLAYS", "5", _positive_int, "Replays allowed per request id; more are refused (stops replay loops).")
+    alert_webhook_url: str = _setting("DLQ_ALERT_WEBHOOK_URL", "", str, "Slack-compatible webhook for dead-letter alerts (empty: log lines only).")
+    alert_window_ms: int = _setting("DLQ_ALERT_WINDOW", "10s", parse_duration_ms, "Dead letters are batched into one webhook message per window.")
     admin_token: str = _setting("DLQ_ADMIN_TOKEN", "", str, "Bearer token required for mutations (empty: loopback clients only).")
     log_level: str = _setting("DLQ_LOG_LEVEL", "info", _choice("debug", "info", "warning", "error"), "Level of dlqapp's own loggers.")
     log_format: str = _setting("DLQ_LOG_FORMAT", "text", _choice("text", "json"), "`text`: key=value lines. `json`: one JSON object per line.")
@@ -204,6 +210,10 @@ class Settings:
         return self.topic(self.due_topic)
 
     @property
+    def commands(self) -> str:
+        return self.topic(self.commands_topic)
+
+    @property
     def retry_topics(self) -> tuple[str, ...]:
         """Tier topics in order, named after their delays (`retry-1s`, `retry-10s`, …)."""
         return tuple(
@@ -213,7 +223,7 @@ class Settings:
 
     def all_topics(self) -> list[str]:
         """Every topic dlqapp creates and consumes."""
-        return [self.input, *self.retry_topics, self.dlq, self.results, self.due]
+        return [self.input, *self.retry_topics, self.dlq, self.results, self.due, self.commands]
 
     @property
     def retryable(self) -> dict[ErrorClass, bool]:

@@ -36,3 +36,10 @@ results_topic = _topic(settings.results)
 parked_retries = _table("parked-retries", "Retries waiting for their due time: key = due_ms (u64 BE) ‖ request id.")
 requests_table = _table("requests", "Each request's settled state and bounded history.")
 dead_letters = _table("dead-letters", "DLQ entries keyed by request id.")
+
+commands_topic = app.topic(
+    settings.commands,
+    partitions=settings.partitions,
+    schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer="json"),
+)
+replay_ledger = _table("replay-ledger", "Operator actions per request id: who replayed or discarded what, and when.")

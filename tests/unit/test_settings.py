@@ -21,7 +21,7 @@ def test_defaults_follow_the_contract():
 
 def test_prefix_applies_to_every_topic():
     s = Settings.from_env({"DLQ_TOPIC_PREFIX": "team-a.", "DLQ_RETRY_DELAYS": "250ms,2s"})
-    assert s.all_topics() == ["team-a.input", "team-a.retry-250ms", "team-a.retry-2s", "team-a.dlq", "team-a.results", "team-a.dlqapp-due"]
+    assert s.all_topics() == ["team-a.input", "team-a.retry-250ms", "team-a.retry-2s", "team-a.dlq", "team-a.results", "team-a.dlqapp-due", "team-a.dlqapp-commands"]
 
 
 @pytest.mark.parametrize(

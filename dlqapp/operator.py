@@ -1,0 +1,136 @@
+"""Operator actions on dead letters: replay (optionally edited) and discard, with a ledger.
+
+Every action runs on the worker that owns the request, inside the commands agent's
+stream: actions on one request are serialised (replaying an id twice, even at once,
+yields one replay), and they may write tables. Web views and the CLI reach them with
+`Agent.ask()`, which carries the answer back to whichever worker asked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from faust import TopicT
+from faust.tables import Table
+
+from dlqapp import state as states
+from dlqapp.dlq import original_payload
+from dlqapp.logs import log_event
+from dlqapp.models import H_ORIGINAL_TIMESTAMP, H_REPLAY_COUNT, H_REPLAY_OF, InvalidRequest, now_ms, validate_request
+from dlqapp.pipeline import Pipeline
+
+log = logging.getLogger("dlqapp.operator")
+
+H_REPLAYED_BY = "replayed_by"
+H_REPLAYED_AT = "replayed_at"
+H_FIRST_SEEN = "first_seen"
+
+REPLAY, DISCARD = "replay", "discard"
+
+
+@dataclass(frozen=True)
+class Command:
+    """What an operator asked for. `payload` is an edited request (replay only)."""
+
+    action: str
+    request_id: str
+    actor: str
+    payload: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_edit(request_id: str, payload: Any) -> list[str]:
+    """Reasons an edited payload cannot be replayed (empty when it can)."""
+    if not isinstance(payload, dict):
+        return ["payload must be a JSON object"]
+    try:
+        validate_request(payload)
+    except InvalidRequest as exc:
+        return exc.reasons
+    if payload["request_id"] != request_id:
+        return [f"payload.request_id must stay {request_id!r}"]
+    return []
+
+
+class Operator:
+    """Carries out commands on the owning worker."""
+
+    def __init__(self, pipeline: Pipeline, dead_letters: Table, ledger: Table, input_topic: TopicT, dlq_topic: TopicT) -> None:
+        self.pipeline = pipeline
+        self.dead_letters = dead_letters
+        self.ledger = ledger
+        self.input_topic = input_topic
+        self.dlq_topic = dlq_topic
+        self.max_replays = pipeline.settings.max_replays
+
+    def ledger_for(self, request_id: str) -> list[dict[str, Any]]:
+        blob = self.ledger.get(request_id.encode())
+        return json.loads(blob) if blob else []
+
+    async def execute(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Run one command; answer with its status (`reprocessed`, `discarded`, `not_found`, …)."""
+        command = Command(**raw)
+        key = command.request_id.encode()
+        blob = self.dead_letters.get(key)
+        if blob is None:
+            return {"request_id": command.request_id, "status": "not_found"}
+        entry = json.loads(blob)
+        if command.action == DISCARD:
+            return await self._discard(command, entry)
+        if command.action == REPLAY:
+            return await self._replay(command, entry)
+        return {"request_id": command.request_id, "status": "invalid", "reason": f"unknown action {command.action!r}"}
+
+    async def _replay(self, command: Command, entry: dict[str, Any]) -> dict[str, Any]:
+        rid = command.request_id
+        ledger = self.ledger_for(rid)
+        replays = sum(1 for record in ledger if record["action"] == REPLAY)
+        if replays >= self.max_replays:
+            reason = f"{rid} was replayed {replays} times already (DLQ_MAX_REPLAYS={self.max_replays})"
+            return {"request_id": rid, "status": "refused", "reason": reason}
+        if command.payload is not None:
+            problems = check_edit(rid, command.payload)
+            if problems:
+                return {"request_id": rid, "status": "invalid", "reasons": problems}
+            payload = json.dumps(command.payload).encode()
+        else:
+            payload = original_payload(entry)
+        at = now_ms()
+        dlq_position = f"{entry['dlq']['partition']}:{entry['dlq']['offset']}"
+        headers = {
+            H_REPLAY_OF: dlq_position,
+            H_REPLAY_COUNT: str(replays + 1),
+            H_REPLAYED_BY: command.actor,
+            H_REPLAYED_AT: str(at),
+            H_ORIGINAL_TIMESTAMP: str(at),  # a fresh TTL clock, a clean retry count
+            H_FIRST_SEEN: str(entry.get("first_seen") or ""),
+        }
+        await self.pipeline.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
+        await self._remove(rid)
+        record = {"action": REPLAY, "at": at, "by": command.actor, "edited": command.payload is not None, "replay_of": dlq_position, "error_class": entry.get("error_class"), "replay_count": replays + 1}
+        self._append_ledger(rid, ledger, record)
+        self.pipeline.set_state(rid, states.REPROCESSED, at, replay_count=replays + 1, replayed_by=command.actor)
+        log_event(log, logging.INFO, "replayed", request_id=rid, by=command.actor, replay_count=replays + 1, edited=command.payload is not None)
+        return {"request_id": rid, "status": "reprocessed", "replay_count": replays + 1}
+
+    async def _discard(self, command: Command, entry: dict[str, Any]) -> dict[str, Any]:
+        rid = command.request_id
+        at = now_ms()
+        await self._remove(rid)
+        self._append_ledger(rid, self.ledger_for(rid), {"action": DISCARD, "at": at, "by": command.actor, "error_class": entry.get("error_class")})
+        self.pipeline.set_state(rid, states.DISCARDED, at, discarded_by=command.actor)
+        log_event(log, logging.INFO, "discarded", request_id=rid, by=command.actor)
+        return {"request_id": rid, "status": "discarded"}
+
+    async def _remove(self, request_id: str) -> None:
+        """Tombstone the compacted `dlq` topic, then drop the table entry."""
+        await self.pipeline.send(self.dlq_topic, request_id, None, [])
+        del self.dead_letters[request_id.encode()]
+
+    def _append_ledger(self, request_id: str, ledger: list[dict[str, Any]], record: dict[str, Any]) -> None:
+        self.ledger[request_id.encode()] = json.dumps([*ledger, record][-100:]).encode()
