@@ -239,3 +239,15 @@ SETTINGS: list[tuple[str, str, str]] = [
     (f.metadata["env"], f.metadata["default"], f.metadata["doc"]) for f in fields(Settings)
 ]
 """(variable, default, meaning) for every setting, in definition order."""
+
+
+def markdown_table() -> str:
+    """The README's settings table (`python -m dlqapp.settings` prints it)."""
+    rows = ["| Variable | Default | Meaning |", "|---|---|---|"]
+    for env, default, doc in SETTINGS:
+        rows.append(f"| `{env}` | {f'`{default}`' if default else '(empty)'} | {doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

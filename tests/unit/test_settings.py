@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from dlqapp.classification import ErrorClass
-from dlqapp.settings import SETTINGS, Settings, SettingsError, format_duration, parse_duration_ms
+from dlqapp.settings import SETTINGS, Settings, SettingsError, format_duration, markdown_table, parse_duration_ms
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,7 +67,8 @@ def test_every_setting_has_a_default_that_validates_and_a_doc():
         assert env.startswith("DLQ_") and doc
 
 
-def test_readme_documents_every_setting():
+def test_readme_settings_table_is_the_generated_one():
     readme = (ROOT / "README.md").read_text()
     missing = [env for env, _, _ in SETTINGS if f"`{env}`" not in readme]
     assert not missing, f"README.md lacks settings: {missing}"
+    assert markdown_table() in readme, "README's settings table is stale: paste `python -m dlqapp.settings`"
