@@ -8,6 +8,7 @@ import os
 from faust import StreamT, TopicT
 
 from dlqapp.app import app, settings
+from dlqapp.alerts import AlertBatcher
 from dlqapp.dlq import DeadLetterRecorder
 from dlqapp.flow import InFlightWindow
 from dlqapp.inference import create_backend
@@ -39,7 +40,8 @@ pipeline = Pipeline(
     requests_table=requests_table,
 )
 scheduler = RetryScheduler(pipeline, parked_retries, due_topic)
-recorder = DeadLetterRecorder(dead_letters, settings.dead_letter_log)
+alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None
+recorder = DeadLetterRecorder(dead_letters, settings.dead_letter_log, alerts)
 operator = Operator(pipeline, dead_letters, replay_ledger, input_topic, dlq_topic)
 
 
@@ -122,3 +124,10 @@ async def retry_timer() -> None:
             await scheduler.fire_due()
         except Exception:  # a failed tick must not stop the timer; the next one retries
             log.exception("retry timer tick failed")
+
+
+@app.task
+async def alert_webhook() -> None:
+    """Post batched dead-letter alerts when DLQ_ALERT_WEBHOOK_URL is set."""
+    if alerts is not None:
+        await alerts.run(lambda: app.should_stop)

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from faust import EventT
 from faust.tables import Table
 
+from dlqapp.alerts import AlertBatcher
 from dlqapp.logs import log_event
 from dlqapp.models import (
     H_REPLAY_COUNT,
@@ -103,9 +104,10 @@ def counts_by_error_class(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
 class DeadLetterRecorder:
     """Mirrors the `dlq` topic into the DLQ table, the JSON-lines log and alert lines."""
 
-    def __init__(self, table: Table, log_path: str) -> None:
+    def __init__(self, table: Table, log_path: str, alerts: "AlertBatcher | None" = None) -> None:
         self.table = table
         self.log_path = log_path
+        self.alerts = alerts
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
 
     async def on_message(self, event: EventT) -> None:
@@ -130,6 +132,8 @@ class DeadLetterRecorder:
             retry_count=entry["retry_count"],
             final_error=(entry["final_error"] or "")[:300],
         )
+        if self.alerts is not None:
+            self.alerts.add(request_id, entry["error_class"])
 
     def _append_to_log(self, entry: dict[str, Any]) -> None:
         line = json.dumps({k: v for k, v in entry.items() if k != "headers"}, separators=(",", ":"))

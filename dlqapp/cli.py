@@ -1,0 +1,295 @@
+"""CLI commands (`faust -A dlqapp <command>`): they talk to a running worker over HTTP.
+
+`DLQ_WEB_URL` names the worker; `DLQ_ADMIN_TOKEN`, when set, is sent as a bearer token.
+Human tables by default, `--json` for scripts. Exit codes: 0 ok, 1 not found or refused,
+2 bad usage, 3 worker unreachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import random
+import socket
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+import aiohttp
+from faust.cli import argument, option
+
+from dlqapp.app import app, settings
+from dlqapp.models import now_ms
+
+EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+
+
+class CliError(Exception):
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def fail(message: str, code: int) -> None:
+    print(f"dlqapp: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+async def call(method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)) -> tuple[int, Any]:
+    """One HTTP call to the worker; CliError on an unreachable worker or an unexpected status."""
+    url = settings.web_url.rstrip("/") + path
+    headers = {"X-DLQ-Actor": f"cli:{getpass.getuser()}@{socket.gethostname()}"}
+    if settings.admin_token:
+        headers["Authorization"] = f"Bearer {settings.admin_token}"
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            async with session.request(method, url, json=body, headers=headers) as response:
+                data = await response.json(content_type=None)
+                status = response.status
+    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
+        raise CliError(f"cannot reach the dlqapp worker at {settings.web_url} ({type(exc).__name__}); set DLQ_WEB_URL", EXIT_UNREACHABLE) from None
+    if status not in ok:
+        message = (data or {}).get("error") or (data or {}).get("reason") or (data or {}).get("status") or f"HTTP {status}"
+        if isinstance(data, dict) and data.get("reasons"):
+            message += ": " + "; ".join(data["reasons"])
+        raise CliError(message, EXIT_NOT_FOUND if status in (404, 409) else EXIT_USAGE if status == 400 else EXIT_UNREACHABLE if status >= 500 else EXIT_USAGE)
+    return status, data
+
+
+def run(coro: Any) -> Any:
+    """Await a CLI coroutine, turning CliError into a message and an exit code."""
+
+    async def wrapped() -> Any:
+        try:
+            return await coro
+        except CliError as exc:
+            fail(str(exc), exc.code)
+
+    return wrapped()
+
+
+def when(ms: int | None) -> str:
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S") if ms else "-"
+
+
+def table(rows: list[list[Any]], headers: list[str]) -> str:
+    """A plain-text table sized to its content."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    line = lambda values: "  ".join(v.ljust(w) for v, w in zip(values, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def progress(done: int, total: int, label: str) -> None:
+    """A one-line progress bar on stderr."""
+    width = 30
+    filled = int(width * done / total) if total else width
+    sys.stderr.write(f"\r{label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+    if done >= total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def emit(data: Any, as_json: bool, human: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True) if as_json else human)
+
+
+JSON = option("--json", "as_json", is_flag=True, default=False, help="Machine-readable JSON output.")
+
+
+@app.command(
+    option("--limit", type=int, default=10, show_default=True, help="How many entries."),
+    option("--offset", type=int, default=0, help="Skip this many (newest first)."),
+    option("--error-class", default=None, help="Only this error class."),
+    option("--model", default=None, help="Only this model."),
+    option("--q", "text", default=None, help="Only entries whose error contains this text."),
+    JSON,
+)
+async def dlq_list(self: Any, limit: int, offset: int, error_class: str | None, model: str | None, text: str | None, as_json: bool) -> None:
+    """List dead letters, newest first (`--limit 10`: the last ten)."""
+
+    async def go() -> None:
+        params = {"limit": limit, "offset": offset, "error_class": error_class, "model": model, "q": text}
+        query = "&".join(f"{k}={v}" for k, v in params.items() if v not in (None, ""))
+        _, page = await call("GET", f"/dlq/?{query}")
+        rows = [[i["request_id"], i["error_class"], i.get("model") or "-", when(i.get("dead_at")), (i.get("final_error") or "")[:70]] for i in page["items"]]
+        emit(page, as_json, f"{table(rows, ['REQUEST', 'CLASS', 'MODEL', 'DEAD AT', 'ERROR'])}\n{len(rows)} of {page['total']} dead letters")
+
+    await run(go())
+
+
+@app.command(argument("request_id"), JSON)
+async def dlq_show(self: Any, request_id: str, as_json: bool) -> None:
+    """Show one dead letter: payload, headers, attempt history, replay ledger."""
+
+    async def go() -> None:
+        _, entry = await call("GET", f"/dlq/{request_id}/")
+        history = [[a["attempt"], when(a["at"]), a["topic"], a.get("error_class") or "-", (a.get("error") or "")[:60]] for a in entry.get("history", [])]
+        human = "\n".join(
+            [
+                f"request_id   {entry['request_id']}",
+                f"error_class  {entry['error_class']}",
+                f"final_error  {entry.get('final_error')}",
+                f"model        {entry.get('model') or '-'}",
+                f"first seen   {when(entry.get('first_seen'))}",
+                f"dead at      {when(entry.get('dead_at'))}",
+                "",
+                "payload:",
+                json.dumps(entry.get("payload"), indent=2) if entry.get("payload") is not None else f"<{entry.get('payload_bytes')} bytes, base64 {entry.get('payload_b64')}>",
+                "",
+                "attempts:",
+                table(history, ["#", "AT", "TOPIC", "CLASS", "ERROR"]) if history else "(none)",
+                "",
+                f"replays: {len(entry.get('ledger', []))}",
+            ]
+        )
+        emit(entry, as_json, human)
+
+    await run(go())
+
+
+@app.command(
+    option("--key", "keys", multiple=True, help="A request id to reprocess (repeatable)."),
+    option("--all", "everything", is_flag=True, default=False, help="Every dead letter matching the filters."),
+    option("--error-class", default=None, help="With --all: only this error class."),
+    option("--rate", type=float, default=None, help="With --all: at most this many replays per second."),
+    JSON,
+)
+async def dlq_reprocess(self: Any, keys: tuple[str, ...], everything: bool, error_class: str | None, rate: float | None, as_json: bool) -> None:
+    """Send dead letters back to `input` with a clean retry count."""
+
+    async def go() -> None:
+        if bool(keys) == everything:
+            raise CliError("give --key ID (one or more) or --all", EXIT_USAGE)
+        if everything:
+            report = await _reprocess_all(error_class, rate, quiet=as_json)
+        else:
+            report = {"reprocessed": [], "not_found": [], "refused": [], "invalid": [], "error": []}
+            for n, key in enumerate(keys, 1):
+                _, answer = await call("POST", f"/dlq/{key}/reprocess/", ok=(200, 404, 409, 400))
+                report.setdefault(answer.get("status", "error"), report["error"]).append(key)
+                if not as_json and len(keys) > 1:
+                    progress(n, len(keys), "reprocessing")
+        human = "\n".join(f"{outcome}: {len(ids)}" + (f"  ({', '.join(ids[:10])})" if ids else "") for outcome, ids in report.items() if ids or outcome == "reprocessed")
+        emit(report, as_json, human)
+        if keys and not report["reprocessed"]:
+            raise SystemExit(EXIT_NOT_FOUND)
+
+    await run(go())
+
+
+async def _reprocess_all(error_class: str | None, rate: float | None, quiet: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"all": True}
+    if error_class:
+        body["error_class"] = error_class
+    if rate is None:
+        _, report = await call("POST", "/dlq/reprocess/", body)
+        return report
+    body["rate"] = rate
+    _, job = await call("POST", "/dlq/reprocess/", body, ok=(202,))
+    while True:
+        _, state = await call("GET", job["status_url"])
+        if not quiet:
+            progress(state["done"], state["total"], "reprocessing")
+        if state["state"] == "done":
+            return {k: state[k] for k in ("reprocessed", "not_found", "refused", "invalid", "error")}
+        await asyncio.sleep(0.5)
+
+
+@app.command(option("--key", "keys", multiple=True, required=True, help="A request id to discard (repeatable)."), JSON)
+async def dlq_discard(self: Any, keys: tuple[str, ...], as_json: bool) -> None:
+    """Remove dead letters for good (recorded in the ledger)."""
+
+    async def go() -> None:
+        answers = [(await call("DELETE", f"/dlq/{key}/", ok=(200, 404)))[1] for key in keys]
+        emit(answers, as_json, "\n".join(f"{a['request_id']}: {a['status']}" for a in answers))
+        if any(a["status"] != "discarded" for a in answers):
+            raise SystemExit(EXIT_NOT_FOUND)
+
+    await run(go())
+
+
+@app.command(JSON)
+async def dlq_stats(self: Any, as_json: bool) -> None:
+    """Counts: received, succeeded, retried per tier, dead letters by class, replays."""
+
+    async def go() -> None:
+        _, stats = await call("GET", "/dlq/stats/")
+        lines = [f"{k:<20}{stats[k]}" for k in ("received", "succeeded", "duplicates_skipped", "reprocessed", "dlq_size")]
+        for title, key in (("retried", "retried"), ("dead-lettered", "dead_lettered"), ("in the DLQ", "dlq_by_error_class")):
+            lines.append(f"{title}:")
+            lines.extend(f"  {name:<30}{n}" for name, n in sorted(stats[key].items()))
+            if not stats[key]:
+                lines.append("  -")
+        emit(stats, as_json, "\n".join(lines))
+
+    await run(go())
+
+
+@app.command(argument("request_id"), JSON)
+async def request_status(self: Any, request_id: str, as_json: bool) -> None:
+    """Current state and history of one request."""
+
+    async def go() -> None:
+        _, state = await call("GET", f"/requests/{request_id}/")
+        rows = [[when(h["at"]), h["state"], h.get("error_class") or "", h.get("tier") or ""] for h in state.get("history", [])]
+        emit(state, as_json, f"{request_id}: {state['state']}\n{table(rows, ['AT', 'STATE', 'CLASS', 'TIER'])}")
+
+    await run(go())
+
+
+@app.command(
+    option("--count", type=int, default=100, show_default=True, help="How many requests."),
+    option("--rate", type=float, default=None, help="At most this many per second (default: as fast as possible)."),
+    option("--fail-share", type=float, default=0.0, help="Share of requests told to fail every attempt (they reach the DLQ)."),
+    option("--invalid-share", type=float, default=0.0, help="Share of malformed payloads."),
+    option("--prefix", default="gen", help="Request id prefix."),
+    JSON,
+)
+async def generate(self: Any, count: int, rate: float | None, fail_share: float, invalid_share: float, prefix: str, as_json: bool) -> None:
+    """Produce synthetic requests to the input topic."""
+    from aiokafka import AIOKafkaProducer
+
+    if count < 1 or (rate is not None and rate <= 0):
+        fail("--count and --rate must be positive", EXIT_USAGE)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=5)
+    try:
+        await producer.start()
+    except Exception as exc:  # noqa: BLE001 - any start failure means Kafka is unreachable
+        fail(f"cannot reach Kafka at {settings.kafka_bootstrap} ({exc}); set DLQ_KAFKA_BOOTSTRAP", EXIT_UNREACHABLE)
+    run_id = f"{prefix}-{now_ms()}"
+    started = time.monotonic()
+    pending = []
+    try:
+        for n in range(count):
+            if rate:
+                delay = started + n / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            key, value = synthetic_request(f"{run_id}-{n}", fail_share, invalid_share)
+            pending.append(await producer.send(settings.input, value=value, key=key))
+            if not as_json and (n + 1) % max(1, count // 50) == 0:
+                progress(n + 1, count, "generating")
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    elapsed = time.monotonic() - started
+    emit({"produced": count, "topic": settings.input, "seconds": round(elapsed, 3), "prefix": run_id}, as_json, f"produced {count} requests to {settings.input} in {elapsed:.1f}s (ids {run_id}-*)")
+
+
+def synthetic_request(request_id: str, fail_share: float, invalid_share: float) -> tuple[bytes | None, bytes]:
+    """(key, value) of one synthetic request."""
+    roll = random.random()
+    if roll < invalid_share:
+        return None, random.choice([b"{not json", b'{"prompt": "no id"}', b"\xff\xfe", b"[]"])
+    body: dict[str, Any] = {
+        "request_id": request_id,
+        "model": random.choice(["sim-small", "sim-large"]),
+        "messages": [{"role": "user", "content": f"Summarise document {request_id}"}],
+        "metadata": {"source": "generate"},
+    }
+    if roll < invalid_share + fail_share:
+        body["metadata"]["simulate"] = {"fail_times": 99, "error": random.choice(["server_error", "timeout", "auth_error"])}
+    return request_id.encode(), json.dumps(body).encode()
