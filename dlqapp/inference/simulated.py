@@ -2,7 +2,7 @@
 
 A request whose `metadata.simulate` is `{"fail_times": N, "error": "<class>",
 "retry_after": S}` fails its first N attempts with that class (and retry-after, in
-seconds), then succeeds. Other requests succeed with probability `success_rate`;
+seconds), then succeeds; replays continue the count. Other requests succeed with probability `success_rate`;
 failures follow a fixed mix of timeouts, server errors, rate limits and invalid requests.
 """
 
@@ -53,7 +53,9 @@ class SimulatedBackend:
         await asyncio.sleep(self._latency_s())
         directive = request.metadata.get("simulate")
         if isinstance(directive, dict):
-            self._follow(directive, attempt)
+            # Count this process's calls too, so a replayed request continues the plan
+            # (fails its first N attempts in all) instead of starting it over.
+            self._follow(directive, max(attempt, self._calls[request.request_id]))
         elif self._rng.random() >= self.success_rate:
             self._fail_randomly()
         return self._answer(request, attempt)
