@@ -82,6 +82,16 @@ def actor_of(request: web.Request) -> str:
     return (request.headers.get("X-DLQ-Actor") or f"api@{request.remote}")[:200]
 
 
+async def routed(view: web.View, request: web.Request, table_name: str, key: str) -> web.Response | None:
+    """The owning worker's answer for `key`, or None when this worker owns it."""
+    try:
+        return await app.router.route_req(table_name, key.encode(), view.web, request)
+    except SameNode:
+        return None
+    except Exception as exc:  # the owner is unreachable (stopping, or mid-rebalance)
+        raise ApiError(503, f"the worker owning {key!r} did not answer ({type(exc).__name__}); try again") from None
+
+
 async def ask(command: Command) -> dict[str, Any]:
     """Run a command on the worker owning its request id and return its answer."""
     partition = owner_partition(command.request_id, settings.partitions)
@@ -258,6 +268,7 @@ class Reprocess(web.View):
             if not isinstance(body, dict) or set(body) - {"payload"}:
                 raise ApiError(400, 'body must be empty or {"payload": {...}}')
             payload = body.get("payload")
+        if payload is not None:
             problems = check_edit(request_id, payload)
             if problems:
                 raise ApiError(400, "edited payload is not a valid request", reasons=problems)
@@ -270,10 +281,9 @@ class DeadLetter(web.View):
 
     @api
     async def get(self, request: web.Request, request_id: str) -> web.Response:
-        try:
-            return await app.router.route_req(dead_letters.name, request_id.encode(), self.web, request)
-        except SameNode:
-            pass
+        answer = await routed(self, request, dead_letters.name, request_id)
+        if answer is not None:
+            return answer
         blob = dead_letters.get(request_id.encode())
         ledger = operator.ledger_for(request_id)
         if blob is None:
@@ -289,10 +299,9 @@ class DeadLetter(web.View):
 @api
 async def request_status(self: web.View, request: web.Request, request_id: str) -> web.Response:
     """Current state and history of one request (answered by the worker that owns it)."""
-    try:
-        return await app.router.route_req(requests_table.name, request_id.encode(), self.web, request)
-    except SameNode:
-        pass
+    answer = await routed(self, request, requests_table.name, request_id)
+    if answer is not None:
+        return answer
     blob = requests_table.get(request_id.encode())
     in_flight = request_id in pipeline.in_flight
     if blob is None and not in_flight:

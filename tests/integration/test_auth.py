@@ -1,0 +1,83 @@
+"""Who may mutate: a bearer token when DLQ_ADMIN_TOKEN is set, else loopback clients only."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.request
+
+import pytest
+
+from tests.support import http_json, unique
+
+NETNS = "dlqapp-auth-test"
+HOST_IP, CLIENT_IP = "169.254.77.1", "169.254.77.2"
+
+
+def call(url: str, method: str = "POST", token: str | None = None) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_token_is_required_and_checked(make_worker):
+    worker = make_worker(env_extra={"DLQ_ADMIN_TOKEN": "s3cret-token"}).start()
+    target = f"{worker.url}/dlq/{unique('x')}/reprocess/"
+    status, body = call(target)
+    assert status == 401 and "Bearer" in body["error"]
+    assert call(target, token="wrong")[0] == 403
+    assert call(target, token="s3cret-token")[0] == 404  # allowed through; the id is unknown
+    assert call(f"{worker.url}/dlq/x/", "DELETE", token="nope")[0] == 403
+    assert http_json(worker.url + "/dlq/")[0] == 200  # reads need no token
+    assert http_json(worker.url + "/table/requests/")[0] == 404  # Faust's raw table views are off
+
+
+@pytest.fixture
+def netns():
+    """A network namespace with a veth pair: a client that is not on loopback."""
+    if shutil.which("ip") is None or subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        pytest.skip("needs iproute2 and root for a network namespace")
+    run = lambda *args: subprocess.run(args, check=True, capture_output=True)  # noqa: E731
+    subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+    subprocess.run(["ip", "link", "del", "dlqauth0"], capture_output=True)
+    run("ip", "netns", "add", NETNS)
+    try:
+        run("ip", "link", "add", "dlqauth0", "type", "veth", "peer", "name", "dlqauth1")
+        run("ip", "link", "set", "dlqauth1", "netns", NETNS)
+        run("ip", "addr", "add", f"{HOST_IP}/30", "dev", "dlqauth0")
+        run("ip", "link", "set", "dlqauth0", "up")
+        run("ip", "netns", "exec", NETNS, "ip", "addr", "add", f"{CLIENT_IP}/30", "dev", "dlqauth1")
+        run("ip", "netns", "exec", NETNS, "ip", "link", "set", "dlqauth1", "up")
+        yield NETNS
+    finally:
+        subprocess.run(["ip", "link", "del", "dlqauth0"], capture_output=True)
+        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)
+
+
+def from_netns(namespace: str, url: str, method: str) -> tuple[int, dict]:
+    script = (
+        "import json, sys, urllib.request\n"
+        f"r = urllib.request.Request({url!r}, data=b'{{}}' if {method!r} == 'POST' else None, method={method!r})\n"
+        "try:\n    resp = urllib.request.urlopen(r, timeout=10); print(resp.status); print(resp.read().decode())\n"
+        "except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n"
+    )
+    out = subprocess.run(["ip", "netns", "exec", namespace, "python3", "-c", script], capture_output=True, text=True, timeout=30, check=True).stdout
+    status, body = out.split("\n", 1)
+    return int(status), json.loads(body)
+
+
+def test_without_a_token_only_loopback_clients_may_mutate(make_worker, netns):
+    worker = make_worker(env_extra={"DLQ_WEB_HOST": "0.0.0.0"}).start()
+    remote = f"http://{HOST_IP}:{worker.web_port}"
+    status, body = from_netns(netns, f"{remote}/dlq/{unique('x')}/reprocess/", "POST")
+    assert status == 403 and "DLQ_ADMIN_TOKEN" in body["error"]
+    assert from_netns(netns, f"{remote}/dlq/x/", "DELETE")[0] == 403
+    assert from_netns(netns, f"{remote}/dlq/", "GET")[0] == 200
+    assert call(f"{worker.url}/dlq/{unique('x')}/reprocess/")[0] == 404  # loopback: allowed through
