@@ -52,14 +52,20 @@ class Failure:
     error_class: ErrorClass
     message: str
     retry_after_ms: int | None = None
+    retryable: bool | None = None
+    """Set when the provider said (x-should-retry); overrides the retryable table."""
 
 
 class InferenceError(Exception):
     """Raised by a backend for a failure it has already classified."""
 
-    def __init__(self, error_class: ErrorClass, message: str, retry_after_ms: int | None = None):
+    def __init__(self, error_class: ErrorClass, message: str, retry_after_ms: int | None = None, retryable: bool | None = None):
         super().__init__(message)
-        self.failure = Failure(error_class, message, retry_after_ms)
+        self.failure = Failure(error_class, message, retry_after_ms, retryable)
+
+    @classmethod
+    def of(cls, failure: Failure) -> "InferenceError":
+        return cls(failure.error_class, failure.message, failure.retry_after_ms, failure.retryable)
 
 
 def classify_exception(exc: BaseException) -> Failure:
@@ -73,6 +79,8 @@ def classify_exception(exc: BaseException) -> Failure:
     return Failure(ErrorClass.UNKNOWN, f"{type(exc).__name__}: {exc}")
 
 
-def is_retryable(error_class: ErrorClass, table: dict[ErrorClass, bool]) -> bool:
-    """Look a class up; classes missing from the table are retried, like `unknown`."""
-    return table.get(error_class, True)
+def is_retryable(failure: Failure, table: dict[ErrorClass, bool]) -> bool:
+    """The provider's word when it gave one, else the table (missing classes are retried)."""
+    if failure.retryable is not None:
+        return failure.retryable
+    return table.get(failure.error_class, True)

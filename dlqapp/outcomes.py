@@ -39,7 +39,15 @@ class DeadLetter:
     final: bool = False
 
 
-Outcome = Succeeded | RetryAt | DeadLetter
+@dataclass(frozen=True)
+class TryFallback:
+    """Before the DLQ: one attempt on the fallback model."""
+
+    model: str
+    failure: Failure
+
+
+Outcome = Succeeded | RetryAt | DeadLetter | TryFallback
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class RetryPolicy:
     backoff: Backoff
     retryable: dict[ErrorClass, bool]
     max_age_ms: int
+    fallback_model: str = ""
 
     @property
     def tiers(self) -> int:
@@ -82,9 +91,13 @@ def decide(
     if failure is None:
         assert output is not None
         return Succeeded(output)
-    if not is_retryable(failure.error_class, policy.retryable):
+    if failure.error_class is ErrorClass.CONTEXT_LENGTH and policy.fallback_model:
+        return TryFallback(policy.fallback_model, failure)
+    if not is_retryable(failure, policy.retryable):
         return DeadLetter(failure.error_class, failure.message)
     if attempt >= policy.max_attempts:
+        if policy.fallback_model:
+            return TryFallback(policy.fallback_model, failure)
         return DeadLetter(
             failure.error_class,
             f"gave up after {attempt} attempts; last error: {failure.message}",
@@ -93,3 +106,15 @@ def decide(
     tier = attempt - 1
     due = now_ms + policy.backoff.delay_ms(tier, failure.retry_after_ms, rng)
     return RetryAt(tier, due, failure)
+
+
+def decide_after_fallback(model: str, failure: Failure | None, output: InferenceOutput | None, attempts: int) -> Succeeded | DeadLetter:
+    """The fallback attempt is the last one: its success is the result, its failure the DLQ."""
+    if failure is None:
+        assert output is not None
+        return Succeeded(output)
+    return DeadLetter(
+        failure.error_class,
+        f"gave up after {attempts} attempts, the last on fallback model {model}: {failure.message}",
+        final=True,
+    )

@@ -35,7 +35,8 @@ from dlqapp.models import (
     parse_request,
     salvage_request_id,
 )
-from dlqapp.outcomes import DeadLetter, Outcome, RetryAt, RetryPolicy, Succeeded, decide, expiry
+from dlqapp.breaker import BreakerConfig, CircuitBreaker, is_backend_wide
+from dlqapp.outcomes import DeadLetter, RetryAt, RetryPolicy, Succeeded, TryFallback, decide, decide_after_fallback, expiry
 from dlqapp.partitioning import owner_partition
 from dlqapp.scheduling import Backoff
 from dlqapp.settings import Settings
@@ -62,6 +63,18 @@ class Pipeline:
             backoff=Backoff(settings.retry_delays_ms, settings.backoff, settings.backoff_jitter),
             retryable=settings.retryable,
             max_age_ms=settings.max_age_ms,
+            fallback_model=settings.fallback_model,
+        )
+        self.breaker = CircuitBreaker(
+            BreakerConfig(
+                window=settings.breaker_window,
+                min_calls=settings.breaker_min_calls,
+                failure_ratio=settings.breaker_failure_ratio,
+                enabled=settings.breaker_enabled,
+                open_ms=settings.breaker_open_ms,
+                max_open_ms=settings.breaker_max_open_ms,
+                probes=settings.breaker_probes,
+            )
         )
         self.limiter = PriorityLimiter(settings.concurrency)
         self.tier_topics = tier_topics
@@ -134,43 +147,63 @@ class Pipeline:
     # -- one attempt ------------------------------------------------------------------
 
     async def attempt(self, envelope: Envelope, request: Request, topic: str, priority: int) -> None:
-        """Call the backend once (unless expired) and carry out the outcome."""
+        """Attempt the request (unless expired), once more on the fallback if due, and carry out the outcome."""
         expired = expiry(self.policy, envelope.original_timestamp, now_ms())
         if expired is not None:
             await self.carry_out(expired, envelope, request, None)
             return
-        number = envelope.attempts + 1
         self.in_flight.add(request.request_id)
         try:
-            async with self.limiter.slot(priority):
-                started = now_ms()
-                output, failure = await self.call_backend(request, number)
-            finished = now_ms()
-            record = Attempt(
-                attempt=number,
-                at=started,
-                topic=topic,
-                scheduled=envelope.scheduled_time,
-                duration_ms=finished - started,
-                error_class=failure.error_class.value if failure else None,
-                error=failure.message if failure else None,
-            )
-            outcome = decide(self.policy, number, failure, output, finished, self._rng)
+            number = envelope.attempts + 1
+            record, output, failure = await self.call(request, number, topic, envelope.scheduled_time, priority)
+            outcome = decide(self.policy, number, failure, output, now_ms(), self._rng)
+            if isinstance(outcome, TryFallback):
+                envelope.record(record)
+                record, output, failure = await self.call(request, number + 1, f"fallback:{outcome.model}", None, priority, outcome.model)
+                outcome = decide_after_fallback(outcome.model, failure, output, number + 1)
             await self.carry_out(outcome, envelope, request, record)
         finally:
             self.in_flight.discard(request.request_id)
 
-    async def call_backend(self, request: Request, attempt: int) -> tuple[InferenceOutput | None, Failure | None]:
+    async def call(
+        self, request: Request, number: int, topic: str, scheduled: int | None, priority: int, model: str | None = None
+    ) -> tuple[Attempt, InferenceOutput | None, Failure | None]:
+        """One attempt through the breaker and the priority limiter.
+
+        During an outage (breaker open or half-open) a backend-wide failure is not an
+        attempt: the request is held and tried again when the breaker lets it.
+        """
+        while True:
+            await self.breaker.wait_allowed()
+            async with self.limiter.slot(priority):
+                started = now_ms()
+                output, failure = await self.call_backend(request, number, model)
+            self.breaker.record(failure)
+            if not (is_backend_wide(failure) and self.breaker.tripped):
+                break
+            log_event(log, logging.DEBUG, "held_during_outage", request_id=request.request_id, attempt=number, error_class=failure.error_class.value)
+        record = Attempt(
+            attempt=number,
+            at=started,
+            topic=topic,
+            scheduled=scheduled,
+            duration_ms=now_ms() - started,
+            error_class=failure.error_class.value if failure else None,
+            error=failure.message if failure else None,
+        )
+        return record, output, failure
+
+    async def call_backend(self, request: Request, attempt: int, model: str | None = None) -> tuple[InferenceOutput | None, Failure | None]:
         """One backend call, bounded by DLQ_INFERENCE_TIMEOUT; never raises."""
         try:
-            output = await asyncio.wait_for(self.backend.complete(request, attempt), self._timeout_s)
+            output = await asyncio.wait_for(self.backend.complete(request, attempt, model), self._timeout_s)
         except Exception as exc:  # every failure is classified, nothing escapes
             return None, classify_exception(exc)
         return output, None
 
     # -- outcomes ---------------------------------------------------------------------
 
-    async def carry_out(self, outcome: Outcome, envelope: Envelope, request: Request | None, record: Attempt | None) -> None:
+    async def carry_out(self, outcome: Succeeded | RetryAt | DeadLetter, envelope: Envelope, request: Request | None, record: Attempt | None) -> None:
         """Send the outcome to its topic, wait for the broker, then record the state."""
         if record is not None:
             envelope.record(record)

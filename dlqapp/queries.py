@@ -158,7 +158,9 @@ def merge_stats(parts: Iterable[Mapping[str, Any]], now: int) -> dict[str, Any]:
     merged: dict[str, Any] = {"received": 0, "succeeded": 0, "duplicates_skipped": 0, "reprocessed": 0, "dlq_size": 0}
     counters = {k: Counter() for k in ("retried", "dead_lettered", "dlq_by_error_class", "dlq_by_model")}
     oldest = None
+    breakers: dict[str, Any] = {}
     for part in parts:
+        breakers.update(part.get("breaker", {}))
         for key in merged:
             merged[key] += part[key]
         for key, counter in counters.items():
@@ -167,4 +169,5 @@ def merge_stats(parts: Iterable[Mapping[str, Any]], now: int) -> dict[str, Any]:
             oldest = part["oldest_dead_at"] if oldest is None else min(oldest, part["oldest_dead_at"])
     merged.update({k: dict(v) for k, v in counters.items()})
     merged["oldest_entry_age_ms"] = (now - oldest) if oldest is not None else None
+    merged["breaker"] = breakers
     return merged

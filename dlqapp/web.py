@@ -139,7 +139,9 @@ def _local_dlq_page(flt: DlqFilter, top: int) -> dict[str, Any]:
 
 
 def _local_stats() -> dict[str, Any]:
-    return local_stats(requests_table.values(), dead_letters.values(), replay_ledger.values(), now_ms())
+    stats = local_stats(requests_table.values(), dead_letters.values(), replay_ledger.values(), now_ms())
+    stats["breaker"] = {str(app.conf.canonical_url): pipeline.breaker.snapshot()}
+    return stats
 
 
 async def list_dead_letters(flt: DlqFilter, limit: int, offset: int) -> dict[str, Any]:
@@ -201,7 +203,6 @@ async def dlq_stats(self: web.View, request: web.Request) -> web.Response:
     """Counts across all workers: received, succeeded, retried per tier, DLQ by class, …"""
     parts, errors = await fan_out(_local_stats, "/dlq/_local_stats/", {})
     stats = merge_stats(parts, now_ms())
-    stats["breaker"] = None
     if errors:
         stats["incomplete"] = errors
     return self.json(stats)

@@ -251,3 +251,59 @@ class Worker:
 
     def get(self, path: str) -> tuple[int, Any]:
         return http_json(self.url + path)
+
+
+# -- mock LLM ----------------------------------------------------------------------------
+
+MOCK_LLM = Path(sys.executable).parent / "dlqapp-mock-llm"
+
+
+@dataclass
+class MockLLM:
+    """`dlqapp-mock-llm` in a subprocess on a free port."""
+
+    tmp: Path
+    args: list[str] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_url(self) -> str:
+        return self.url + "/v1"
+
+    def start(self) -> "MockLLM":
+        log = open(self.tmp / f"mock-llm-{self.port}.log", "ab")
+        self.process = subprocess.Popen([str(MOCK_LLM), "--port", str(self.port), *self.args], stdout=log, stderr=subprocess.STDOUT)
+        wait_until(lambda: self._up(), 30, "the mock LLM to listen")
+        return self
+
+    def _up(self) -> bool:
+        try:
+            return http_json(self.url + "/_mock/stats", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    def plan(self, **spec: Any) -> None:
+        assert http_json(self.url + "/_mock/plan", "POST", spec)[0] == 200
+
+    def calls(self, request_id: str) -> int:
+        return http_json(self.url + f"/_mock/calls/{request_id}")[1]["calls"]
+
+    def outage(self, on: bool) -> None:
+        assert http_json(self.url + "/_mock/outage", "POST", {"on": on})[0] == 200
+
+    def stats(self) -> dict[str, Any]:
+        return http_json(self.url + "/_mock/stats")[1]
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=15)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dlqapp.inference.base import InferenceBackend, InferenceOutput
+from dlqapp.inference.openai import OpenAIBackend
 from dlqapp.inference.simulated import SimulatedBackend
 from dlqapp.settings import Settings, SettingsError
 
-__all__ = ["InferenceBackend", "InferenceOutput", "SimulatedBackend", "create_backend"]
+__all__ = ["InferenceBackend", "InferenceOutput", "OpenAIBackend", "SimulatedBackend", "create_backend"]
 
 
 def create_backend(settings: Settings) -> InferenceBackend:
@@ -17,6 +18,14 @@ def create_backend(settings: Settings) -> InferenceBackend:
             latency_ms=settings.simulated_latency_ms,
             jitter_ms=settings.simulated_jitter_ms,
             seed=settings.simulated_seed,
+            default_model=settings.default_model,
+        )
+    if settings.inference == "openai":
+        return OpenAIBackend(
+            base_url=settings.inference_url,
+            api_key=settings.inference_api_key,
+            timeout_ms=settings.inference_timeout_ms,
+            pool_size=settings.concurrency,
             default_model=settings.default_model,
         )
     raise SettingsError(f"DLQ_INFERENCE={settings.inference!r} names no known backend")

@@ -22,8 +22,8 @@ class InferenceBackend(Protocol):
 
     name: str
 
-    async def complete(self, request: Request, attempt: int) -> InferenceOutput:
-        """Run one attempt (1-based `attempt`). Never retries internally."""
+    async def complete(self, request: Request, attempt: int, model: str | None = None) -> InferenceOutput:
+        """Run one attempt (1-based `attempt`), on `model` when given (the fallback). Never retries internally."""
         ...
 
     def calls_for(self, request_id: str) -> int:

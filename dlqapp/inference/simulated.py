@@ -48,7 +48,7 @@ class SimulatedBackend:
     def calls_for(self, request_id: str) -> int:
         return self._calls[request_id]
 
-    async def complete(self, request: Request, attempt: int) -> InferenceOutput:
+    async def complete(self, request: Request, attempt: int, model: str | None = None) -> InferenceOutput:
         self._calls[request.request_id] += 1
         await asyncio.sleep(self._latency_s())
         directive = request.metadata.get("simulate")
@@ -58,7 +58,7 @@ class SimulatedBackend:
             self._follow(directive, max(attempt, self._calls[request.request_id]))
         elif self._rng.random() >= self.success_rate:
             self._fail_randomly()
-        return self._answer(request, attempt)
+        return self._answer(request, model)
 
     def _latency_s(self) -> float:
         jitter = (self._rng.random() * 2 - 1) * self.jitter_ms
@@ -84,8 +84,8 @@ class SimulatedBackend:
         retry_after_ms = int(self._rng.uniform(0.5, 2.0) * 1000) if error_class is ErrorClass.RATE_LIMITED else None
         raise InferenceError(error_class, f"simulated {error_class.value}", retry_after_ms)
 
-    def _answer(self, request: Request, attempt: int) -> InferenceOutput:
-        model = request.model or self.default_model
+    def _answer(self, request: Request, model: str | None) -> InferenceOutput:
+        model = model or request.model or self.default_model
         if request.messages:
             last = request.messages[-1].get("content")
             prompt = last if isinstance(last, str) else "(structured content)"

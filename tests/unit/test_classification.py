@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from dlqapp.classification import DEFAULT_RETRYABLE, ErrorClass, InferenceError, classify_exception, is_retryable
+from dlqapp.classification import DEFAULT_RETRYABLE, ErrorClass, Failure, InferenceError, classify_exception, is_retryable
 
 
 @pytest.mark.parametrize(
@@ -24,5 +24,10 @@ def test_retry_after_survives_classification():
 
 
 def test_default_table_matches_the_brief():
-    retryable = {c for c in ErrorClass if is_retryable(c, DEFAULT_RETRYABLE)}
+    retryable = {c for c in ErrorClass if is_retryable(Failure(c, ""), DEFAULT_RETRYABLE)}
     assert retryable == {ErrorClass.TIMEOUT, ErrorClass.CONNECTION_ERROR, ErrorClass.SERVER_ERROR, ErrorClass.RATE_LIMITED, ErrorClass.UNKNOWN}
+
+
+def test_the_providers_word_overrides_the_table():
+    assert is_retryable(Failure(ErrorClass.SERVER_ERROR, "503", retryable=False), DEFAULT_RETRYABLE) is False
+    assert is_retryable(Failure(ErrorClass.INVALID_REQUEST, "400", retryable=True), DEFAULT_RETRYABLE) is True

@@ -45,3 +45,20 @@ def test_expiry():
     assert expiry(POLICY, NOW - 3_600_000, NOW) is None
     expired = expiry(POLICY, NOW - 3_600_001, NOW)
     assert expired is not None and expired.error_class is ErrorClass.EXPIRED
+
+
+FALLBACK = RetryPolicy(POLICY.backoff, DEFAULT_RETRYABLE, POLICY.max_age_ms, fallback_model="big-context")
+
+
+def test_fallback_after_the_last_tier_and_on_context_length():
+    from dlqapp.outcomes import TryFallback, decide_after_fallback
+
+    assert decide(FALLBACK, 4, Failure(ErrorClass.TIMEOUT, "slow"), None, NOW) == TryFallback("big-context", Failure(ErrorClass.TIMEOUT, "slow"))
+    too_long = Failure(ErrorClass.CONTEXT_LENGTH, "too long")
+    assert decide(FALLBACK, 1, too_long, None, NOW) == TryFallback("big-context", too_long)
+    assert isinstance(decide(FALLBACK, 1, Failure(ErrorClass.AUTH_ERROR, "no"), None, NOW), DeadLetter)
+    assert isinstance(decide(FALLBACK, 2, Failure(ErrorClass.TIMEOUT, "slow"), None, NOW), RetryAt)
+    out = InferenceOutput("ok", "big-context")
+    assert decide_after_fallback("big-context", None, out, 5) == Succeeded(out)
+    dead = decide_after_fallback("big-context", Failure(ErrorClass.SERVER_ERROR, "503"), None, 5)
+    assert dead.final and "fallback model big-context" in dead.reason

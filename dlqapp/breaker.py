@@ -1,0 +1,144 @@
+"""A circuit breaker for backend-wide failures: an outage is not N separate failures.
+
+Closed: calls flow; the last `window` outcomes are kept. When at least `min_calls` are
+known and `failure_ratio` of them failed backend-wide (connection, timeout, 5xx, auth,
+quota, rate limits), the breaker opens. Open: no calls for `open_ms` (doubling on each
+failed probe, up to `max_open_ms`). Half-open: `probes` calls may go; when they all
+succeed the breaker closes, when one fails backend-wide it opens again.
+
+While the breaker is open or half-open, a backend-wide failure does not count as an
+attempt: the pipeline holds the request and tries again later (dlqapp.pipeline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+from dlqapp.classification import ErrorClass, Failure
+from dlqapp.logs import log_event
+
+log = logging.getLogger("dlqapp.breaker")
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+BACKEND_WIDE = frozenset(
+    {
+        ErrorClass.CONNECTION_ERROR,
+        ErrorClass.TIMEOUT,
+        ErrorClass.SERVER_ERROR,
+        ErrorClass.AUTH_ERROR,
+        ErrorClass.QUOTA_EXCEEDED,
+        ErrorClass.RATE_LIMITED,
+    }
+)
+
+
+def is_backend_wide(failure: Failure | None) -> bool:
+    return failure is not None and failure.error_class in BACKEND_WIDE
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    window: int = 20
+    min_calls: int = 10
+    failure_ratio: float = 0.5
+    open_ms: int = 5_000
+    max_open_ms: int = 60_000
+    probes: int = 3
+    enabled: bool = True
+
+
+class CircuitBreaker:
+    """Closed → open → half-open → closed, driven by call outcomes and the clock."""
+
+    def __init__(self, config: BreakerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self._state = CLOSED
+        self._outcomes: deque[bool] = deque(maxlen=config.window)  # True = backend-wide failure
+        self._open_ms = config.open_ms
+        self._reopen_at = 0.0
+        self._probes_out = 0
+        self._probes_ok = 0
+        self.transitions: list[tuple[float, str, str]] = []
+
+    @property
+    def state(self) -> str:
+        if self._state == OPEN and self.clock() >= self._reopen_at:
+            self._move(HALF_OPEN)
+            self._probes_out = self._probes_ok = 0
+        return self._state
+
+    @property
+    def tripped(self) -> bool:
+        """Open or half-open: the backend is considered down."""
+        return self.state != CLOSED
+
+    def allow(self) -> bool:
+        """May a call go now? (In half-open, each True is one probe.)"""
+        state = self.state
+        if state == CLOSED:
+            return True
+        if state == HALF_OPEN and self._probes_out < self.config.probes:
+            self._probes_out += 1
+            return True
+        return False
+
+    async def wait_allowed(self, poll_s: float = 0.05) -> None:
+        """Wait until a call may go."""
+        while not self.allow():
+            await asyncio.sleep(poll_s)
+
+    def record(self, failure: Failure | None) -> None:
+        """The outcome of a call that `allow()` let through."""
+        backend_down = is_backend_wide(failure)
+        state = self.state
+        if state == HALF_OPEN:
+            self._probes_out = max(0, self._probes_out - 1)
+            if backend_down:
+                self._open(min(self._open_ms * 2, self.config.max_open_ms))
+            else:
+                self._probes_ok += 1
+                if self._probes_ok >= self.config.probes:
+                    self._close()
+            return
+        self._outcomes.append(backend_down)
+        if state == CLOSED and self._should_open():
+            self._open(self.config.open_ms)
+
+    def _should_open(self) -> bool:
+        calls = len(self._outcomes)
+        return self.config.enabled and calls >= self.config.min_calls and sum(self._outcomes) / calls >= self.config.failure_ratio
+
+    def _open(self, open_ms: int) -> None:
+        self._open_ms = open_ms
+        self._reopen_at = self.clock() + open_ms / 1000
+        self._move(OPEN)
+
+    def _close(self) -> None:
+        self._outcomes.clear()
+        self._open_ms = self.config.open_ms
+        self._move(CLOSED)
+
+    def _move(self, new: str) -> None:
+        old, self._state = self._state, new
+        self.transitions.append((time.time(), old, new))
+        del self.transitions[:-50]
+        level = logging.WARNING if new == OPEN else logging.INFO
+        log_event(log, level, f"breaker_{new}", previous=old, open_ms=self._open_ms if new == OPEN else None)
+
+    def snapshot(self) -> dict[str, object]:
+        """State for /dlq/stats/ and metrics."""
+        state = self.state
+        calls = len(self._outcomes)
+        return {
+            "state": state,
+            "recent_calls": calls,
+            "recent_backend_failures": sum(self._outcomes),
+            "reopens_in_ms": max(0, int((self._reopen_at - self.clock()) * 1000)) if state == OPEN else None,
+            "transitions": [{"at": int(at * 1000), "from": a, "to": b} for at, a, b in self.transitions[-10:]],
+        }

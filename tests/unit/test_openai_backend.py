@@ -1,0 +1,148 @@
+"""The openai backend against the mock server, in process: every mapping, end to end over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import socket
+import time
+
+import pytest
+from aiohttp.test_utils import TestServer
+
+from dlqapp.classification import ErrorClass, InferenceError
+from dlqapp.inference.openai import OpenAIBackend
+from dlqapp.mock_llm import MockState, build_app
+from dlqapp.models import validate_request
+
+
+def request(rid="r1", **extra):
+    return validate_request({"request_id": rid, "messages": [{"role": "user", "content": "hi"}], **extra})
+
+
+async def with_mock(check, timeout_ms=2000):
+    state = MockState(latency_ms=0, jitter_ms=0, mix=[], retry_after=1.0, rng=random.Random(1))
+    server = TestServer(build_app(state))
+    await server.start_server()
+    backend = OpenAIBackend(str(server.make_url("/v1")), "sk-test", timeout_ms, 8, "mock-model")
+    try:
+        await check(backend, state)
+    finally:
+        await backend.close()
+        await server.close()
+
+
+def run(check, **kwargs):
+    asyncio.run(with_mock(check, **kwargs))
+
+
+async def failure_of(backend, req):
+    with pytest.raises(InferenceError) as info:
+        await backend.complete(req, 1)
+    return info.value.failure
+
+
+def plan(state, rid, **spec):
+    from dlqapp.mock_llm import Plan
+
+    state.plans[rid] = Plan(remaining=spec.pop("fail_times", 1), **spec)
+
+
+def test_success_returns_text_usage_and_sends_the_request_id():
+    async def check(backend, state):
+        out = await backend.complete(request(model="gpt-x"), 1)
+        assert out.text.startswith("mock answer to: hi") and out.model == "gpt-x" and out.usage["total_tokens"] > 0
+        assert state.calls["r1"] == 1  # counted by X-Request-ID
+
+    run(check)
+
+
+@pytest.mark.parametrize(
+    "spec, cls",
+    [
+        ({"status": 500}, ErrorClass.SERVER_ERROR),
+        ({"status": 503}, ErrorClass.SERVER_ERROR),
+        ({"status": 529}, ErrorClass.SERVER_ERROR),
+        ({"status": 408}, ErrorClass.SERVER_ERROR),
+        ({"status": 409}, ErrorClass.SERVER_ERROR),
+        ({"status": 429}, ErrorClass.RATE_LIMITED),
+        ({"status": 429, "error": {"code": "insufficient_quota", "message": "quota"}}, ErrorClass.QUOTA_EXCEEDED),
+        ({"status": 400, "error": {"code": "context_length_exceeded", "message": "maximum context length"}}, ErrorClass.CONTEXT_LENGTH),
+        ({"status": 400, "error": {"code": "content_filter", "message": "content management policy"}}, ErrorClass.CONTENT_FILTER),
+        ({"status": 401}, ErrorClass.AUTH_ERROR),
+        ({"status": 403}, ErrorClass.AUTH_ERROR),
+        ({"status": 404}, ErrorClass.INVALID_REQUEST),
+        ({"status": 400}, ErrorClass.INVALID_REQUEST),
+    ],
+)
+def test_error_responses_map_to_classes(spec, cls):
+    async def check(backend, state):
+        plan(state, "r1", **spec)
+        assert (await failure_of(backend, request())).error_class is cls
+        assert (await backend.complete(request(), 2)).text  # the plan is spent: the next call succeeds
+
+    run(check)
+
+
+@pytest.mark.parametrize(
+    "spec, expected_ms",
+    [
+        ({"retry_after": 3}, 3000),
+        ({"retry_after_ms": 1500}, 1500),
+        ({"headers": {"retry-after": "DATE"}}, 5000),
+    ],
+)
+def test_rate_limit_delay_header_forms(spec, expected_ms):
+    async def check(backend, state):
+        if spec.get("headers"):
+            spec["headers"] = {"retry-after": email.utils.formatdate(time.time() + 5, usegmt=True)}
+        plan(state, "r1", status=429, **spec)
+        delay = (await failure_of(backend, request())).retry_after_ms
+        assert expected_ms - 1500 <= delay <= expected_ms
+
+    run(check)
+
+
+def test_x_should_retry_is_obeyed():
+    async def check(backend, state):
+        plan(state, "r1", status=503, headers={"x-should-retry": "false"})
+        assert (await failure_of(backend, request())).retryable is False
+
+    run(check)
+
+
+def test_a_hanging_provider_is_a_timeout():
+    async def check(backend, state):
+        plan(state, "r1", status="timeout")
+        started = time.monotonic()
+        assert (await failure_of(backend, request())).error_class is ErrorClass.TIMEOUT
+        assert time.monotonic() - started < 5
+
+    run(check, timeout_ms=300)
+
+
+def test_a_refused_connection_is_a_connection_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again before the call: nothing listens there
+
+    async def check():
+        backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "", 1000, 2, "m")
+        try:
+            assert (await failure_of(backend, request())).error_class is ErrorClass.CONNECTION_ERROR
+        finally:
+            await backend.close()
+
+    asyncio.run(check())
+
+
+def test_outage_switch_fails_every_call():
+    async def check(backend, state):
+        state.outage_status = 503
+        for n in range(3):
+            assert (await failure_of(backend, request(f"r{n}"))).error_class is ErrorClass.SERVER_ERROR
+        state.outage_status = None
+        assert (await backend.complete(request("r9"), 1)).text
+
+    run(check)
