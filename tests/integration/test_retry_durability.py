@@ -29,7 +29,7 @@ def test_default_delays_four_failures_reach_the_dlq_never_early(make_worker):
 
 
 def test_parked_retries_survive_kill_9_and_fire_none_early(make_worker):
-    worker = make_worker(env_extra={"DLQ_RETRY_DELAYS": "6s,7s,8s", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}).start()
+    worker = make_worker(env_extra={"DLQ_RETRY_DELAYS": "15s,16s,17s", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}).start()
     ids = [unique(f"parked{i}") for i in range(100)]
     produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, **simulate(1))) for rid in ids])
     wait_until(lambda: worker.get("/retries/")[1]["parked"] == 100, 60, "100 parked retries")
