@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -65,6 +65,7 @@ class CircuitBreaker:
         self._probes_out = 0
         self._probes_ok = 0
         self.transitions: list[tuple[float, str, str]] = []
+        self.moves: Counter[str] = Counter()
 
     @property
     def state(self) -> str:
@@ -127,6 +128,7 @@ class CircuitBreaker:
     def _move(self, new: str) -> None:
         old, self._state = self._state, new
         self.transitions.append((time.time(), old, new))
+        self.moves[f"{old}->{new}"] += 1
         del self.transitions[:-50]
         level = logging.WARNING if new == OPEN else logging.INFO
         log_event(log, level, f"breaker_{new}", previous=old, open_ms=self._open_ms if new == OPEN else None)
@@ -140,5 +142,6 @@ class CircuitBreaker:
             "recent_calls": calls,
             "recent_backend_failures": sum(self._outcomes),
             "reopens_in_ms": max(0, int((self._reopen_at - self.clock()) * 1000)) if state == OPEN else None,
+            "moves": dict(self.moves),
             "transitions": [{"at": int(at * 1000), "from": a, "to": b} for at, a, b in self.transitions[-10:]],
         }

@@ -20,3 +20,6 @@ def test_compose_runs_kafka_in_kraft_mode_and_a_worker_with_dlq_settings():
     assert set(worker["environment"]) <= known
     assert worker["environment"]["DLQ_KAFKA_BOOTSTRAP"] == "kafka:9092"
     assert worker["depends_on"]["kafka"]["condition"] == "service_healthy"
+    mock = services["mock-llm"]
+    assert mock["command"][0] == "dlqapp-mock-llm" and "8000:8000" in mock["ports"]
+    assert worker["environment"]["DLQ_INFERENCE_URL"] == "http://mock-llm:8000/v1"
