@@ -7,10 +7,9 @@ import sys
 
 def main() -> None:
     """Run Faust's command line with this app."""
-    from dlqapp.app import app
-    import dlqapp  # noqa: F401  (registers agents, views and commands)
+    import dlqapp
 
-    app.main()
+    dlqapp.app.main()
 
 
 if __name__ == "__main__":

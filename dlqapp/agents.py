@@ -8,6 +8,9 @@ import os
 from faust import StreamT, TopicT
 
 from dlqapp.app import app, settings
+from faust.sensors.prometheus import setup_prometheus_sensors
+
+from dlqapp import metrics
 from dlqapp.alerts import AlertBatcher
 from dlqapp.dlq import DeadLetterRecorder
 from dlqapp.flow import InFlightWindow
@@ -122,6 +125,7 @@ async def retry_timer() -> None:
             continue
         try:
             await scheduler.fire_due()
+            await scheduler.recount_if_reassigned()
         except Exception:  # a failed tick must not stop the timer; the next one retries
             log.exception("retry timer tick failed")
 
@@ -131,3 +135,36 @@ async def alert_webhook() -> None:
     """Post batched dead-letter alerts when DLQ_ALERT_WEBHOOK_URL is set."""
     if alerts is not None:
         await alerts.run(lambda: app.should_stop)
+
+
+def _consumer_lag() -> list[tuple[str, int, int]]:
+    """(topic, partition, log end offset minus committed offset) for dlqapp's topics."""
+    consumer = app.consumer
+    ours = set(settings.all_topics())
+    lag = []
+    try:
+        assigned = consumer.assignment()
+    except Exception:  # the consumer has not started yet
+        return lag
+    for tp in assigned:
+        if tp.topic not in ours:
+            continue
+        try:
+            high = consumer.highwater(tp)
+        except Exception:  # not fetched yet
+            continue
+        if high is not None:
+            lag.append((tp.topic, tp.partition, max(0, high - (consumer._committed_offset.get(tp) or 0))))
+    return lag
+
+
+setup_prometheus_sensors(app, name_prefix="faust")
+metrics.register_state_collector(
+    metrics.StateCollector(
+        dlq_entries=lambda: sum(1 for _ in dead_letters.keys()),
+        parked_by_tier=scheduler.parked_by_tier_name,
+        consumer_lag=_consumer_lag,
+        breaker_state=lambda: pipeline.breaker.state,
+        breaker_moves=lambda: dict(pipeline.breaker.moves),
+    )
+)

@@ -12,7 +12,7 @@ import faust
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 
 from dlqapp.auth import guard_middleware
-from dlqapp.logs import configure_logging
+from dlqapp.logs import apply_log_format, configure_logging
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.topics import TopicMismatchError, ensure_topics
 
@@ -42,6 +42,7 @@ class DlqApp(faust.App):
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
+        apply_log_format(self.dlq_settings)
         try:
             created = await ensure_topics(self.dlq_settings)
         except TopicMismatchError as exc:

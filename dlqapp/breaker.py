@@ -1,8 +1,9 @@
 """A circuit breaker for backend-wide failures: an outage is not N separate failures.
 
-Closed: calls flow; the last `window` outcomes are kept. When at least `min_calls` are
-known and `failure_ratio` of them failed backend-wide (connection, timeout, 5xx, auth,
-quota, rate limits), the breaker opens. Open: no calls for `open_ms` (doubling on each
+Closed: calls flow; the latest outcome of each of the last `window` requests is kept
+(one request failing again and again counts once: an outage is many requests failing).
+When at least `min_calls` requests are known and `failure_ratio` of them failed
+backend-wide (connection, timeout, 5xx, auth, quota, rate limits), the breaker opens. Open: no calls for `open_ms` (doubling on each
 failed probe, up to `max_open_ms`). Half-open: `probes` calls may go; when they all
 succeed the breaker closes, when one fails backend-wide it opens again.
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -59,7 +60,7 @@ class CircuitBreaker:
         self.config = config
         self.clock = clock
         self._state = CLOSED
-        self._outcomes: deque[bool] = deque(maxlen=config.window)  # True = backend-wide failure
+        self._outcomes: OrderedDict[object, bool] = OrderedDict()  # request → backend-wide failure
         self._open_ms = config.open_ms
         self._reopen_at = 0.0
         self._probes_out = 0
@@ -94,7 +95,7 @@ class CircuitBreaker:
         while not self.allow():
             await asyncio.sleep(poll_s)
 
-    def record(self, failure: Failure | None) -> None:
+    def record(self, failure: Failure | None, request_id: str | None = None) -> None:
         """The outcome of a call that `allow()` let through."""
         backend_down = is_backend_wide(failure)
         state = self.state
@@ -107,13 +108,17 @@ class CircuitBreaker:
                 if self._probes_ok >= self.config.probes:
                     self._close()
             return
-        self._outcomes.append(backend_down)
+        key = request_id if request_id is not None else object()
+        self._outcomes.pop(key, None)
+        self._outcomes[key] = backend_down
+        while len(self._outcomes) > self.config.window:
+            self._outcomes.popitem(last=False)
         if state == CLOSED and self._should_open():
             self._open(self.config.open_ms)
 
     def _should_open(self) -> bool:
         calls = len(self._outcomes)
-        return self.config.enabled and calls >= self.config.min_calls and sum(self._outcomes) / calls >= self.config.failure_ratio
+        return self.config.enabled and calls >= self.config.min_calls and sum(self._outcomes.values()) / calls >= self.config.failure_ratio
 
     def _open(self, open_ms: int) -> None:
         self._open_ms = open_ms
@@ -140,7 +145,7 @@ class CircuitBreaker:
         return {
             "state": state,
             "recent_calls": calls,
-            "recent_backend_failures": sum(self._outcomes),
+            "recent_backend_failures": sum(self._outcomes.values()),
             "reopens_in_ms": max(0, int((self._reopen_at - self.clock()) * 1000)) if state == OPEN else None,
             "moves": dict(self.moves),
             "transitions": [{"at": int(at * 1000), "from": a, "to": b} for at, a, b in self.transitions[-10:]],

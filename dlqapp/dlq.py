@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from faust import EventT
 from faust.tables import Table
 
+from dlqapp import metrics
 from dlqapp.alerts import AlertBatcher
 from dlqapp.logs import log_event
 from dlqapp.models import (
@@ -128,10 +129,14 @@ class DeadLetterRecorder:
             logging.WARNING,
             "dead_letter",
             request_id=request_id,
+            topic=entry["source"].get("topic"),
+            attempt=entry["attempts"],
             error_class=entry["error_class"],
             retry_count=entry["retry_count"],
             final_error=(entry["final_error"] or "")[:300],
         )
+        metrics.dead_letters.labels(entry["error_class"]).inc()
+        metrics.requests.labels("dead_lettered").inc()
         if self.alerts is not None:
             self.alerts.add(request_id, entry["error_class"])
 

@@ -28,14 +28,19 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(settings: Settings) -> None:
-    """Set dlqapp's level, and its format when DLQ_LOG_FORMAT=json."""
-    logger = logging.getLogger(LOGGER_NAME)
-    logger.setLevel(settings.log_level.upper())
-    if settings.log_format == "json":
-        handler = logging.StreamHandler()
+    """Set the level of dlqapp's loggers (DLQ_LOG_LEVEL)."""
+    logging.getLogger(LOGGER_NAME).setLevel(settings.log_level.upper())
+
+
+def apply_log_format(settings: Settings) -> None:
+    """With DLQ_LOG_FORMAT=json, every handler of the root logger writes JSON lines.
+
+    Runs once the worker has set up logging (Faust's lines included).
+    """
+    if settings.log_format != "json":
+        return
+    for handler in logging.getLogger().handlers:
         handler.setFormatter(JsonFormatter())
-        logger.addHandler(handler)
-        logger.propagate = False
 
 
 def _render(value: Any) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from faust import TopicT
 from faust.tables import Table
 
+from dlqapp import metrics
 from dlqapp import state as states
 from dlqapp.dlq import original_payload
 from dlqapp.logs import log_event
@@ -115,6 +116,7 @@ class Operator:
         record = {"action": REPLAY, "at": at, "by": command.actor, "edited": command.payload is not None, "replay_of": dlq_position, "error_class": entry.get("error_class"), "replay_count": replays + 1}
         self._append_ledger(rid, ledger, record)
         self.pipeline.set_state(rid, states.REPROCESSED, at, replay_count=replays + 1, replayed_by=command.actor)
+        metrics.replays.inc()
         log_event(log, logging.INFO, "replayed", request_id=rid, by=command.actor, replay_count=replays + 1, edited=command.payload is not None)
         return {"request_id": rid, "status": "reprocessed", "replay_count": replays + 1}
 
@@ -124,6 +126,7 @@ class Operator:
         await self._remove(rid)
         self._append_ledger(rid, self.ledger_for(rid), {"action": DISCARD, "at": at, "by": command.actor, "error_class": entry.get("error_class")})
         self.pipeline.set_state(rid, states.DISCARDED, at, discarded_by=command.actor)
+        metrics.discards.inc()
         log_event(log, logging.INFO, "discarded", request_id=rid, by=command.actor)
         return {"request_id": rid, "status": "discarded"}
 

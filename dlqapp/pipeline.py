@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from faust import EventT, TopicT
 from faust.tables import Table
 
+from dlqapp import metrics
 from dlqapp import state as states
 from dlqapp.classification import ErrorClass, Failure, classify_exception
 from dlqapp.flow import PriorityLimiter
@@ -128,7 +129,9 @@ class Pipeline:
             if previous is None or previous["state"] not in states.SETTLED_FOR_DEDUP:
                 return False
         self.requests[request_id.encode()] = states.dump(states.count_duplicate(previous, now_ms(), source))
-        log_event(log, logging.INFO, "duplicate_skipped", request_id=request_id, state=previous["state"])
+        metrics.duplicates.inc()
+        metrics.requests.labels("duplicate_skipped").inc()
+        log_event(log, logging.INFO, "duplicate_skipped", request_id=request_id, topic=source, state=previous["state"])
         return True
 
     def new_envelope(self, event: EventT, request_id: str, payload: bytes) -> Envelope:
@@ -173,15 +176,21 @@ class Pipeline:
         During an outage (breaker open or half-open) a backend-wide failure is not an
         attempt: the request is held and tried again when the breaker lets it.
         """
+        tier = self.tier_label(topic)
         while True:
             await self.breaker.wait_allowed()
             async with self.limiter.slot(priority):
                 started = now_ms()
+                if scheduled is not None:
+                    metrics.lateness.labels(tier).observe(max(0, started - scheduled) / 1000)
                 output, failure = await self.call_backend(request, number, model)
-            self.breaker.record(failure)
+            metrics.backend_latency.labels(failure.error_class.value if failure else "ok").observe((now_ms() - started) / 1000)
+            self.breaker.record(failure, request.request_id)
             if not (is_backend_wide(failure) and self.breaker.tripped):
                 break
-            log_event(log, logging.DEBUG, "held_during_outage", request_id=request.request_id, attempt=number, error_class=failure.error_class.value)
+            metrics.held.inc()
+            log_event(log, logging.DEBUG, "held_during_outage", request_id=request.request_id, topic=topic, attempt=number, error_class=failure.error_class.value)
+        metrics.attempts.labels(tier).inc()
         record = Attempt(
             attempt=number,
             at=started,
@@ -192,6 +201,13 @@ class Pipeline:
             error=failure.message if failure else None,
         )
         return record, output, failure
+
+    def tier_label(self, topic: str) -> str:
+        """A topic name without DLQ_TOPIC_PREFIX; `fallback` for fallback attempts."""
+        if topic.startswith("fallback:"):
+            return "fallback"
+        prefix = self.settings.topic_prefix
+        return topic[len(prefix):] if prefix and topic.startswith(prefix) else topic
 
     async def call_backend(self, request: Request, attempt: int, model: str | None = None) -> tuple[InferenceOutput | None, Failure | None]:
         """One backend call, bounded by DLQ_INFERENCE_TIMEOUT; never raises."""
@@ -230,7 +246,9 @@ class Pipeline:
         )
         await self.send(self.results_topic, envelope.request_id, result.to_bytes(), [(k, v.encode()) for k, v in envelope.lineage.items()])
         self.set_state(envelope.request_id, states.SUCCEEDED, at, attempts=envelope.attempts, model=output.model)
-        log_event(log, logging.DEBUG, "succeeded", request_id=envelope.request_id, attempts=envelope.attempts)
+        metrics.requests.labels("succeeded").inc()
+        metrics.end_to_end.observe(max(0, at - envelope.original_timestamp) / 1000)
+        log_event(log, logging.DEBUG, "succeeded", request_id=envelope.request_id, attempt=envelope.attempts, model=output.model)
 
     async def _schedule_retry(self, outcome: RetryAt, envelope: Envelope) -> None:
         envelope.scheduled_time = outcome.due_ms

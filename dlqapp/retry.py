@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import Iterator
 
 from faust import EventT, TopicT
@@ -44,6 +45,8 @@ class RetryScheduler:
         self.fired: dict[bytes, int] = {}
         self.delays_ms = pipeline.settings.retry_delays_ms
         self.batch = pipeline.settings.timer_batch
+        self.parked_by_tier: Counter[int] = Counter()
+        self._counted_partitions: frozenset[int] = frozenset()
 
     # -- 1. park ----------------------------------------------------------------------
 
@@ -59,7 +62,10 @@ class RetryScheduler:
         envelope = Envelope.from_headers(request_id, event.value or b"", event.headers or {})
         if envelope.scheduled_time is None:
             envelope.scheduled_time = int(event.message.timestamp * 1000) + self.delays_ms[tier]
-        self.parked[parked_key(envelope.scheduled_time, request_id)] = envelope.to_bytes()
+        key = parked_key(envelope.scheduled_time, request_id)
+        if self.parked.get(key) is None:
+            self.parked_by_tier[tier] += 1
+        self.parked[key] = envelope.to_bytes()
 
     # -- 2. fire ----------------------------------------------------------------------
 
@@ -103,6 +109,35 @@ class RetryScheduler:
                 yield key
             it.next()
 
+    async def recount_if_reassigned(self) -> None:
+        """After a rebalance or a restart, count parked retries per tier again.
+
+        Scans in chunks, never holding an iterator across an await, so the timer and
+        the agents keep running while a large table is counted.
+        """
+        partitions = frozenset(p for p, _ in self._active_partitions())
+        if partitions == self._counted_partitions:
+            return
+        self._counted_partitions = partitions
+        counts: Counter[int] = Counter()
+        offset_key = self.parked.data.offset_key
+        for partition, db in list(self._active_partitions()):
+            after: bytes | None = None
+            while True:
+                chunk = _scan_chunk(db, after, RECOUNT_CHUNK)
+                for key, value in chunk:
+                    if key != offset_key:
+                        counts[self._tier_of(Envelope.from_bytes(value))] += 1
+                if len(chunk) < RECOUNT_CHUNK:
+                    break
+                after = chunk[-1][0]
+                await asyncio.sleep(0)
+        self.parked_by_tier = counts
+
+    def parked_by_tier_name(self) -> dict[str, int]:
+        """Parked retries per tier topic name (without prefix), for metrics."""
+        return {self.pipeline.tier_label(t.get_topic_name()): max(0, self.parked_by_tier[i]) for i, t in enumerate(self.pipeline.tier_topics)}
+
     def parked_count(self) -> int:
         """Retries parked on the partitions this worker actively owns."""
         offset_key = self.parked.data.offset_key
@@ -122,19 +157,24 @@ class RetryScheduler:
             self.fired.pop(key, None)
             return
         envelope = Envelope.from_bytes(blob)
+        tier = self._tier_of(envelope)
         request_id = envelope.request_id
         if request_id in self.pipeline.in_flight:
             return  # a re-fire while the first attempt is still running
         previous = self.pipeline.load_state(request_id)
         if previous is None or previous.get("state") != states.SUCCEEDED:
-            await self._attempt(envelope)
+            await self._attempt(envelope, tier)
         else:
             log_event(log, logging.INFO, "retry_skipped_already_succeeded", request_id=request_id)
         del self.parked[key]
+        self.parked_by_tier[tier] -= 1
         self.fired.pop(key, None)
 
-    async def _attempt(self, envelope: Envelope) -> None:
-        tier = max(0, min(envelope.attempts - 1, len(self.pipeline.tier_topics) - 1))
+    def _tier_of(self, envelope: Envelope) -> int:
+        """The tier a parked envelope waits in: the one after its last failed attempt."""
+        return max(0, min(envelope.attempts - 1, len(self.pipeline.tier_topics) - 1))
+
+    async def _attempt(self, envelope: Envelope, tier: int) -> None:
         topic = self.pipeline.tier_topics[tier].get_topic_name()
         try:
             request = parse_request(envelope.payload, self.pipeline.settings.max_payload_bytes)
@@ -145,6 +185,25 @@ class RetryScheduler:
             await self.pipeline.carry_out(DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}"), envelope, None, None)
             return
         await self.pipeline.attempt(envelope, request, topic, priority=HIGH)
+
+
+RECOUNT_CHUNK = 5000
+
+
+def _scan_chunk(db: object, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+    """Up to `limit` (key, value) pairs after `after` (exclusive), in key order."""
+    it = db.iter(ReadOptions())  # type: ignore[attr-defined]
+    if after is None:
+        it.seek_to_first()
+    else:
+        it.seek(after)
+        if it.valid() and it.key() == after:
+            it.next()
+    chunk = []
+    while it.valid() and len(chunk) < limit:
+        chunk.append((it.key(), it.value()))
+        it.next()
+    return chunk
 
 
 def _request_id(event: EventT) -> str | None:

@@ -196,6 +196,9 @@ class Worker:
             "DLQ_TOPIC_PREFIX": self.prefix or "",
             "DLQ_DATA_DIR": str(self.data_dir),
             "DLQ_WEB_PORT": str(self.web_port),
+            # Most tests script backend-wide failures on purpose; the breaker would hold
+            # them. test_outage.py and test_breaker*.py turn it on.
+            "DLQ_BREAKER": "false",
             **self.env_extra,
         }
 

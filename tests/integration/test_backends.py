@@ -27,7 +27,6 @@ def worker(kafka_bootstrap, mock, tmp_path_factory):
             "DLQ_INFERENCE_TIMEOUT": "1s",
             "DLQ_RETRY_DELAYS": "200ms,400ms,600ms",
             "DLQ_FALLBACK_MODEL": "fallback-model",
-            "DLQ_BREAKER": "false",  # these tests fail on purpose; test_outage.py covers the breaker
         },
     )
     w.start()

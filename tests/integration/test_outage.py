@@ -19,6 +19,7 @@ def test_a_60_second_outage_during_2000_requests_costs_no_dead_letters(make_work
                 "DLQ_INFERENCE_TIMEOUT": "2s",
                 "DLQ_RETRY_DELAYS": "1s,2s,3s",
                 "DLQ_CONCURRENCY": "16",
+                "DLQ_BREAKER": "true",
                 "DLQ_BREAKER_OPEN": "2s",
                 "DLQ_BREAKER_MAX_OPEN": "8s",
             }

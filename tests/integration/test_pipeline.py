@@ -160,5 +160,6 @@ def test_the_dlq_agent_records_the_entry_the_json_line_and_the_alert(worker):
     assert entry["source"]["topic"] == worker.topic("input") and entry["dead_at"] >= entry["first_seen"]
     log_lines = (worker.data_dir / "dead-letters.jsonl").read_text().splitlines()
     assert [json.loads(line)["error_class"] for line in log_lines if rid in line] == ["content_filter"]
-    assert f"dead_letter request_id={rid} error_class=content_filter" in worker.log_path.read_text()
+    (alert,) = [line for line in worker.log_path.read_text().splitlines() if f"dead_letter request_id={rid} " in line]
+    assert "WARNING" in alert and "error_class=content_filter" in alert and "attempt=1" in alert
     assert worker.get(f"/dlq/{unique('nope')}/")[0] == 404

@@ -74,3 +74,15 @@ def test_disabled_breaker_never_opens():
     for _ in range(50):
         b.record(DOWN)
     assert b.state == CLOSED
+
+
+def test_one_request_failing_again_and_again_counts_once():
+    b = breaker(Clock())
+    for _ in range(20):
+        b.record(DOWN, "the-same-broken-request")
+    for n in range(3):
+        b.record(None, f"fine-{n}")
+    assert b.state == CLOSED
+    for n in range(3):
+        b.record(DOWN, f"other-{n}")
+    assert b.state == OPEN  # 4 distinct requests down out of 7 seen
