@@ -38,10 +38,21 @@ from dlqapp.models import (
 log = logging.getLogger("dlqapp.dlq")
 
 
-def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partition: int, offset: int) -> dict[str, Any]:
-    """A DLQ entry from a `dlq` topic message: exact payload, headers and attempt history."""
+PREVIEW_BYTES = 65536
+
+
+def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partition: int, offset: int, max_bytes: int | None = None) -> dict[str, Any]:
+    """A DLQ entry from a `dlq` topic message: exact payload, headers and attempt history.
+
+    A payload over `max_bytes` is kept only as a preview (`payload_truncated`); its exact
+    bytes stay in the `dlq` topic at `dlq.partition`/`dlq.offset`.
+    """
+    truncated = max_bytes is not None and len(payload) > max_bytes
+    size = len(payload)
+    if truncated:
+        payload = payload[:PREVIEW_BYTES]
     try:
-        text: str | None = payload.decode("utf-8")
+        text: str | None = payload.decode("utf-8", "replace" if truncated else "strict")
     except UnicodeDecodeError:
         text = None
     model = None
@@ -65,7 +76,8 @@ def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partit
         "replay_count": int(headers.get(H_REPLAY_COUNT) or 0),
         "payload_text": text,
         "payload_b64": base64.b64encode(payload).decode() if text is None else None,
-        "payload_bytes": len(payload),
+        "payload_bytes": size,
+        "payload_truncated": truncated,
         "headers": headers,
         "dlq": {"partition": partition, "offset": offset},
     }
@@ -105,9 +117,10 @@ def counts_by_error_class(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
 class DeadLetterRecorder:
     """Mirrors the `dlq` topic into the DLQ table, the JSON-lines log and alert lines."""
 
-    def __init__(self, table: Table, log_path: str, alerts: "AlertBatcher | None" = None) -> None:
+    def __init__(self, table: Table, log_path: str, alerts: "AlertBatcher | None" = None, max_payload_bytes: int | None = None) -> None:
         self.table = table
         self.log_path = log_path
+        self.max_payload_bytes = max_payload_bytes
         self.alerts = alerts
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
 
@@ -121,7 +134,7 @@ class DeadLetterRecorder:
         previous = self.table.get(key)
         if previous is not None and json.loads(previous).get("dlq") == {"partition": message.partition, "offset": message.offset}:
             return  # redelivered after a crash: already recorded, logged and alerted
-        entry = build_entry(request_id, event.value, header_dict(event.headers), message.partition, message.offset)
+        entry = build_entry(request_id, event.value, header_dict(event.headers), message.partition, message.offset, self.max_payload_bytes)
         self.table[key] = json.dumps(entry, separators=(",", ":")).encode()
         self._append_to_log(entry)
         log_event(

@@ -7,7 +7,7 @@ Serves `POST /v1/chat/completions` (OpenAI response shape). Control plane:
 - `POST /_mock/plan` `{"request_id", "fail_times", "status", "retry_after", "retry_after_ms",
   "error": {"code", "message"}, "headers": {...}, "timeout": false}`: the next `fail_times`
   calls for that id fail that way (`status: "timeout"` or `"timeout": true` hangs).
-- `GET /_mock/calls/{request_id}`: calls received for that id.
+- `GET /_mock/calls/{request_id}`: calls received for that id (`GET /_mock/calls`: all ids).
 - `GET /_mock/stats`: calls, successes and failures by status.
 - `POST /_mock/outage` `{"on": true, "status": 503}`: every call fails like a dead provider.
 - `POST /_mock/reset`: forget plans, counts and the outage.
@@ -133,6 +133,10 @@ def build_app(state: MockState) -> web.Application:
             headers=spec.get("headers") or {},
         )
         return web.json_response({"planned": request_id})
+
+    @routes.get("/_mock/calls")
+    async def all_calls(request: web.Request) -> web.Response:
+        return web.json_response(dict(state.calls))
 
     @routes.get("/_mock/calls/{request_id}")
     async def calls(request: web.Request) -> web.Response:

@@ -60,9 +60,18 @@ class Request:
 
 
 def _valid_request_id(value: Any) -> str | None:
-    if isinstance(value, str) and value.strip() and len(value) <= MAX_REQUEST_ID_CHARS:
+    if isinstance(value, str) and value.strip() and len(value) <= MAX_REQUEST_ID_CHARS and _encodable(value):
         return value
     return None
+
+
+def _encodable(text: str) -> bool:
+    """False for strings JSON allows but UTF-8 cannot carry (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_messages(messages: Any) -> list[str]:
@@ -104,7 +113,7 @@ def validate_request(data: dict[str, Any]) -> Request:
     request_id = _valid_request_id(data.get("request_id"))
     if request_id is None:
         problems.append(
-            f"request_id must be a non-empty string of at most {MAX_REQUEST_ID_CHARS} characters"
+            f"request_id must be a non-empty UTF-8 string of at most {MAX_REQUEST_ID_CHARS} characters"
         )
     messages, prompt = data.get("messages"), data.get("prompt")
     if messages is None and prompt is None:

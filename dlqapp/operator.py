@@ -99,6 +99,9 @@ class Operator:
             if problems:
                 return {"request_id": rid, "status": "invalid", "reasons": problems}
             payload = json.dumps(command.payload).encode()
+        elif entry.get("payload_truncated"):
+            reason = f"the payload ({entry['payload_bytes']} bytes) is over DLQ_MAX_PAYLOAD_BYTES: replay it with an edited payload"
+            return {"request_id": rid, "status": "invalid", "reasons": [reason]}
         else:
             payload = original_payload(entry)
         at = now_ms()

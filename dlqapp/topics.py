@@ -26,7 +26,8 @@ class TopicMismatchError(RuntimeError):
 
 def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
     """Topic name → configs dlqapp creates it with."""
-    return {name: (COMPACTED if name == settings.dlq else {}) for name in settings.all_topics()}
+    size = {"max.message.bytes": str(settings.max_message_bytes)}
+    return {name: ({**COMPACTED, **size} if name == settings.dlq else size) for name in settings.all_topics()}
 
 
 async def ensure_topics(settings: Settings) -> list[str]:

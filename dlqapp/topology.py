@@ -24,7 +24,14 @@ def _topic(name: str) -> TopicT:
 
 
 def _table(name: str, help: str) -> Table:
-    return app.Table(name, partitions=settings.partitions, help=help, key_type=bytes, value_type=bytes)
+    return app.Table(
+        name,
+        partitions=settings.partitions,
+        help=help,
+        key_type=bytes,
+        value_type=bytes,
+        extra_topic_configs={"max.message.bytes": str(settings.max_message_bytes)},
+    )
 
 
 input_topic = _topic(settings.input)

@@ -91,7 +91,7 @@ def produce(
     """Send (key, value) pairs and wait for every acknowledgement."""
 
     async def run() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=16 * 1024 * 1024)
         await producer.start()
         try:
             futures = [await producer.send(topic, key=k, value=v, headers=headers, timestamp_ms=timestamp_ms) for k, v in messages]

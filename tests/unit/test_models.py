@@ -37,6 +37,7 @@ def test_prompt_form_is_accepted():
         (b'{"request_id": 5, "prompt": "x"}', "request_id"),
         (json.dumps({"request_id": "x" * 257, "prompt": "x"}).encode(), "request_id"),
         (b'{"request_id": "r"}', "messages or prompt"),
+        (b'{"request_id": "\\ud800", "prompt": "x"}', "request_id"),
         (b'{"request_id": "r", "messages": "hi"}', "messages must be"),
         (b'{"request_id": "r", "messages": [{"role": "wizard", "content": "x"}]}', "role"),
         (b'{"request_id": "r", "prompt": "x", "params": [1]}', "params"),

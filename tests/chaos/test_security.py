@@ -1,4 +1,6 @@
-"""Who may mutate: a bearer token when DLQ_ADMIN_TOKEN is set, else loopback clients only."""
+"""Security: who may mutate (a bearer token when DLQ_ADMIN_TOKEN is set, else loopback
+clients only), oversized bodies (413). Script injection into the admin page is covered in
+tests/e2e/test_admin_page.py, in a real browser."""
 
 from __future__ import annotations
 
@@ -37,6 +39,12 @@ def test_token_is_required_and_checked(make_worker):
     assert call(f"{worker.url}/dlq/x/", "DELETE", token="nope")[0] == 403
     assert http_json(worker.url + "/dlq/")[0] == 200  # reads need no token
     assert http_json(worker.url + "/table/requests/")[0] == 404  # Faust's raw table views are off
+    big = urllib.request.Request(f"{worker.url}/dlq/reprocess/", data=b"x" * 5_000_000, method="POST", headers={"Authorization": "Bearer s3cret-token"})
+    try:
+        urllib.request.urlopen(big, timeout=10)
+        raise AssertionError("a 5 MB body must be refused")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 413 and "DLQ_MAX_BODY_BYTES" in json.loads(exc.read())["error"]
 
 
 @pytest.fixture

@@ -1,0 +1,84 @@
+"""The ledger check: every request id's final outcome, read back from `results` and `dlq`."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+from tests.support import Record, http_json, read_topic
+
+FULL = os.environ.get("CHAOS_FULL") == "1"
+"""`make chaos` sets CHAOS_FULL=1 for the full-size runs; `make test` runs the reduced ones."""
+
+
+@dataclass
+class Ledger:
+    """What happened to each of a run's request ids."""
+
+    ids: list[str]
+    results: Counter[str] = field(default_factory=Counter)
+    dead: Counter[str] = field(default_factory=Counter)
+    attempts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, bootstrap: str, results_topic: str, dlq_topic: str, ids: list[str], timeout: float, partitions: int = 3) -> "Ledger":
+        """Read both topics until every id has an outcome (or fail after `timeout`)."""
+        wanted = set(ids)
+        seen: set[str] = set()
+        looked_at = 0
+
+        def complete(records: list[Record]) -> bool:
+            nonlocal looked_at
+            for record in records[looked_at:]:
+                if record.key is not None and record.value:
+                    seen.add(record.key.decode())
+            looked_at = len(records)
+            return wanted <= seen
+
+        records = read_topic(bootstrap, [results_topic, dlq_topic], complete, timeout, partitions)
+        ledger = cls(ids)
+        for record in records:
+            if record.key is None or not record.value:
+                continue
+            rid = record.key.decode()
+            if rid not in wanted:
+                continue
+            if record.topic == results_topic:
+                ledger.results[rid] += 1
+                ledger.attempts[rid] = max(ledger.attempts.get(rid, 0), record.json["attempts"])
+            else:
+                ledger.dead[rid] += 1
+                ledger.attempts[rid] = max(ledger.attempts.get(rid, 0), int(record.headers.get("attempts", "0")))
+        return ledger
+
+    @property
+    def lost(self) -> list[str]:
+        return [rid for rid in self.ids if rid not in self.results and rid not in self.dead]
+
+    @property
+    def duplicate_outcomes(self) -> int:
+        """Outcome records beyond one per id (at-least-once redeliveries after a crash)."""
+        return sum(self.results.values()) + sum(self.dead.values()) - len(set(self.results) | set(self.dead))
+
+    @property
+    def mixed(self) -> list[str]:
+        return [rid for rid in self.ids if rid in self.results and rid in self.dead]
+
+    def extra_calls(self, mock_url: str) -> int:
+        """Backend calls beyond the attempts the outcomes record."""
+        calls = http_json(mock_url + "/_mock/calls", timeout=60)[1]
+        return sum(calls.get(rid, 0) for rid in self.ids) - sum(self.attempts.get(rid, 0) for rid in self.ids)
+
+    def summary(self, mock_url: str | None = None) -> dict[str, int]:
+        report = {
+            "requests": len(self.ids),
+            "results": len(self.results),
+            "dead_letters": len(self.dead),
+            "lost": len(self.lost),
+            "duplicate_outcomes": self.duplicate_outcomes,
+            "mixed_outcomes": len(self.mixed),
+        }
+        if mock_url:
+            report["extra_calls"] = self.extra_calls(mock_url)
+        return report

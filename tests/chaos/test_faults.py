@@ -1,0 +1,119 @@
+"""No request is lost across worker kill -9, a broker restart, and losing one of three workers.
+
+Reduced sizes run in `make test`; `make chaos` (CHAOS_FULL=1) runs the full ones.
+Each test prints its ledger summary (requests, faults, lost, duplicates, extra calls).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+
+from tests.chaos.ledger import FULL, Ledger
+from tests.support import LocalKafka, MockLLM, Worker, free_port, http_json, produce, request_bytes, unique, wait_until
+
+FAULT_ENV = {
+    "DLQ_INFERENCE": "openai",
+    "DLQ_INFERENCE_TIMEOUT": "2s",
+    "DLQ_RETRY_DELAYS": "200ms,400ms,600ms",
+    "DLQ_SESSION_TIMEOUT": "6s",
+}
+
+
+def report(name: str, summary: dict) -> None:
+    line = json.dumps({"test": name, **summary})
+    print(line)
+    if os.environ.get("CHAOS_REPORT"):
+        with open(os.environ["CHAOS_REPORT"], "a") as f:
+            f.write(line + "\n")
+
+
+def start_mock(tmp_path) -> MockLLM:
+    return MockLLM(tmp_path, args=["--latency-ms", "10", "--jitter-ms", "5", "--fail", "503=0.2", "--seed", "11"]).start()
+
+
+def produce_ids(worker: Worker, count: int, prefix: str) -> list[str]:
+    ids = [f"{prefix}-{i}-{unique('x')[-6:]}" for i in range(count)]
+    for start in range(0, count, 5000):
+        chunk = ids[start : start + 5000]
+        produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in chunk])
+    return ids
+
+
+def mock_calls(mock: MockLLM) -> int:
+    return mock.stats()["calls"]
+
+
+def test_kill_9_five_times_loses_nothing(make_worker, tmp_path):
+    count = 100_000 if FULL else 20_000
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", "606")))
+    mock = start_mock(tmp_path)
+    try:
+        worker = make_worker(env_extra={**FAULT_ENV, "DLQ_INFERENCE_URL": mock.api_url}).start()
+        ids = produce_ids(worker, count, "kill")
+        for kill in range(5):
+            target = int(count * (kill + 1) / 6 * rng.uniform(0.8, 1.1))
+            wait_until(lambda: mock_calls(mock) >= target, 300, f"{target} backend calls before kill {kill + 1}")
+            worker.kill()
+            worker.start()
+        ledger = Ledger.read(worker.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=900)
+        summary = {**ledger.summary(mock.url), "kills": 5}
+        report("worker kill -9 x5", summary)
+        assert ledger.lost == []
+        window = 64 * 2 * 2  # concurrency x window factor x (input + due agents)
+        assert summary["extra_calls"] <= 5 * window, summary
+    finally:
+        mock.stop()
+
+
+def test_a_broker_restart_mid_run_loses_nothing(tmp_path):
+    count = 20_000 if FULL else 4_000
+    broker = LocalKafka(port=free_port(), data_dir=tmp_path / "kafka")
+    env = broker.env()
+    broker.run("start", env)
+    mock = start_mock(tmp_path)
+    worker = Worker(broker.bootstrap, tmp_path, env_extra={**FAULT_ENV, "DLQ_INFERENCE_URL": mock.api_url})
+    try:
+        worker.start()
+        ids = produce_ids(worker, count, "broker")
+        wait_until(lambda: mock_calls(mock) >= count // 3, 300, "a third of the run")
+        broker.run("stop", env)
+        down_at = time.monotonic()
+        broker.run("start", env)
+        ledger = Ledger.read(worker.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=600)
+        summary = {**ledger.summary(mock.url), "broker_restarts": 1, "broker_down_s": round(time.monotonic() - down_at, 1)}
+        report("broker restart", summary)
+        assert ledger.lost == []
+        assert worker.process.poll() is None, "the worker recovers by itself"
+    finally:
+        worker.kill()
+        mock.stop()
+        broker.run("stop", env, check=False)
+
+
+def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
+    count = 30_000 if FULL else 6_000
+    mock = start_mock(tmp_path)
+    try:
+        env = {**FAULT_ENV, "DLQ_INFERENCE_URL": mock.api_url}
+        first = make_worker(env_extra=env).start()
+        others = [make_worker(app_id=first.app_id, prefix=first.prefix, env_extra=env).start() for _ in range(2)]
+        workers = [first, *others]
+        wait_until(lambda: all(w.get("/")[1]["ready"] and w.get("/")[1]["assigned_partitions"] for w in workers), 120, "three workers sharing the partitions")
+        ids = produce_ids(first, count, "three")
+        wait_until(lambda: mock_calls(mock) >= count // 3, 300, "a third of the run")
+        victim = workers[1]
+        victim.kill()
+        survivors = [w for w in workers if w is not victim]
+        ledger = Ledger.read(first.bootstrap, first.topic("results"), first.topic("dlq"), ids, timeout=600)
+        summary = {**ledger.summary(mock.url), "workers": 3, "killed": 1}
+        report("three workers, one killed", summary)
+        assert ledger.lost == []
+        expected_dead = set(ledger.dead)
+        for worker in survivors:
+            page = wait_until(lambda: (p := worker.get("/dlq/?limit=1000")[1]).get("total") == len(expected_dead) and p, 120, f"the full DLQ on {worker.name}")
+            assert {i["request_id"] for i in page["items"]} >= expected_dead and "incomplete" not in page
+    finally:
+        mock.stop()
