@@ -1,0 +1,437 @@
+"""`make bench`: dlqapp side by side with its baselines, measured in one run.
+
+    python bench/run.py [--quick] [--out bench/results]
+
+Starts what it needs (a private Kafka unless KAFKA_BOOTSTRAP is set, dlqapp-mock-llm at a
+fixed 100 ms latency) and measures:
+
+1. throughput (requests/s, median of runs) of baseline A (the source documents'
+   synchronous consumer), baseline B (a raw aiokafka pass-through with the same
+   concurrency) and dlqapp (openai backend against the mock, 0% and 10% failures);
+   end-to-end p50/p99 under a paced load; the ratios dlqapp/A and dlqapp/B;
+2. retry lateness per tier, idle and under an input flood;
+3. the retry timer's tick cost with 1k, 100k and 1M parked retries, and memory per entry;
+4. recovery: kill -9 with many parked retries, time until processing again.
+
+Writes latest.json, latest.md, throughput.png and lateness_cdf.png into --out.
+Timing lives here, never in pass/fail tests: `make test` runs only `--quick`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dlqapp.settings import Settings  # noqa: E402
+from dlqapp.topics import ensure_topics  # noqa: E402
+from tests.support import LocalKafka, MockLLM, Record, Worker, free_port, produce, read_topic, request_bytes, unique, wait_until  # noqa: E402
+
+PYTHON = sys.executable
+LATENCY_MS = 100
+CONCURRENCY = 64
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def make_topics(bootstrap: str, prefix: str) -> Settings:
+    settings = Settings.from_env({"DLQ_KAFKA_BOOTSTRAP": bootstrap, "DLQ_TOPIC_PREFIX": prefix})
+    asyncio.run(ensure_topics(settings))
+    return settings
+
+
+def requests_for(ids: list[str]) -> list[tuple[bytes, bytes]]:
+    return [(rid.encode(), request_bytes(rid)) for rid in ids]
+
+
+STEADY_SHARE = 0.8
+
+
+def throughput_of(records: list[Record]) -> float:
+    """Results per second from the first result to the 80th percentile one.
+
+    Startup is excluded, and so is the tail of requests still waiting out a retry delay
+    (with 10% failures the last results arrive seconds later by design).
+    """
+    stamps = sorted(r.timestamp for r in records)
+    last = max(1, int(len(stamps) * STEADY_SHARE) - 1)
+    span = (stamps[last] - stamps[0]) / 1000
+    return last / span if span > 0 else float("nan")
+
+
+def wait_results(bootstrap: str, topic: str, ids: list[str], timeout: float) -> list[Record]:
+    wanted = set(ids)
+    seen: set[str] = set()
+    looked = 0
+
+    def complete(records: list[Record]) -> bool:
+        nonlocal looked
+        for record in records[looked:]:
+            if record.key is not None:
+                seen.add(record.key.decode())
+        looked = len(records)
+        return wanted <= seen
+
+    records = read_topic(bootstrap, topic, complete, timeout)
+    first: dict[str, Record] = {}
+    for record in records:
+        key = record.key.decode() if record.key else ""
+        if key in wanted and key not in first:
+            first[key] = record
+    return list(first.values())
+
+
+class Bench:
+    def __init__(self, bootstrap: str, tmp: Path, quick: bool) -> None:
+        self.bootstrap = bootstrap
+        self.tmp = tmp
+        self.quick = quick
+        self.mock = MockLLM(tmp, args=["--latency-ms", str(LATENCY_MS)]).start()
+        self.mock_failing = MockLLM(tmp, args=["--latency-ms", str(LATENCY_MS), "--fail", "503=0.1", "--seed", "5"]).start()
+
+    def close(self) -> None:
+        self.mock.stop()
+        self.mock_failing.stop()
+
+    # -- systems -------------------------------------------------------------------
+
+    def run_baseline(self, script: str, count: int, extra: list[str] | None = None) -> list[Record]:
+        prefix = unique("bench") + "."
+        settings = make_topics(self.bootstrap, prefix)
+        ids = [unique("b") for _ in range(count)]
+        produce(self.bootstrap, settings.input, requests_for(ids))
+        args = [PYTHON, str(ROOT / "bench" / script), "--bootstrap", self.bootstrap, "--input", settings.input, "--results", settings.results,
+                "--llm", self.mock.api_url + "/chat/completions", "--group", prefix + "group", "--count", str(count), *(extra or [])]
+        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            return wait_results(self.bootstrap, settings.results, ids, timeout=600)
+        finally:
+            process.kill()
+            process.wait()
+
+    def dlqapp_worker(self, mock: MockLLM, **env: str) -> Worker:
+        return Worker(
+            self.bootstrap,
+            self.tmp,
+            name=unique("bw"),
+            env_extra={
+                "DLQ_INFERENCE": "openai",
+                "DLQ_INFERENCE_URL": mock.api_url,
+                "DLQ_CONCURRENCY": str(CONCURRENCY),
+                "DLQ_RETRY_DELAYS": "1s,2s,3s",
+                "DLQ_LOG_LEVEL": "warning",
+                **env,
+            },
+        )
+
+    def run_dlqapp(self, count: int, mock: MockLLM) -> list[Record]:
+        worker = self.dlqapp_worker(mock)
+        worker.start()
+        try:
+            ids = [unique("d") for _ in range(count)]
+            produce(self.bootstrap, worker.topic("input"), requests_for(ids))
+            return wait_results(self.bootstrap, worker.topic("results"), ids, timeout=900)
+        finally:
+            worker.kill()
+
+    # -- 1. throughput and latency ------------------------------------------------------
+
+    def throughput(self) -> dict[str, Any]:
+        runs = 1 if self.quick else 3
+        n_sync = 6 if self.quick else 60
+        n_fast = 200 if self.quick else 6000
+        systems: dict[str, Callable[[], list[Record]]] = {
+            "baseline_a_sync": lambda: self.run_baseline("baseline_sync.py", n_sync),
+            "baseline_b_aiokafka": lambda: self.run_baseline("baseline_async.py", n_fast, ["--concurrency", str(CONCURRENCY)]),
+            "dlqapp_0pct_failures": lambda: self.run_dlqapp(n_fast, self.mock),
+            "dlqapp_10pct_failures": lambda: self.run_dlqapp(n_fast, self.mock_failing),
+        }
+        out: dict[str, Any] = {}
+        for name, run in systems.items():
+            rates = []
+            for _ in range(runs):
+                rates.append(throughput_of(run()))
+                print(f"  {name}: {rates[-1]:.1f} req/s", flush=True)
+            out[name] = {"requests_per_s": statistics.median(rates), "runs": rates}
+        dlqapp = out["dlqapp_0pct_failures"]["requests_per_s"]
+        out["ratio_dlqapp_to_a"] = dlqapp / out["baseline_a_sync"]["requests_per_s"]
+        out["ratio_dlqapp_to_b"] = dlqapp / out["baseline_b_aiokafka"]["requests_per_s"]
+        out["ratio_dlqapp_10pct_to_b"] = out["dlqapp_10pct_failures"]["requests_per_s"] / out["baseline_b_aiokafka"]["requests_per_s"]
+        return out
+
+    def paced_latency(self) -> dict[str, Any]:
+        """End-to-end p50/p99 at a steady rate well below capacity (produce → result)."""
+        rate, seconds = (50, 2) if self.quick else (200, 15)
+        out = {}
+        for name in ("baseline_b_aiokafka", "dlqapp_0pct_failures"):
+            prefix = unique("lat") + "."
+            if name == "dlqapp_0pct_failures":
+                worker = self.dlqapp_worker(self.mock)
+                worker.start()
+                input_topic, results_topic, stop = worker.topic("input"), worker.topic("results"), worker.kill
+            else:
+                settings = make_topics(self.bootstrap, prefix)
+                input_topic, results_topic = settings.input, settings.results
+                args = [PYTHON, str(ROOT / "bench" / "baseline_async.py"), "--bootstrap", self.bootstrap, "--input", input_topic, "--results", results_topic,
+                        "--llm", self.mock.api_url + "/chat/completions", "--group", prefix + "g", "--count", str(rate * seconds), "--concurrency", str(CONCURRENCY)]
+                process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                stop = process.kill
+            try:
+                ids = [unique("p") for _ in range(rate * seconds)]
+                started = time.monotonic()
+                for i in range(0, len(ids), rate // 10):
+                    produce(self.bootstrap, input_topic, requests_for(ids[i : i + rate // 10]))
+                    time.sleep(max(0.0, started + (i + rate // 10) / rate - time.monotonic()))  # pacing, not waiting
+                results = wait_results(self.bootstrap, results_topic, ids, timeout=300)
+                inputs = {r.key.decode(): r.timestamp for r in read_topic(self.bootstrap, input_topic, lambda rs: len(rs) >= len(ids), 60)}
+                e2e = [r.timestamp - inputs[r.key.decode()] for r in results]
+                out[name] = {"rate_per_s": rate, "e2e_p50_ms": percentile(e2e, 0.5), "e2e_p99_ms": percentile(e2e, 0.99)}
+                print(f"  {name} at {rate}/s: p50 {out[name]['e2e_p50_ms']} ms, p99 {out[name]['e2e_p99_ms']} ms", flush=True)
+            finally:
+                stop()
+        return out
+
+    # -- 2. retry lateness ---------------------------------------------------------------
+
+    def lateness(self) -> dict[str, Any]:
+        probes = 10 if self.quick else 300
+        flood = 300 if self.quick else 20_000
+        out: dict[str, Any] = {}
+        for label, flood_size in (("idle", 0), ("under_flood", flood)):
+            worker = Worker(self.bootstrap, self.tmp, name=unique("lw"), env_extra={
+                "DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_SIMULATED_LATENCY": f"{LATENCY_MS}ms", "DLQ_SIMULATED_JITTER": "0ms",
+                "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning"})
+            worker.start()
+            try:
+                ids = [unique("probe") for _ in range(probes)]
+                plan = {"metadata": {"simulate": {"fail_times": 3, "error": "server_error"}}}
+                produce(self.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, **plan)) for rid in ids])
+                if flood_size:
+                    wait_until(lambda: worker.get("/retries/")[1]["parked"] >= probes * 0.9, 120, "probes parked")
+                    flood_ids = [unique("flood") for _ in range(flood_size)]
+                    for i in range(0, flood_size, 5000):
+                        produce(self.bootstrap, worker.topic("input"), requests_for(flood_ids[i : i + 5000]))
+                results = wait_results(self.bootstrap, worker.topic("results"), ids, timeout=600)
+                per_tier: dict[str, list[float]] = {}
+                for record in results:
+                    for attempt in record.json["history"][1:]:
+                        per_tier.setdefault(attempt["topic"].split(".")[-1], []).append(attempt["at"] - attempt["scheduled"])
+                out[label] = {
+                    tier: {"n": len(v), "p50_ms": percentile(v, 0.5), "p99_ms": percentile(v, 0.99), "max_ms": max(v), "min_ms": min(v)}
+                    for tier, v in sorted(per_tier.items())
+                }
+                out[label + "_samples"] = sorted(x for v in per_tier.values() for x in v)
+                print(f"  lateness {label}: {json.dumps(out[label])}", flush=True)
+            finally:
+                worker.kill()
+        return out
+
+    # -- 3. timer scale ------------------------------------------------------------------
+
+    def timer_scale(self) -> dict[str, Any]:
+        """The timer's real scan (RetryScheduler._due_keys) over a RocksDB with N parked entries."""
+        from rocksdict import Options, Rdict
+
+        from dlqapp.models import Envelope, now_ms
+        from dlqapp.retry import RetryScheduler
+        from dlqapp.scheduling import parked_key
+
+        sizes = (1_000, 10_000) if self.quick else (1_000, 100_000, 1_000_000)
+        due_now = 100
+        out: dict[str, Any] = {}
+        scanner = type("Scanner", (), {"fired": {}, "batch": 500})()
+        blob = Envelope("r" * 24, request_bytes("r" * 24), 0, {"topic": "input", "partition": 0, "offset": 0}).to_bytes()
+        for size in sizes:
+            path = self.tmp / f"timer-{size}"
+            rss_before = _rss_kb()
+            db = Rdict(str(path), Options(raw_mode=True))
+            now = now_ms()
+            for i in range(size):
+                due = now - 1000 + i if i < due_now else now + 600_000 + i  # `due_now` are due, the rest wait
+                db.put(parked_key(due, f"req-{i:08d}"), blob)
+            db.flush()
+            ticks = []
+            for _ in range(50):
+                started = time.perf_counter()
+                keys = list(RetryScheduler._due_keys(scanner, db, now))
+                ticks.append((time.perf_counter() - started) * 1000)
+            assert len(keys) == due_now
+            rss_after = _rss_kb()
+            disk = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            db.close()
+            shutil.rmtree(path, ignore_errors=True)
+            out[str(size)] = {
+                "tick_ms_median": statistics.median(ticks),
+                "tick_ms_p99": percentile(ticks, 0.99),
+                "rss_bytes_per_entry": max(0, rss_after - rss_before) * 1024 / size,
+                "disk_bytes_per_entry": disk / size,
+            }
+            print(f"  timer with {size} parked: {out[str(size)]}", flush=True)
+        base = out[str(sizes[0])]["tick_ms_median"]
+        for size in sizes:
+            out[str(size)]["tick_ratio_to_1k"] = out[str(size)]["tick_ms_median"] / base
+        return out
+
+    # -- 4. recovery ---------------------------------------------------------------------
+
+    def recovery(self) -> dict[str, Any]:
+        parked = 200 if self.quick else 100_000
+        worker = Worker(self.bootstrap, self.tmp, name=unique("rw"), env_extra={
+            "DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_SIMULATED_LATENCY": "1ms", "DLQ_RETRY_DELAYS": "30m,31m,32m",
+            "DLQ_LOG_LEVEL": "warning", "DLQ_SESSION_TIMEOUT": "6s"})
+        worker.start()
+        try:
+            plan = {"metadata": {"simulate": {"fail_times": 1, "error": "server_error"}}}
+            ids = [unique("park") for _ in range(parked)]
+            loading = time.monotonic()
+            for i in range(0, parked, 10_000):
+                produce(self.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, **plan)) for rid in ids[i : i + 10_000]])
+            wait_until(lambda: worker.get("/retries/")[1]["parked"] >= parked, 1800, f"{parked} parked retries", interval=1.0)
+            load_s = time.monotonic() - loading
+            worker.kill()
+            killed = time.monotonic()
+            worker.start(wait=False)
+            worker.wait_ready(timeout=900)
+            ready_s = time.monotonic() - killed
+            probe = unique("after-recovery")
+            produce(self.bootstrap, worker.topic("input"), [(probe.encode(), request_bytes(probe))])
+            wait_results(self.bootstrap, worker.topic("results"), [probe], timeout=300)
+            processing_s = time.monotonic() - killed
+            survived = worker.get("/retries/")[1]["parked"]
+            out = {"parked": parked, "load_s": round(load_s, 1), "kill_to_ready_s": round(ready_s, 1), "kill_to_processing_s": round(processing_s, 1), "parked_after_restart": survived}
+            print(f"  recovery: {out}", flush=True)
+            return out
+        finally:
+            worker.kill()
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def write_report(results: dict[str, Any], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    samples = {k: results["lateness"].pop(k) for k in list(results["lateness"]) if k.endswith("_samples")}
+    (out / "latest.json").write_text(json.dumps(results, indent=2))
+    (out / "latest.md").write_text(markdown(results))
+    plots(results, samples, out)
+
+
+def markdown(r: dict[str, Any]) -> str:
+    t = r["throughput"]
+    lines = ["# dlqapp benchmark", "", f"{r['when']} on {r['machine']}; backend latency {LATENCY_MS} ms, concurrency {CONCURRENCY}" + (" (quick)" if r["quick"] else ""), "",
+             "| System | Requests/s (median) | Runs |", "|---|---|---|"]
+    for name in ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures"):
+        lines.append(f"| {name} | {t[name]['requests_per_s']:.1f} | {', '.join(f'{x:.1f}' for x in t[name]['runs'])} |")
+    lines += ["", f"dlqapp / A = **{t['ratio_dlqapp_to_a']:.1f}×**, dlqapp / B = **{t['ratio_dlqapp_to_b']:.2f}×** (10% failures: {t['ratio_dlqapp_10pct_to_b']:.2f}× of B)", "",
+              "| Paced end-to-end | Rate | p50 ms | p99 ms |", "|---|---|---|---|"]
+    for name, v in r["latency"].items():
+        lines.append(f"| {name} | {v['rate_per_s']}/s | {v['e2e_p50_ms']} | {v['e2e_p99_ms']} |")
+    lines += ["", "| Retry lateness | Tier | n | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
+    for label in ("idle", "under_flood"):
+        for tier, v in r["lateness"][label].items():
+            lines.append(f"| {label} | {tier} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['max_ms']} |")
+    lines += ["", "| Parked retries | Tick ms (median) | Ratio to 1k | RSS bytes/entry | Disk bytes/entry |", "|---|---|---|---|---|"]
+    for size, v in r["timer"].items():
+        lines.append(f"| {int(size):,} | {v['tick_ms_median']:.3f} | {v['tick_ratio_to_1k']:.2f} | {v['rss_bytes_per_entry']:.0f} | {v['disk_bytes_per_entry']:.0f} |")
+    rec = r["recovery"]
+    lines += ["", f"Recovery with {rec['parked']:,} parked retries: kill -9 → ready {rec['kill_to_ready_s']} s, → processing {rec['kill_to_processing_s']} s; {rec['parked_after_restart']:,} parked after restart.", ""]
+    return "\n".join(lines)
+
+
+def plots(r: dict[str, Any], samples: dict[str, list[float]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = r["throughput"]
+    names = ["baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(["A: sync", "B: aiokafka", "dlqapp 0%", "dlqapp 10%"], [t[n]["requests_per_s"] for n in names], color=["#999", "#555", "#2f5bea", "#7f9cf5"])
+    ax.set_ylabel("requests/s (median)")
+    ax.set_title(f"Throughput at {LATENCY_MS} ms backend latency")
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for label, values in samples.items():
+        if values:
+            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=label.replace("_samples", ""))
+    ax.set_xlabel("lateness (ms): attempt time − scheduled_time")
+    ax.set_ylabel("share of retries")
+    ax.set_title("Retry lateness CDF")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "lateness_cdf.png", dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one run each (keeps the harness from rotting)")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="dlqapp-bench-"))
+    broker = None
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        broker = LocalKafka(port=free_port(), data_dir=tmp / "kafka")
+        env = broker.env()
+        broker.run("start", env)
+        bootstrap = broker.bootstrap
+    bench = Bench(bootstrap, tmp, args.quick)
+    try:
+        results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "quick": args.quick}
+        print("throughput", flush=True)
+        results["throughput"] = bench.throughput()
+        print("paced latency", flush=True)
+        results["latency"] = bench.paced_latency()
+        print("retry lateness", flush=True)
+        results["lateness"] = bench.lateness()
+        print("timer scale", flush=True)
+        results["timer"] = bench.timer_scale()
+        print("recovery", flush=True)
+        results["recovery"] = bench.recovery()
+        write_report(results, Path(args.out))
+        print((Path(args.out) / "latest.md").read_text())
+    finally:
+        bench.close()
+        if broker is not None:
+            broker.run("stop", env, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    random.seed(1)
+    main()

@@ -1,0 +1,38 @@
+"""`bench/run.py --quick`: the benchmark harness runs end to end and writes its reports.
+
+Only the shape of the output is checked; the figures themselves belong to `make bench`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_path):
+    out = tmp_path / "results"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--out", str(out)],
+        env={**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((out / "latest.json").read_text())
+    throughput = results["throughput"]
+    for system in ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures"):
+        assert throughput[system]["requests_per_s"] > 0
+    assert throughput["ratio_dlqapp_to_a"] > 0 and throughput["ratio_dlqapp_to_b"] > 0
+    assert set(results["lateness"]) == {"idle", "under_flood"}
+    assert all(tier["n"] > 0 for tier in results["lateness"]["idle"].values())
+    assert results["timer"]["1000"]["tick_ratio_to_1k"] == 1.0
+    assert results["recovery"]["parked_after_restart"] == results["recovery"]["parked"]
+    assert "dlqapp / A" in (out / "latest.md").read_text()
+    for plot in ("throughput.png", "lateness_cdf.png"):
+        assert (out / plot).read_bytes()[:4] == b"\x89PNG"
