@@ -43,6 +43,7 @@ pipeline = Pipeline(
     requests_table=requests_table,
 )
 scheduler = RetryScheduler(pipeline, parked_retries, due_topic)
+pipeline.park = scheduler.store
 alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None
 recorder = DeadLetterRecorder(dead_letters, settings.dead_letter_log, alerts, settings.max_payload_bytes)
 operator = Operator(pipeline, dead_letters, replay_ledger, input_topic, dlq_topic)

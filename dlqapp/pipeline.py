@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from faust import EventT, TopicT
 from faust.tables import Table
@@ -83,6 +83,8 @@ class Pipeline:
         self.results_topic = results_topic
         self.requests = requests_table
         self.in_flight: set[str] = set()
+        self.park: Callable[[Envelope, int], None] | None = None
+        """Parks a decided retry in the due-time table (set by the wiring: RetryScheduler.store)."""
         self._rng = random.Random()
         self._timeout_s = settings.inference_timeout_ms / 1000
 
@@ -254,6 +256,8 @@ class Pipeline:
         envelope.scheduled_time = outcome.due_ms
         topic = self.tier_topics[outcome.tier]
         await self.send(topic, envelope.request_id, envelope.payload, envelope.headers())
+        if self.park is not None:
+            self.park(envelope, outcome.tier)
         self.set_state(
             envelope.request_id,
             states.RETRY_SCHEDULED,

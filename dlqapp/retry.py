@@ -1,8 +1,9 @@
 """Retry scheduling: park each retry in a due-time table, fire it when due.
 
-1. A tier agent parks each message of its tier topic in `parked_retries` under
-   `parked_key(due, request_id)` (a write inside stream iteration, on the partition
-   that owns the request).
+1. When the pipeline decides a retry, it parks the envelope in `parked_retries` under
+   `parked_key(due, request_id)` in the same stream step (on the partition that owns
+   the request), and publishes it on the tier topic. Each tier agent parks what others
+   put on its topic; its own retries are already there.
 2. The retry timer scans, for each partition this worker actively owns, the keys up to
    "now" (byte order is time order) and hands each due key to the due agent through the
    internal `due` topic, on the same partition.
@@ -62,9 +63,21 @@ class RetryScheduler:
         envelope = Envelope.from_headers(request_id, event.value or b"", event.headers or {})
         if envelope.scheduled_time is None:
             envelope.scheduled_time = int(event.message.timestamp * 1000) + self.delays_ms[tier]
-        key = parked_key(envelope.scheduled_time, request_id)
-        if self.parked.get(key) is None:
-            self.parked_by_tier[tier] += 1
+        self.store(envelope, tier)
+
+    def store(self, envelope: Envelope, tier: int) -> None:
+        """Park an envelope under its due time (idempotent; inside the owning partition's stream).
+
+        dlqapp parks its own retries when it decides them (dlqapp.pipeline), in the same
+        stream step that records the state, so a retry never depends on the tier topic
+        being consumed; the tier agent then finds the entry already there. Retries that
+        others put on a tier topic are parked by the tier agent.
+        """
+        assert envelope.scheduled_time is not None
+        key = parked_key(envelope.scheduled_time, envelope.request_id)
+        if self.parked.get(key) is not None:
+            return
+        self.parked_by_tier[tier] += 1
         self.parked[key] = envelope.to_bytes()
 
     # -- 2. fire ----------------------------------------------------------------------
@@ -162,10 +175,11 @@ class RetryScheduler:
         if request_id in self.pipeline.in_flight:
             return  # a re-fire while the first attempt is still running
         previous = self.pipeline.load_state(request_id)
-        if previous is None or previous.get("state") != states.SUCCEEDED:
+        superseded = superseded_by(previous, envelope)
+        if superseded is None:
             await self._attempt(envelope, tier)
         else:
-            log_event(log, logging.INFO, "retry_skipped_already_succeeded", request_id=request_id)
+            log_event(log, logging.INFO, "retry_skipped", request_id=request_id, attempt=envelope.attempts + 1, reason=superseded)
         del self.parked[key]
         self.parked_by_tier[tier] -= 1
         self.fired.pop(key, None)
@@ -188,6 +202,23 @@ class RetryScheduler:
 
 
 RECOUNT_CHUNK = 5000
+
+
+def superseded_by(state: dict | None, envelope: Envelope) -> str | None:
+    """Why a parked retry should not run, or None when it should.
+
+    After a crash, at-least-once delivery can leave two copies of a request's retry
+    chain. The request's state (written in the same partition as every attempt) tells
+    which copy is current: a retry is stale once the request succeeded or once the
+    state has recorded more attempts than the retry carries.
+    """
+    if state is None:
+        return None
+    if state.get("state") == states.SUCCEEDED:
+        return "already succeeded"
+    if state.get("state") != states.REPROCESSED and state.get("attempts", 0) > envelope.attempts:
+        return f"a newer attempt ({state['attempts']}) was already made"
+    return None
 
 
 def _scan_chunk(db: object, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:

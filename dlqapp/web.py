@@ -162,6 +162,14 @@ def _ready() -> bool:
     return bool(app.assignor.assigned_actives()) and not app.rebalancing and not getattr(app, "in_recovery", False)
 
 
+def _assignment() -> dict[str, list[int]]:
+    """Active partitions per topic on this worker (tables show as their changelog topics)."""
+    by_topic: dict[str, list[int]] = {}
+    for tp in app.assignor.assigned_actives():
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    return {topic: sorted(parts) for topic, parts in sorted(by_topic.items())}
+
+
 @app.page("/")
 async def index(self: web.View, request: web.Request) -> web.Response:
     """What this worker is and where to go next."""
@@ -173,6 +181,7 @@ async def index(self: web.View, request: web.Request) -> web.Response:
             "ready": _ready(),
             "url": str(app.conf.canonical_url),
             "assigned_partitions": len(app.assignor.assigned_actives()),
+            "assignment": _assignment(),
             "topics": settings.all_topics(),
             "inference": backend.name,
             "in_flight": len(pipeline.in_flight),

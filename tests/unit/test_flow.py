@@ -122,3 +122,4 @@ def test_limiter_never_exceeds_its_limit_and_survives_cancellation():
         assert limiter._free == 3
 
     asyncio.run(run())
+
