@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from dlqapp.settings import Settings  # noqa: E402
 from dlqapp.topics import ensure_topics  # noqa: E402
-from tests.support import LocalKafka, MockLLM, Record, Worker, free_port, produce, read_topic, request_bytes, unique, wait_until  # noqa: E402
+from tests.support import LocalKafka, MockLLM, Record, Worker, all_keys_seen, free_port, produce, read_topic, request_bytes, unique, wait_until  # noqa: E402
 
 PYTHON = sys.executable
 LATENCY_MS = 100
@@ -84,18 +84,7 @@ def throughput_of(records: list[Record]) -> float:
 
 def wait_results(bootstrap: str, topic: str, ids: list[str], timeout: float) -> list[Record]:
     wanted = set(ids)
-    seen: set[str] = set()
-    looked = 0
-
-    def complete(records: list[Record]) -> bool:
-        nonlocal looked
-        for record in records[looked:]:
-            if record.key is not None:
-                seen.add(record.key.decode())
-        looked = len(records)
-        return wanted <= seen
-
-    records = read_topic(bootstrap, topic, complete, timeout)
+    records = read_topic(bootstrap, topic, all_keys_seen(wanted), timeout)
     first: dict[str, Record] = {}
     for record in records:
         key = record.key.decode() if record.key else ""

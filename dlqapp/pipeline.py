@@ -9,6 +9,7 @@ broker before the handler returns, so the event is acked only after its outcome 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from typing import Any, Callable, Mapping
@@ -119,7 +120,7 @@ class Pipeline:
         headers = dict(header_dict(event.headers))
         headers.setdefault(H_ORIGINAL_TIMESTAMP, str(self._event_time_ms(event)))
         headers.setdefault(H_SOURCE, _source_json(event))
-        await self.send(topic, request_id, event.value or b"", [(k, v.encode()) for k, v in headers.items()])
+        await self.send(topic, request_id, event.value or b"", as_header_pairs(headers))
         log_event(log, logging.DEBUG, "rerouted", request_id=request_id, topic=event.message.topic)
 
     def is_duplicate(self, request_id: str, source: str) -> bool:
@@ -246,7 +247,7 @@ class Pipeline:
             usage=output.usage or None,
             history=envelope.history,
         )
-        await self.send(self.results_topic, envelope.request_id, result.to_bytes(), [(k, v.encode()) for k, v in envelope.lineage.items()])
+        await self.send(self.results_topic, envelope.request_id, result.to_bytes(), as_header_pairs(envelope.lineage))
         self.set_state(envelope.request_id, states.SUCCEEDED, at, attempts=envelope.attempts, model=output.model)
         metrics.requests.labels("succeeded").inc()
         metrics.end_to_end.observe(max(0, at - envelope.original_timestamp) / 1000)
@@ -348,10 +349,9 @@ def _source(event: EventT) -> dict[str, Any]:
 
 
 def _source_json(event: EventT) -> str:
-    import json
-
     return json.dumps(_source(event), separators=(",", ":"))
 
 
 def as_header_pairs(headers: Mapping[str, str]) -> list[tuple[str, bytes]]:
+    """str → str headers as Kafka header pairs."""
     return [(k, v.encode()) for k, v in headers.items()]

@@ -138,6 +138,25 @@ def keys_seen(records: list[Record]) -> set[str]:
     return {r.key.decode() for r in records if r.key is not None}
 
 
+def all_keys_seen(wanted: set[str]) -> Callable[[list[Record]], bool]:
+    """A `read_topic` condition: every key in `wanted` has a non-null record.
+
+    Looks only at records it has not seen before, so long reads stay linear.
+    """
+    seen: set[str] = set()
+    looked = 0
+
+    def complete(records: list[Record]) -> bool:
+        nonlocal looked
+        for record in records[looked:]:
+            if record.key is not None and record.value is not None:
+                seen.add(record.key.decode())
+        looked = len(records)
+        return wanted <= seen
+
+    return complete
+
+
 # -- broker ----------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from tests.support import Record, http_json, read_topic
+from tests.support import all_keys_seen, http_json, read_topic
 
 FULL = os.environ.get("CHAOS_FULL") == "1"
 """`make chaos` sets CHAOS_FULL=1 for the full-size runs; `make test` runs the reduced ones."""
@@ -25,18 +25,7 @@ class Ledger:
     def read(cls, bootstrap: str, results_topic: str, dlq_topic: str, ids: list[str], timeout: float, partitions: int = 3) -> "Ledger":
         """Read both topics until every id has an outcome (or fail after `timeout`)."""
         wanted = set(ids)
-        seen: set[str] = set()
-        looked_at = 0
-
-        def complete(records: list[Record]) -> bool:
-            nonlocal looked_at
-            for record in records[looked_at:]:
-                if record.key is not None and record.value:
-                    seen.add(record.key.decode())
-            looked_at = len(records)
-            return wanted <= seen
-
-        records = read_topic(bootstrap, [results_topic, dlq_topic], complete, timeout, partitions)
+        records = read_topic(bootstrap, [results_topic, dlq_topic], all_keys_seen(wanted), timeout, partitions)
         ledger = cls(ids)
         for record in records:
             if record.key is None or not record.value:
