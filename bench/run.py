@@ -82,7 +82,7 @@ def throughput_of(records: list[Record]) -> float:
     return last / span if span > 0 else float("nan")
 
 
-def wait_results(bootstrap: str, topic: str, ids: list[str], timeout: float) -> list[Record]:
+def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout: float) -> list[Record]:
     wanted = set(ids)
     records = read_topic(bootstrap, topic, all_keys_seen(wanted), timeout)
     first: dict[str, Record] = {}
@@ -137,12 +137,14 @@ class Bench:
         )
 
     def run_dlqapp(self, count: int, mock: MockLLM) -> list[Record]:
+        """Results of `count` requests (a request that fails all attempts ends in the DLQ instead)."""
         worker = self.dlqapp_worker(mock)
         worker.start()
         try:
             ids = [unique("d") for _ in range(count)]
             produce(self.bootstrap, worker.topic("input"), requests_for(ids))
-            return wait_results(self.bootstrap, worker.topic("results"), ids, timeout=900)
+            outcomes = wait_results(self.bootstrap, [worker.topic("results"), worker.topic("dlq")], ids, timeout=900)
+            return [r for r in outcomes if r.topic == worker.topic("results")]
         finally:
             worker.kill()
 

@@ -70,6 +70,7 @@ def create_app(settings: Settings) -> DlqApp:
         topic_replication_factor=settings.replication_factor,
         broker_session_timeout=settings.session_timeout_ms / 1000,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_ms / 3000),
+        broker_max_poll_records=settings.max_poll_records,
         producer_acks=-1,
         producer_max_request_size=settings.max_message_bytes,
         web_bind=settings.web_host,
