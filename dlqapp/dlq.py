@@ -11,8 +11,7 @@ import base64
 import json
 import logging
 import os
-from collections import Counter
-from typing import Any, Iterable
+from typing import Any
 
 from faust import EventT
 from faust.tables import Table
@@ -107,11 +106,6 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
     preview = text[:160] if text is not None else f"<{entry.get('payload_bytes', 0)} bytes, not UTF-8>"
     keys = ("request_id", "error_class", "final_error", "model", "attempts", "retry_count", "replay_count", "first_seen", "dead_at")
     return {**{k: entry.get(k) for k in keys}, "payload_preview": preview}
-
-
-def counts_by_error_class(entries: Iterable[dict[str, Any]]) -> dict[str, int]:
-    """DLQ size per error class, derived from the entries (so a replay cannot double-count)."""
-    return dict(Counter(entry["error_class"] for entry in entries))
 
 
 class DeadLetterRecorder:

@@ -33,10 +33,6 @@ class InFlightWindow:
         self._tasks: set[asyncio.Task[None]] = set()
         self._on_fatal = on_fatal
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._tasks)
-
     async def submit(self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]]) -> None:
         """Start `handler()` for `event`; waits while the window is full.
 

@@ -216,7 +216,7 @@ class Envelope:
         cls, request_id: str, payload: bytes, headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]]
     ) -> "Envelope":
         """Rebuild an envelope from Kafka headers written by `headers()`."""
-        h = _header_dict(headers)
+        h = header_dict(headers)
         lineage = {k: h[k] for k in (H_REPLAY_OF, H_REPLAY_COUNT) if k in h}
         return cls(
             request_id=request_id,
@@ -243,7 +243,8 @@ class Envelope:
         return cls.from_headers(meta[H_REQUEST_ID], payload, meta)
 
 
-def _header_dict(headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> dict[str, str]:
+def header_dict(headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> dict[str, str]:
+    """Kafka headers (mapping or pairs, bytes or str values) as a str → str dict."""
     if headers is None:
         return {}
     items = headers.items() if isinstance(headers, Mapping) else headers
@@ -253,11 +254,6 @@ def _header_dict(headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) 
             value = bytes(value).decode("utf-8", "replace")
         out[str(key)] = str(value)
     return out
-
-
-def header_dict(headers: Any) -> dict[str, str]:
-    """Kafka headers (mapping or pairs, bytes or str values) as a str → str dict."""
-    return _header_dict(headers)
 
 
 def _int(value: str | None) -> int | None:

@@ -280,13 +280,15 @@ class Pipeline:
             error_class=outcome.failure.error_class.value,
         )
 
-    async def _dead_letter(self, outcome: DeadLetter, envelope: Envelope) -> None:
+    async def _dead_letter(self, outcome: DeadLetter, envelope: Envelope, record_state: bool = True, **extra: str) -> None:
         at = now_ms()
         envelope.error_class = outcome.error_class.value
         envelope.last_error = envelope.last_error or outcome.reason
         # In the DLQ, retry_count is the number of retries made: attempts - 1.
-        headers = envelope.headers(final_error=outcome.reason, dead_at=at, retry_count=max(envelope.attempts - 1, 0))
+        headers = envelope.headers(final_error=outcome.reason, dead_at=at, retry_count=max(envelope.attempts - 1, 0), **extra)
         await self.send(self.dlq_topic, envelope.request_id, envelope.payload, headers)
+        if not record_state:
+            return
         self.set_state(
             envelope.request_id,
             states.DEAD_LETTERED,
@@ -308,14 +310,9 @@ class Pipeline:
         )
         envelope.last_error = str(exc)
         outcome = DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}")
-        at = now_ms()
-        envelope.error_class = outcome.error_class.value
-        extra: dict[str, Any] = {"final_error": outcome.reason, "dead_at": at}
-        if payload is None:
-            extra["payload_null"] = "true"
-        await self.send(self.dlq_topic, request_id, envelope.payload, envelope.headers(**extra))
-        if self.owns(event, request_id):
-            self.set_state(request_id, states.DEAD_LETTERED, at, error_class=outcome.error_class.value, final_error=outcome.reason)
+        extra = {"payload_null": "true"} if payload is None else {}
+        # State lives on the owning partition: record it only when this event sits there.
+        await self._dead_letter(outcome, envelope, record_state=self.owns(event, request_id), **extra)
         log_event(log, logging.DEBUG, "invalid_request", request_id=request_id, reason=str(exc)[:200])
 
     # -- Kafka and table helpers ------------------------------------------------------

@@ -22,9 +22,11 @@ from faust import EventT, TopicT
 from faust.tables import Table
 from rocksdict import ReadOptions
 
+from dlqapp.classification import ErrorClass
 from dlqapp.flow import HIGH
 from dlqapp.logs import log_event
 from dlqapp.models import Envelope, InvalidRequest, now_ms, parse_request
+from dlqapp.outcomes import DeadLetter
 from dlqapp.pipeline import Pipeline
 from dlqapp import state as states
 from dlqapp.scheduling import decode_parked_key, due_upper_bound, parked_key
@@ -193,9 +195,6 @@ class RetryScheduler:
         try:
             request = parse_request(envelope.payload, self.pipeline.settings.max_payload_bytes)
         except InvalidRequest as exc:
-            from dlqapp.classification import ErrorClass
-            from dlqapp.outcomes import DeadLetter
-
             await self.pipeline.carry_out(DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}"), envelope, None, None)
             return
         await self.pipeline.attempt(envelope, request, topic, priority=HIGH)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.support import MockLLM, Worker, keys_seen, produce, read_topic, request_bytes, unique, wait_until
+from tests.support import MockLLM, Worker, keys_seen, produce, read_topic, request_bytes, unique
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import subprocess
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from tests.support import FAUST, unique
+from tests.support import FAUST
 
 
 async def describe(bootstrap, topics):
