@@ -89,7 +89,7 @@ def test_reprocess_all_matching_asks_with_the_exact_count(worker, dead, page):
     page.click("#filters button[type=submit]")
     page.wait_for_function("document.querySelectorAll('#rows tr.row').length === 2")
     with page.expect_event("dialog") as dialog_info:
-        page.click("#replay-all")
+        page.click("#replay-all", no_wait_after=True)  # the confirm dialog blocks the page until handled
     dialog = dialog_info.value
     assert dialog.message == "Reprocess all 2 dead letters with error class content_filter?"
     dialog.dismiss()
