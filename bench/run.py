@@ -10,8 +10,12 @@ fixed 100 ms latency) and measures:
    concurrency) and dlqapp (openai backend against the mock, 0% and 10% failures);
    end-to-end p50/p99 under a paced load; the ratios dlqapp/A and dlqapp/B;
 2. retry lateness per tier, idle and under an input flood;
-3. the retry timer's tick cost with 1k, 100k and 1M parked retries, and memory per entry;
+3. timer scale: the timer's tick cost on a store of 1k, 100k and 1M parked retries, and a
+   real worker grown to 1k, 100k and 1M parked retries: resident memory per parked retry
+   and the lateness of fresh retries at each level;
 4. recovery: kill -9 with many parked retries, time until processing again.
+
+`--only parked_scale,recovery` runs some sections (the report then holds only those).
 
 Writes latest.json, latest.md, throughput.png and lateness_cdf.png into --out.
 Timing lives here, never in pass/fail tests: `make test` runs only `--quick`.
@@ -25,13 +29,13 @@ import json
 import os
 import platform
 import random
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from dlqapp.settings import Settings  # noqa: E402
 from dlqapp.topics import ensure_topics  # noqa: E402
-from tests.support import LocalKafka, MockLLM, Record, Worker, all_keys_seen, free_port, produce, read_topic, request_bytes, unique, wait_until  # noqa: E402
+from tests.support import LocalKafka, MockLLM, Record, Worker, all_keys_seen, free_port, produce, read_topic, request_bytes, unique, unique_ids, wait_until  # noqa: E402
 
 PYTHON = sys.executable
 LATENCY_MS = 100
@@ -93,6 +97,72 @@ def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout
     return list(first.values())
 
 
+def requests_with_plan(ids: list[str], **simulate: Any) -> list[tuple[bytes, bytes]]:
+    """Requests the simulated backend treats as scripted (`fail_times`, `error`, `retry_after`)."""
+    plan = {"metadata": {"simulate": simulate}}
+    return [(rid.encode(), request_bytes(rid, **plan)) for rid in ids]
+
+
+def produce_in_batches(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], batch: int = 10_000) -> None:
+    for i in range(0, len(records), batch):
+        produce(bootstrap, topic, records[i : i + batch])
+
+
+def probe_lateness(bootstrap: str, worker: Worker, probes: int, flood_size: int = 0) -> dict[str, list[float]]:
+    """Lateness (attempt start − scheduled_time, ms) per tier of `probes` requests that fail
+    three times, optionally while `flood_size` fresh requests arrive."""
+    ids = unique_ids("probe", probes)
+    produce(bootstrap, worker.topic("input"), requests_with_plan(ids, fail_times=3, error="server_error"))
+    if flood_size:
+        wait_until(lambda: worker.get("/retries/")[1]["parked"] >= probes * 0.9, 120, "probes parked")
+        produce_in_batches(bootstrap, worker.topic("input"), requests_for(unique_ids("flood", flood_size)), 5000)
+    per_tier: dict[str, list[float]] = {}
+    for record in wait_results(bootstrap, worker.topic("results"), ids, timeout=600):
+        for attempt in record.json["history"][1:]:
+            per_tier.setdefault(attempt["topic"].split(".")[-1], []).append(attempt["at"] - attempt["scheduled"])
+    return per_tier
+
+
+def lateness_summary(per_tier: dict[str, list[float]]) -> dict[str, dict[str, float | None]]:
+    return {
+        tier: {"n": len(v), "p50_ms": percentile(v, 0.5), "p99_ms": percentile(v, 0.99), "max_ms": max(v), "min_ms": min(v)}
+        for tier, v in sorted(per_tier.items())
+    }
+
+
+def _time_scans(scan: Callable[[], list[bytes]], times: int = 50) -> tuple[list[float], list[bytes]]:
+    """Milliseconds of each of `times` scans, and what the last one returned."""
+    durations = []
+    for _ in range(times):
+        started = time.perf_counter()
+        keys = scan()
+        durations.append((time.perf_counter() - started) * 1000)
+    return durations, keys
+
+
+def metric_sum(worker: Worker, name: str) -> int:
+    """Sum of one of the worker's Prometheus gauges over all its labels."""
+    with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")))
+
+
+def parked_gauge(worker: Worker) -> int:
+    """Retries the worker has parked (its gauge: cheap to read, unlike the exact count)."""
+    return metric_sum(worker, "dlqapp_parked_retries")
+
+
+def process_memory(pid: int) -> dict[str, int]:
+    """Resident memory of a process in bytes: now (VmRSS) and peak (VmHWM)."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                fields[name] = int(rest.split()[0]) * 1024
+    return {"rss_bytes": fields["VmRSS"], "peak_rss_bytes": fields["VmHWM"]}
+
+
 class Bench:
     def __init__(self, bootstrap: str, tmp: Path, quick: bool) -> None:
         self.bootstrap = bootstrap
@@ -110,7 +180,7 @@ class Bench:
     def run_baseline(self, script: str, count: int, extra: list[str] | None = None) -> list[Record]:
         prefix = unique("bench") + "."
         settings = make_topics(self.bootstrap, prefix)
-        ids = [unique("b") for _ in range(count)]
+        ids = unique_ids("b", count)
         produce(self.bootstrap, settings.input, requests_for(ids))
         args = [PYTHON, str(ROOT / "bench" / script), "--bootstrap", self.bootstrap, "--input", settings.input, "--results", settings.results,
                 "--llm", self.mock.api_url + "/chat/completions", "--group", prefix + "group", "--count", str(count), *(extra or [])]
@@ -141,7 +211,7 @@ class Bench:
         worker = self.dlqapp_worker(mock)
         worker.start()
         try:
-            ids = [unique("d") for _ in range(count)]
+            ids = unique_ids("d", count)
             produce(self.bootstrap, worker.topic("input"), requests_for(ids))
             outcomes = wait_results(self.bootstrap, [worker.topic("results"), worker.topic("dlq")], ids, timeout=900)
             return [r for r in outcomes if r.topic == worker.topic("results")]
@@ -191,7 +261,7 @@ class Bench:
                 process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 stop = process.kill
             try:
-                ids = [unique("p") for _ in range(rate * seconds)]
+                ids = unique_ids("p", rate * seconds)
                 started = time.monotonic()
                 for i in range(0, len(ids), rate // 10):
                     produce(self.bootstrap, input_topic, requests_for(ids[i : i + rate // 10]))
@@ -212,95 +282,137 @@ class Bench:
         flood = 300 if self.quick else 20_000
         out: dict[str, Any] = {}
         for label, flood_size in (("idle", 0), ("under_flood", flood)):
-            worker = Worker(self.bootstrap, self.tmp, name=unique("lw"), env_extra={
-                "DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_SIMULATED_LATENCY": f"{LATENCY_MS}ms", "DLQ_SIMULATED_JITTER": "0ms",
-                "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning"})
+            worker = self.simulated_worker(latency_ms=LATENCY_MS)
             worker.start()
             try:
-                ids = [unique("probe") for _ in range(probes)]
-                plan = {"metadata": {"simulate": {"fail_times": 3, "error": "server_error"}}}
-                produce(self.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, **plan)) for rid in ids])
-                if flood_size:
-                    wait_until(lambda: worker.get("/retries/")[1]["parked"] >= probes * 0.9, 120, "probes parked")
-                    flood_ids = [unique("flood") for _ in range(flood_size)]
-                    for i in range(0, flood_size, 5000):
-                        produce(self.bootstrap, worker.topic("input"), requests_for(flood_ids[i : i + 5000]))
-                results = wait_results(self.bootstrap, worker.topic("results"), ids, timeout=600)
-                per_tier: dict[str, list[float]] = {}
-                for record in results:
-                    for attempt in record.json["history"][1:]:
-                        per_tier.setdefault(attempt["topic"].split(".")[-1], []).append(attempt["at"] - attempt["scheduled"])
-                out[label] = {
-                    tier: {"n": len(v), "p50_ms": percentile(v, 0.5), "p99_ms": percentile(v, 0.99), "max_ms": max(v), "min_ms": min(v)}
-                    for tier, v in sorted(per_tier.items())
-                }
+                per_tier = probe_lateness(self.bootstrap, worker, probes, flood_size)
+                out[label] = lateness_summary(per_tier)
                 out[label + "_samples"] = sorted(x for v in per_tier.values() for x in v)
                 print(f"  lateness {label}: {json.dumps(out[label])}", flush=True)
             finally:
                 worker.kill()
         return out
 
+    def simulated_worker(self, latency_ms: int, **env: str) -> Worker:
+        """A worker on the simulated backend (always succeeds unless a request's plan says otherwise)."""
+        return Worker(self.bootstrap, self.tmp, name=unique("sw"), env_extra={
+            "DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_SIMULATED_LATENCY": f"{latency_ms}ms", "DLQ_SIMULATED_JITTER": "0ms",
+            "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning", **env})
+
     # -- 3. timer scale ------------------------------------------------------------------
 
-    def timer_scale(self) -> dict[str, Any]:
-        """The timer's real scan (RetryScheduler._due_keys) over a RocksDB with N parked entries."""
+    def timer_tick(self) -> dict[str, Any]:
+        """The timer's own scan (dlqapp.retry.scan_due) over a RocksDB with N parked entries,
+        then after `churn` retries were fired and deleted (their tombstones sit at the head):
+        scanning from the first key, as a naive timer would, and from the start the worker keeps."""
         from rocksdict import Options, Rdict
 
         from dlqapp.models import Envelope, now_ms
-        from dlqapp.retry import RetryScheduler
+        from dlqapp.retry import scan_due
         from dlqapp.scheduling import parked_key
 
         sizes = (1_000, 10_000) if self.quick else (1_000, 100_000, 1_000_000)
-        due_now = 100
+        churn = 10_000 if self.quick else 100_000
+        due_now, batch = 100, 500
         out: dict[str, Any] = {}
-        scanner = type("Scanner", (), {"fired": {}, "batch": 500})()
         blob = Envelope("r" * 24, request_bytes("r" * 24), 0, {"topic": "input", "partition": 0, "offset": 0}).to_bytes()
         for size in sizes:
             path = self.tmp / f"timer-{size}"
-            rss_before = _rss_kb()
             db = Rdict(str(path), Options(raw_mode=True))
             now = now_ms()
             for i in range(size):
                 due = now - 1000 + i if i < due_now else now + 600_000 + i  # `due_now` are due, the rest wait
                 db.put(parked_key(due, f"req-{i:08d}"), blob)
             db.flush()
-            ticks = []
-            for _ in range(50):
-                started = time.perf_counter()
-                keys = list(RetryScheduler._due_keys(scanner, db, now))
-                ticks.append((time.perf_counter() - started) * 1000)
+            ticks, keys = _time_scans(lambda: scan_due(db, now, None, {}, batch)[0])
             assert len(keys) == due_now
-            rss_after = _rss_kb()
             disk = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            for i in range(churn):
+                key = parked_key(now - 100_000 + i, f"fired-{i:08d}")
+                db.put(key, blob)
+                db.delete(key)
+            naive, _ = _time_scans(lambda: scan_due(db, now, None, {}, batch)[0])
+            _, start = scan_due(db, now, None, {}, batch)
+            kept, keys = _time_scans(lambda: scan_due(db, now, start, {}, batch)[0])
+            assert len(keys) == due_now
             db.close()
             shutil.rmtree(path, ignore_errors=True)
             out[str(size)] = {
                 "tick_ms_median": statistics.median(ticks),
                 "tick_ms_p99": percentile(ticks, 0.99),
-                "rss_bytes_per_entry": max(0, rss_after - rss_before) * 1024 / size,
                 "disk_bytes_per_entry": disk / size,
+                "after_churn": churn,
+                "tick_after_churn_from_first_key_ms": statistics.median(naive),
+                "tick_after_churn_from_kept_start_ms": statistics.median(kept),
             }
-            print(f"  timer with {size} parked: {out[str(size)]}", flush=True)
+            print(f"  timer tick with {size} parked: {out[str(size)]}", flush=True)
         base = out[str(sizes[0])]["tick_ms_median"]
         for size in sizes:
             out[str(size)]["tick_ratio_to_1k"] = out[str(size)]["tick_ms_median"] / base
         return out
 
+    def parked_scale(self) -> dict[str, Any]:
+        """One real worker grown to 1k, 100k and 1M parked retries (due in a day): at each
+        level, resident memory per parked retry and the lateness of fresh retries."""
+        levels = (100, 1_000) if self.quick else (1_000, 100_000, 1_000_000)
+        probes = 10 if self.quick else 200
+        worker = self.simulated_worker(latency_ms=1, DLQ_CONCURRENCY="256")
+        worker.start()
+        assert worker.process is not None
+        try:
+            probe_lateness(self.bootstrap, worker, probes)  # warm every code path before the empty baseline
+            warm = unique_ids("warm", 1000)
+            produce(self.bootstrap, worker.topic("input"), requests_for(warm))
+            wait_results(self.bootstrap, worker.topic("results"), warm, timeout=300)
+            empty = process_memory(worker.process.pid)["rss_bytes"]
+            out: dict[str, Any] = {"empty_worker_rss_bytes": empty}
+            parked, previous_rss = 0, empty
+            for level in levels:
+                loading = time.monotonic()
+                ids = unique_ids(f"park{level}", level - parked)
+                produce_in_batches(self.bootstrap, worker.topic("input"), requests_with_plan(ids, fail_times=1, error="rate_limited", retry_after=86_400))
+                wait_until(lambda: parked_gauge(worker) >= level, 3600, f"{level} parked retries", interval=2.0)
+                load_s = time.monotonic() - loading
+                # The tier agents still read the retries' tier messages: measure a settled worker.
+                wait_until(lambda: metric_sum(worker, "dlqapp_consumer_lag") == 0, 600, "the worker to catch up", interval=1.0)
+                previous_level, parked = parked, level
+                exact = worker.get("/retries/")[1]["parked"]
+                memory = process_memory(worker.process.pid)
+                per_tier = probe_lateness(self.bootstrap, worker, probes)
+                all_tiers = [x for v in per_tier.values() for x in v]
+                out[str(level)] = {
+                    "parked": exact,
+                    "load_s": round(load_s, 1),
+                    **memory,
+                    "rss_bytes_per_parked": (memory["rss_bytes"] - empty) / level,
+                    "rss_bytes_per_added_parked": (memory["rss_bytes"] - previous_rss) / (level - previous_level),
+                    "lateness_p50_ms": percentile(all_tiers, 0.5),
+                    "lateness_p99_ms": percentile(all_tiers, 0.99),
+                    "lateness_max_ms": max(all_tiers),
+                    "lateness_min_ms": min(all_tiers),
+                    "per_tier": lateness_summary(per_tier),
+                }
+                out[f"{level:,} parked_samples"] = all_tiers
+                previous_rss = memory["rss_bytes"]
+                print(f"  worker with {level} parked: {json.dumps({k: v for k, v in out[str(level)].items() if k != 'per_tier'})}", flush=True)
+            base = out[str(levels[0])]["lateness_p99_ms"]
+            for level in levels:
+                out[str(level)]["lateness_p99_ratio_to_first"] = out[str(level)]["lateness_p99_ms"] / base if base else None
+            return out
+        finally:
+            worker.kill()
+
     # -- 4. recovery ---------------------------------------------------------------------
 
     def recovery(self) -> dict[str, Any]:
         parked = 200 if self.quick else 100_000
-        worker = Worker(self.bootstrap, self.tmp, name=unique("rw"), env_extra={
-            "DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_SIMULATED_LATENCY": "1ms", "DLQ_RETRY_DELAYS": "30m,31m,32m",
-            "DLQ_LOG_LEVEL": "warning", "DLQ_SESSION_TIMEOUT": "6s"})
+        worker = self.simulated_worker(latency_ms=1, DLQ_RETRY_DELAYS="30m,31m,32m", DLQ_SESSION_TIMEOUT="6s")
         worker.start()
         try:
-            plan = {"metadata": {"simulate": {"fail_times": 1, "error": "server_error"}}}
-            ids = [unique("park") for _ in range(parked)]
+            ids = unique_ids("park", parked)
             loading = time.monotonic()
-            for i in range(0, parked, 10_000):
-                produce(self.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, **plan)) for rid in ids[i : i + 10_000]])
-            wait_until(lambda: worker.get("/retries/")[1]["parked"] >= parked, 1800, f"{parked} parked retries", interval=1.0)
+            produce_in_batches(self.bootstrap, worker.topic("input"), requests_with_plan(ids, fail_times=1, error="server_error"))
+            wait_until(lambda: parked_gauge(worker) >= parked, 1800, f"{parked} parked retries", interval=1.0)
             load_s = time.monotonic() - loading
             worker.kill()
             killed = time.monotonic()
@@ -319,45 +431,73 @@ class Bench:
             worker.kill()
 
 
-def _rss_kb() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
 # -- report --------------------------------------------------------------------------------
 
 
 def write_report(results: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    samples = {k: results["lateness"].pop(k) for k in list(results["lateness"]) if k.endswith("_samples")}
+    samples = {}
+    for section in ("lateness", "parked_scale"):
+        for key in [k for k in results.get(section, {}) if k.endswith("_samples")]:
+            samples[f"{section}/{key.removesuffix('_samples')}"] = results[section].pop(key)
     (out / "latest.json").write_text(json.dumps(results, indent=2))
     (out / "latest.md").write_text(markdown(results))
     plots(results, samples, out)
 
 
 def markdown(r: dict[str, Any]) -> str:
-    t = r["throughput"]
-    lines = ["# dlqapp benchmark", "", f"{r['when']} on {r['machine']}; backend latency {LATENCY_MS} ms, concurrency {CONCURRENCY}" + (" (quick)" if r["quick"] else ""), "",
-             "| System | Requests/s (median) | Runs |", "|---|---|---|"]
-    for name in ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures"):
-        lines.append(f"| {name} | {t[name]['requests_per_s']:.1f} | {', '.join(f'{x:.1f}' for x in t[name]['runs'])} |")
-    lines += ["", f"dlqapp / A = **{t['ratio_dlqapp_to_a']:.1f}×**, dlqapp / B = **{t['ratio_dlqapp_to_b']:.2f}×** (10% failures: {t['ratio_dlqapp_10pct_to_b']:.2f}× of B)", "",
-              "| Paced end-to-end | Rate | p50 ms | p99 ms |", "|---|---|---|---|"]
-    for name, v in r["latency"].items():
-        lines.append(f"| {name} | {v['rate_per_s']}/s | {v['e2e_p50_ms']} | {v['e2e_p99_ms']} |")
-    lines += ["", "| Retry lateness | Tier | n | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
-    for label in ("idle", "under_flood"):
-        for tier, v in r["lateness"][label].items():
-            lines.append(f"| {label} | {tier} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['max_ms']} |")
-    lines += ["", "| Parked retries | Tick ms (median) | Ratio to 1k | RSS bytes/entry | Disk bytes/entry |", "|---|---|---|---|---|"]
-    for size, v in r["timer"].items():
-        lines.append(f"| {int(size):,} | {v['tick_ms_median']:.3f} | {v['tick_ratio_to_1k']:.2f} | {v['rss_bytes_per_entry']:.0f} | {v['disk_bytes_per_entry']:.0f} |")
-    rec = r["recovery"]
-    lines += ["", f"Recovery with {rec['parked']:,} parked retries: kill -9 → ready {rec['kill_to_ready_s']} s, → processing {rec['kill_to_processing_s']} s; {rec['parked_after_restart']:,} parked after restart.", ""]
+    header = f"{r['when']} on {r['machine']}; backend latency {LATENCY_MS} ms, concurrency {CONCURRENCY}" + (" (quick)" if r["quick"] else "")
+    lines = ["# dlqapp benchmark", "", header, ""]
+    for section, render in (("throughput", _md_throughput), ("latency", _md_latency), ("lateness", _md_lateness),
+                            ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery)):
+        if section in r:
+            lines += render(r[section]) + [""]
     return "\n".join(lines)
+
+
+def _md_throughput(t: dict[str, Any]) -> list[str]:
+    lines = ["| System | Requests/s (median) | Runs |", "|---|---|---|"]
+    for name in SYSTEMS:
+        lines.append(f"| {name} | {t[name]['requests_per_s']:.1f} | {', '.join(f'{x:.1f}' for x in t[name]['runs'])} |")
+    return lines + ["", f"dlqapp / A = **{t['ratio_dlqapp_to_a']:.1f}×**, dlqapp / B = **{t['ratio_dlqapp_to_b']:.2f}×** (10% failures: {t['ratio_dlqapp_10pct_to_b']:.2f}× of B)"]
+
+
+def _md_latency(latency: dict[str, Any]) -> list[str]:
+    lines = ["| Paced end-to-end | Rate | p50 ms | p99 ms |", "|---|---|---|---|"]
+    return lines + [f"| {name} | {v['rate_per_s']}/s | {v['e2e_p50_ms']} | {v['e2e_p99_ms']} |" for name, v in latency.items()]
+
+
+def _md_lateness(lateness: dict[str, Any]) -> list[str]:
+    lines = ["| Retry lateness | Tier | n | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
+    for label in ("idle", "under_flood"):
+        for tier, v in lateness[label].items():
+            lines.append(f"| {label} | {tier} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['max_ms']} |")
+    return lines
+
+
+def _md_timer(timer: dict[str, Any]) -> list[str]:
+    churn = next(iter(timer.values()))["after_churn"]
+    lines = [f"| Timer tick (standalone scan) | Tick ms (median) | Ratio to 1k | Disk bytes/entry | After {churn:,} fired: from first key ms | from kept start ms |", "|---|---|---|---|---|---|"]
+    return lines + [f"| {int(size):,} parked | {v['tick_ms_median']:.3f} | {v['tick_ratio_to_1k']:.2f} | {v['disk_bytes_per_entry']:.0f} "
+                    f"| {v['tick_after_churn_from_first_key_ms']:.3f} | {v['tick_after_churn_from_kept_start_ms']:.3f} |" for size, v in timer.items()]
+
+
+def _md_parked_scale(scale: dict[str, Any]) -> list[str]:
+    lines = [f"Worker RSS with nothing parked (after warm-up): {scale['empty_worker_rss_bytes'] / 2**20:.0f} MiB", "",
+             "| Worker holding | Load s | RSS MiB | Peak RSS MiB | RSS bytes/parked | per parked since the previous level | Lateness p50 ms | p99 ms | max ms | p99 ratio to first |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for level, v in scale.items():
+        if isinstance(v, dict):
+            lines.append(f"| {int(level):,} parked | {v['load_s']} | {v['rss_bytes'] / 2**20:.0f} | {v['peak_rss_bytes'] / 2**20:.0f} | {v['rss_bytes_per_parked']:.0f} | {v['rss_bytes_per_added_parked']:.0f} "
+                         f"| {v['lateness_p50_ms']} | {v['lateness_p99_ms']} | {v['lateness_max_ms']} | {v['lateness_p99_ratio_to_first']:.2f} |")
+    return lines
+
+
+def _md_recovery(rec: dict[str, Any]) -> list[str]:
+    return [f"Recovery with {rec['parked']:,} parked retries: kill -9 → ready {rec['kill_to_ready_s']} s, → processing {rec['kill_to_processing_s']} s; {rec['parked_after_restart']:,} parked after restart."]
+
+
+SYSTEMS = ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures")
 
 
 def plots(r: dict[str, Any], samples: dict[str, list[float]], out: Path) -> None:
@@ -366,33 +506,39 @@ def plots(r: dict[str, Any], samples: dict[str, list[float]], out: Path) -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t = r["throughput"]
-    names = ["baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures"]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.bar(["A: sync", "B: aiokafka", "dlqapp 0%", "dlqapp 10%"], [t[n]["requests_per_s"] for n in names], color=["#999", "#555", "#2f5bea", "#7f9cf5"])
-    ax.set_ylabel("requests/s (median)")
-    ax.set_title(f"Throughput at {LATENCY_MS} ms backend latency")
-    fig.tight_layout()
-    fig.savefig(out / "throughput.png", dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    for label, values in samples.items():
-        if values:
-            ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=label.replace("_samples", ""))
-    ax.set_xlabel("lateness (ms): attempt time − scheduled_time")
-    ax.set_ylabel("share of retries")
-    ax.set_title("Retry lateness CDF")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "lateness_cdf.png", dpi=110)
-    plt.close(fig)
+    if "throughput" in r:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.bar(["A: sync", "B: aiokafka", "dlqapp 0%", "dlqapp 10%"], [r["throughput"][n]["requests_per_s"] for n in SYSTEMS], color=["#999", "#555", "#2f5bea", "#7f9cf5"])
+        ax.set_ylabel("requests/s (median)")
+        ax.set_title(f"Throughput at {LATENCY_MS} ms backend latency")
+        fig.tight_layout()
+        fig.savefig(out / "throughput.png", dpi=110)
+        plt.close(fig)
+    if samples:
+        fig, ax = plt.subplots(figsize=(8, 4))
+        for label, values in samples.items():
+            if values:
+                ordered = sorted(values)
+                ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=label.replace("parked_scale/", "").replace("lateness/", ""))
+        ax.set_xlabel("lateness (ms): attempt time − scheduled_time")
+        ax.set_ylabel("share of retries")
+        ax.set_title("Retry lateness CDF: idle, under a flood, and with many retries parked")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "lateness_cdf.png", dpi=110)
+        plt.close(fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one run each (keeps the harness from rotting)")
+    parser.add_argument("--only", default="", help="comma-separated sections to run (default: all): " + ", ".join(SECTIONS))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SECTIONS)
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
     tmp = Path(tempfile.mkdtemp(prefix="dlqapp-bench-"))
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
@@ -404,16 +550,9 @@ def main() -> None:
     bench = Bench(bootstrap, tmp, args.quick)
     try:
         results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "quick": args.quick}
-        print("throughput", flush=True)
-        results["throughput"] = bench.throughput()
-        print("paced latency", flush=True)
-        results["latency"] = bench.paced_latency()
-        print("retry lateness", flush=True)
-        results["lateness"] = bench.lateness()
-        print("timer scale", flush=True)
-        results["timer"] = bench.timer_scale()
-        print("recovery", flush=True)
-        results["recovery"] = bench.recovery()
+        for section in chosen:
+            print(section, flush=True)
+            results[section] = getattr(bench, SECTIONS[section])()
         write_report(results, Path(args.out))
         print((Path(args.out) / "latest.md").read_text())
     finally:
@@ -421,6 +560,17 @@ def main() -> None:
         if broker is not None:
             broker.run("stop", env, check=False)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+SECTIONS = {
+    "throughput": "throughput",
+    "latency": "paced_latency",
+    "lateness": "lateness",
+    "timer": "timer_tick",
+    "parked_scale": "parked_scale",
+    "recovery": "recovery",
+}
+"""Report section → Bench method, in the order a full run measures them."""
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import Iterator
+from typing import AsyncIterator, Iterable, Iterator
 
 from faust import EventT, TopicT
 from faust.tables import Table
@@ -50,6 +50,7 @@ class RetryScheduler:
         self.batch = pipeline.settings.timer_batch
         self.parked_by_tier: Counter[int] = Counter()
         self._counted_partitions: frozenset[int] = frozenset()
+        self.scan_starts = ScanStarts()
 
     # -- 1. park ----------------------------------------------------------------------
 
@@ -81,6 +82,7 @@ class RetryScheduler:
             return
         self.parked_by_tier[tier] += 1
         self.parked[key] = envelope.to_bytes()
+        self.scan_starts.lower_to(key)
 
     # -- 2. fire ----------------------------------------------------------------------
 
@@ -88,8 +90,10 @@ class RetryScheduler:
         """Hand every due, not yet fired retry to the due agent. Returns how many."""
         now = now_ms()
         fired = 0
-        for partition, db in self._active_partitions():
-            keys = list(self._due_keys(db, now))
+        active = dict(self._active_partitions())
+        self.scan_starts.keep_only(active)
+        for partition, db in active.items():
+            keys = self._due_keys(partition, db, now)
             if not keys:
                 continue
             sends = []
@@ -109,58 +113,58 @@ class RetryScheduler:
             if tp.topic == changelog:
                 yield tp.partition, store._db_for_partition(tp.partition)
 
-    def _due_keys(self, db: object, now: int) -> Iterator[bytes]:
-        """Due keys of one partition, earliest first, at most `batch` of them (sync scan)."""
-        options = ReadOptions()
-        options.set_iterate_upper_bound(due_upper_bound(now))
-        it = db.iter(options)  # type: ignore[attr-defined]
-        it.seek_to_first()
-        taken = 0
-        while it.valid() and taken < self.batch:
-            key = it.key()
-            fired_at = self.fired.get(key)
-            if fired_at is None or now - fired_at > REFIRE_AFTER_MS:
-                taken += 1
-                yield key
-            it.next()
+    def _due_keys(self, partition: int, db: object, now: int) -> list[bytes]:
+        """Due, not yet fired keys of one partition, earliest first, at most `batch`."""
+        keys, next_start = scan_due(db, now, self.scan_starts.get(partition, db), self.fired, self.batch)
+        self.scan_starts.set(partition, db, next_start)
+        return keys
 
     async def recount_if_reassigned(self) -> None:
-        """After a rebalance or a restart, count parked retries per tier again.
-
-        Scans in chunks, never holding an iterator across an await, so the timer and
-        the agents keep running while a large table is counted.
-        """
+        """After a rebalance or a restart, count parked retries per tier again."""
         partitions = frozenset(p for p, _ in self._active_partitions())
         if partitions == self._counted_partitions:
             return
         self._counted_partitions = partitions
         counts: Counter[int] = Counter()
-        offset_key = self.parked.data.offset_key
-        for partition, db in list(self._active_partitions()):
-            after: bytes | None = None
-            while True:
-                chunk = _scan_chunk(db, after, RECOUNT_CHUNK)
-                for key, value in chunk:
-                    if key != offset_key:
-                        counts[self._tier_of(Envelope.from_bytes(value))] += 1
-                if len(chunk) < RECOUNT_CHUNK:
-                    break
-                after = chunk[-1][0]
-                await asyncio.sleep(0)
+        async for _, value in self._walk_parked(values=True):
+            counts[self._tier_of(Envelope.from_bytes(value))] += 1
         self.parked_by_tier = counts
 
     def parked_by_tier_name(self) -> dict[str, int]:
         """Parked retries per tier topic name (without prefix), for metrics."""
         return {self.pipeline.tier_label(t.get_topic_name()): max(0, self.parked_by_tier[i]) for i, t in enumerate(self.pipeline.tier_topics)}
 
-    def parked_count(self) -> int:
-        """Retries parked on the partitions this worker actively owns."""
+    async def parked_count(self) -> int:
+        """Retries parked on the partitions this worker actively owns (an exact count)."""
+        total = 0
+        async for _ in self._walk_parked(values=False):
+            total += 1
+        return total
+
+    async def _walk_parked(self, values: bool) -> AsyncIterator[tuple[bytes, bytes | None]]:
+        """Every parked (key, value) on active partitions, in chunks.
+
+        Never holds an iterator across an await (a rebalance may close the store), and
+        yields to the event loop between chunks, so a table of millions of entries can
+        be walked while the timer and the agents keep running.
+        """
         offset_key = self.parked.data.offset_key
-        return sum(1 for _, db in self._active_partitions() for key in db.keys() if key != offset_key)  # type: ignore[attr-defined]
+        for _, db in list(self._active_partitions()):
+            after: bytes | None = None
+            while True:
+                chunk = _scan_chunk(db, after, SCAN_CHUNK, values)
+                for key, value in chunk:
+                    if key != offset_key:
+                        yield key, value
+                if len(chunk) < SCAN_CHUNK:
+                    break
+                after = chunk[-1][0]
+                await asyncio.sleep(0)
 
     def forget_fired(self) -> None:
         """After a rebalance: entries may have moved; fire whatever is still parked."""
         self.fired.clear()
+        self.scan_starts.clear()
 
     # -- 3. attempt -------------------------------------------------------------------
 
@@ -200,7 +204,70 @@ class RetryScheduler:
         await self.pipeline.attempt(envelope, request, topic, priority=HIGH)
 
 
-RECOUNT_CHUNK = 5000
+SCAN_CHUNK = 5000
+
+
+class ScanStarts:
+    """Where the timer's next scan of each partition may start.
+
+    Fired retries are deleted from the head of the table, and RocksDB keeps their
+    tombstones until compaction, so a scan from the first key would wade through every
+    retry fired lately. A start is a key no parked entry sorts before: a scan sets it,
+    parking an earlier key lowers it, and it is dropped when the partition's store
+    changes hands (after a rebalance, changelog restores may have added anything).
+    """
+
+    def __init__(self) -> None:
+        self._starts: dict[int, tuple[object, bytes]] = {}
+
+    def get(self, partition: int, db: object) -> bytes | None:
+        known = self._starts.get(partition)
+        return known[1] if known is not None and known[0] is db else None
+
+    def set(self, partition: int, db: object, start: bytes) -> None:
+        self._starts[partition] = (db, start)
+
+    def lower_to(self, key: bytes) -> None:
+        """A key was parked (on some partition): no start may lie above it."""
+        for partition, (db, start) in self._starts.items():
+            if key < start:
+                self._starts[partition] = (db, key)
+
+    def keep_only(self, partitions: Iterable[int]) -> None:
+        kept = set(partitions)
+        self._starts = {p: v for p, v in self._starts.items() if p in kept}
+
+    def clear(self) -> None:
+        self._starts.clear()
+
+
+def scan_due(db: object, now: int, start: bytes | None, fired: dict[bytes, int], batch: int) -> tuple[list[bytes], bytes]:
+    """One timer scan of a partition's parked retries (a synchronous RocksDB walk).
+
+    Returns the keys due at `now` that were not fired (or were fired more than
+    REFIRE_AFTER_MS ago), earliest first and at most `batch` of them, and where the next
+    scan may start: the first key still present, or "now" when nothing due is left (a key
+    parked later below that point lowers it again, see `RetryScheduler.store`).
+    """
+    upper = due_upper_bound(now)
+    options = ReadOptions()
+    options.set_iterate_upper_bound(upper)
+    it = db.iter(options)  # type: ignore[attr-defined]
+    if start is None:
+        it.seek_to_first()
+    else:
+        it.seek(start)
+    keys: list[bytes] = []
+    first_present: bytes | None = None
+    while it.valid() and len(keys) < batch:
+        key = it.key()
+        if first_present is None:
+            first_present = key
+        fired_at = fired.get(key)
+        if fired_at is None or now - fired_at > REFIRE_AFTER_MS:
+            keys.append(key)
+        it.next()
+    return keys, first_present if first_present is not None else upper
 
 
 def superseded_by(state: dict | None, envelope: Envelope) -> str | None:
@@ -220,8 +287,8 @@ def superseded_by(state: dict | None, envelope: Envelope) -> str | None:
     return None
 
 
-def _scan_chunk(db: object, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
-    """Up to `limit` (key, value) pairs after `after` (exclusive), in key order."""
+def _scan_chunk(db: object, after: bytes | None, limit: int, values: bool) -> list[tuple[bytes, bytes | None]]:
+    """Up to `limit` (key, value or None) pairs after `after` (exclusive), in key order."""
     it = db.iter(ReadOptions())  # type: ignore[attr-defined]
     if after is None:
         it.seek_to_first()
@@ -231,7 +298,7 @@ def _scan_chunk(db: object, after: bytes | None, limit: int) -> list[tuple[bytes
             it.next()
     chunk = []
     while it.valid() and len(chunk) < limit:
-        chunk.append((it.key(), it.value()))
+        chunk.append((it.key(), it.value() if values else None))
         it.next()
     return chunk
 

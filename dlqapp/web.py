@@ -326,7 +326,7 @@ async def request_status(self: web.View, request: web.Request, request_id: str) 
 @app.page("/retries/")
 async def retries(self: web.View, request: web.Request) -> web.Response:
     """Retries parked on this worker's partitions, and those handed to the due agent."""
-    return self.json({"parked": scheduler.parked_count(), "fired": len(scheduler.fired)})
+    return self.json({"parked": await scheduler.parked_count(), "fired": len(scheduler.fired)})
 
 
 @app.page("/inference/calls/{request_id}/")

@@ -46,6 +46,12 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
+def unique_ids(prefix: str, count: int) -> list[str]:
+    """`count` distinct ids under one unique prefix (random ids collide at a million)."""
+    run = unique(prefix)
+    return [f"{run}-{i}" for i in range(count)]
+
+
 # -- HTTP ------------------------------------------------------------------------------
 
 

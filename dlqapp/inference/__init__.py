@@ -19,6 +19,7 @@ def create_backend(settings: Settings) -> InferenceBackend:
             jitter_ms=settings.simulated_jitter_ms,
             seed=settings.simulated_seed,
             default_model=settings.default_model,
+            call_log_size=settings.call_log_size,
         )
     if settings.inference == "openai":
         return OpenAIBackend(
@@ -27,5 +28,6 @@ def create_backend(settings: Settings) -> InferenceBackend:
             timeout_ms=settings.inference_timeout_ms,
             pool_size=settings.concurrency,
             default_model=settings.default_model,
+            call_log_size=settings.call_log_size,
         )
     raise SettingsError(f"DLQ_INFERENCE={settings.inference!r} names no known backend")

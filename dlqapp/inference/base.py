@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -17,6 +18,32 @@ class InferenceOutput:
     usage: dict[str, Any] = field(default_factory=dict)
 
 
+class CallLog:
+    """How many calls were made per request id, for the most recent `size` request ids.
+
+    Bounded, so a worker that has seen millions of requests holds only the newest
+    counts (the oldest id is forgotten first).
+    """
+
+    def __init__(self, size: int = 100_000) -> None:
+        self.size = size
+        self._counts: OrderedDict[str, int] = OrderedDict()
+
+    def record(self, request_id: str) -> int:
+        """Count one more call for `request_id`; returns its count."""
+        count = self._counts.pop(request_id, 0) + 1
+        self._counts[request_id] = count
+        if len(self._counts) > self.size:
+            self._counts.popitem(last=False)
+        return count
+
+    def count(self, request_id: str) -> int:
+        return self._counts.get(request_id, 0)
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+
 class InferenceBackend(Protocol):
     """Calls a model once. Raises `InferenceError` (or anything: it is classified)."""
 
@@ -27,7 +54,7 @@ class InferenceBackend(Protocol):
         ...
 
     def calls_for(self, request_id: str) -> int:
-        """Calls this process has made for a request id."""
+        """Calls this process has made for a request id (0 once it left the call log)."""
         ...
 
     async def close(self) -> None: ...

@@ -7,13 +7,12 @@ the request id as `X-Request-ID`; the connection pool is sized to DLQ_CONCURRENC
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from typing import Any
 
 import aiohttp
 
 from dlqapp.classification import ErrorClass, InferenceError
-from dlqapp.inference.base import InferenceOutput
+from dlqapp.inference.base import CallLog, InferenceOutput
 from dlqapp.inference.openai_errors import classify_response
 from dlqapp.models import Request
 
@@ -39,14 +38,14 @@ class OpenAIBackend:
 
     name = "openai"
 
-    def __init__(self, base_url: str, api_key: str, timeout_ms: int, pool_size: int, default_model: str) -> None:
+    def __init__(self, base_url: str, api_key: str, timeout_ms: int, pool_size: int, default_model: str, call_log_size: int = 100_000) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.api_key = api_key
         self.timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
         self.pool_size = pool_size
         self.default_model = default_model
         self._session: aiohttp.ClientSession | None = None
-        self._calls: Counter[str] = Counter()
+        self._calls = CallLog(call_log_size)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -55,14 +54,14 @@ class OpenAIBackend:
         return self._session
 
     def calls_for(self, request_id: str) -> int:
-        return self._calls[request_id]
+        return self._calls.count(request_id)
 
     async def complete(self, request: Request, attempt: int, model: str | None = None) -> InferenceOutput:
         model = model or request.model or self.default_model
         headers = {"X-Request-ID": request.request_id, "Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        self._calls[request.request_id] += 1
+        self._calls.record(request.request_id)
         try:
             async with self._client().post(self.url, json=chat_body(request, model), headers=headers) as response:
                 body = await self._json(response)

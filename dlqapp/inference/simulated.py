@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import Counter
 from typing import Any
 
 from dlqapp.classification import ErrorClass, InferenceError
-from dlqapp.inference.base import InferenceOutput
+from dlqapp.inference.base import CallLog, InferenceOutput
 from dlqapp.models import Request
 
 FAILURE_MIX: tuple[tuple[ErrorClass, float], ...] = (
@@ -37,25 +36,26 @@ class SimulatedBackend:
         jitter_ms: int = 10,
         seed: int | None = None,
         default_model: str = "sim-small",
+        call_log_size: int = 100_000,
     ) -> None:
         self.success_rate = success_rate
         self.latency_ms = latency_ms
         self.jitter_ms = jitter_ms
         self.default_model = default_model
         self._rng = random.Random(seed)
-        self._calls: Counter[str] = Counter()
+        self._calls = CallLog(call_log_size)
 
     def calls_for(self, request_id: str) -> int:
-        return self._calls[request_id]
+        return self._calls.count(request_id)
 
     async def complete(self, request: Request, attempt: int, model: str | None = None) -> InferenceOutput:
-        self._calls[request.request_id] += 1
+        calls = self._calls.record(request.request_id)
         await asyncio.sleep(self._latency_s())
         directive = request.metadata.get("simulate")
         if isinstance(directive, dict):
             # Count this process's calls too, so a replayed request continues the plan
             # (fails its first N attempts in all) instead of starting it over.
-            self._follow(directive, max(attempt, self._calls[request.request_id]))
+            self._follow(directive, max(attempt, calls))
         elif self._rng.random() >= self.success_rate:
             self._fail_randomly()
         return self._answer(request, model)

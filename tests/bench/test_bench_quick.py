@@ -32,7 +32,12 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
     assert set(results["lateness"]) == {"idle", "under_flood"}
     assert all(tier["n"] > 0 for tier in results["lateness"]["idle"].values())
     assert results["timer"]["1000"]["tick_ratio_to_1k"] == 1.0
+    scale = results["parked_scale"]
+    for level in ("100", "1000"):
+        assert scale[level]["parked"] == int(level)  # exact count from the worker, not the gauge used to wait
+        assert scale[level]["rss_bytes"] > 0 and scale[level]["lateness_min_ms"] >= 0  # never early
     assert results["recovery"]["parked_after_restart"] == results["recovery"]["parked"]
-    assert "dlqapp / A" in (out / "latest.md").read_text()
+    report = (out / "latest.md").read_text()
+    assert "dlqapp / A" in report and "1,000 parked" in report
     for plot in ("throughput.png", "lateness_cdf.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
