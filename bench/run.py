@@ -49,6 +49,8 @@ from tests.support import LocalKafka, MockLLM, Record, Worker, all_keys_seen, fr
 PYTHON = sys.executable
 LATENCY_MS = 100
 CONCURRENCY = 64
+PROBES_PER_S = 50
+"""Probe requests for retry lateness arrive at this rate, except in the burst and flood scenarios."""
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -103,16 +105,30 @@ def requests_with_plan(ids: list[str], **simulate: Any) -> list[tuple[bytes, byt
     return [(rid.encode(), request_bytes(rid, **plan)) for rid in ids]
 
 
+def produce_paced(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], per_second: int) -> None:
+    """Produce at a steady rate, a tenth of a second's worth at a time."""
+    step = max(1, per_second // 10)
+    started = time.monotonic()
+    for i in range(0, len(records), step):
+        produce(bootstrap, topic, records[i : i + step])
+        time.sleep(max(0.0, started + (i + step) / per_second - time.monotonic()))  # pacing, not waiting
+
+
 def produce_in_batches(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], batch: int = 10_000) -> None:
     for i in range(0, len(records), batch):
         produce(bootstrap, topic, records[i : i + batch])
 
 
-def probe_lateness(bootstrap: str, worker: Worker, probes: int, flood_size: int = 0) -> dict[str, list[float]]:
+def probe_lateness(bootstrap: str, worker: Worker, probes: int, flood_size: int = 0, per_second: int | None = None) -> dict[str, list[float]]:
     """Lateness (attempt start − scheduled_time, ms) per tier of `probes` requests that fail
-    three times, optionally while `flood_size` fresh requests arrive."""
+    three times: all at once (their retries fall due together), or `per_second`; optionally
+    while `flood_size` fresh requests arrive."""
     ids = unique_ids("probe", probes)
-    produce(bootstrap, worker.topic("input"), requests_with_plan(ids, fail_times=3, error="server_error"))
+    requests = requests_with_plan(ids, fail_times=3, error="server_error")
+    if per_second:
+        produce_paced(bootstrap, worker.topic("input"), requests, per_second)
+    else:
+        produce(bootstrap, worker.topic("input"), requests)
     if flood_size:
         wait_until(lambda: worker.get("/retries/")[1]["parked"] >= probes * 0.9, 120, "probes parked")
         produce_in_batches(bootstrap, worker.topic("input"), requests_for(unique_ids("flood", flood_size)), 5000)
@@ -262,10 +278,7 @@ class Bench:
                 stop = process.kill
             try:
                 ids = unique_ids("p", rate * seconds)
-                started = time.monotonic()
-                for i in range(0, len(ids), rate // 10):
-                    produce(self.bootstrap, input_topic, requests_for(ids[i : i + rate // 10]))
-                    time.sleep(max(0.0, started + (i + rate // 10) / rate - time.monotonic()))  # pacing, not waiting
+                produce_paced(self.bootstrap, input_topic, requests_for(ids), rate)
                 results = wait_results(self.bootstrap, results_topic, ids, timeout=300)
                 inputs = {r.key.decode(): r.timestamp for r in read_topic(self.bootstrap, input_topic, lambda rs: len(rs) >= len(ids), 60)}
                 e2e = [r.timestamp - inputs[r.key.decode()] for r in results]
@@ -278,14 +291,18 @@ class Bench:
     # -- 2. retry lateness ---------------------------------------------------------------
 
     def lateness(self) -> dict[str, Any]:
+        """Retry lateness per tier: `idle` (probes paced, nothing else to do), `burst` (all
+        probes at once, so their retries fall due together) and `under_flood` (a burst, then
+        a flood of fresh input while the retries wait)."""
         probes = 10 if self.quick else 300
         flood = 300 if self.quick else 20_000
         out: dict[str, Any] = {}
-        for label, flood_size in (("idle", 0), ("under_flood", flood)):
+        scenarios = (("idle", 0, PROBES_PER_S), ("burst", 0, None), ("under_flood", flood, None))
+        for label, flood_size, per_second in scenarios:
             worker = self.simulated_worker(latency_ms=LATENCY_MS)
             worker.start()
             try:
-                per_tier = probe_lateness(self.bootstrap, worker, probes, flood_size)
+                per_tier = probe_lateness(self.bootstrap, worker, probes, flood_size, per_second)
                 out[label] = lateness_summary(per_tier)
                 out[label + "_samples"] = sorted(x for v in per_tier.values() for x in v)
                 print(f"  lateness {label}: {json.dumps(out[label])}", flush=True)
@@ -378,7 +395,7 @@ class Bench:
                 previous_level, parked = parked, level
                 exact = worker.get("/retries/")[1]["parked"]
                 memory = process_memory(worker.process.pid)
-                per_tier = probe_lateness(self.bootstrap, worker, probes)
+                per_tier = probe_lateness(self.bootstrap, worker, probes, per_second=PROBES_PER_S)
                 all_tiers = [x for v in per_tier.values() for x in v]
                 out[str(level)] = {
                     "parked": exact,
@@ -469,7 +486,7 @@ def _md_latency(latency: dict[str, Any]) -> list[str]:
 
 def _md_lateness(lateness: dict[str, Any]) -> list[str]:
     lines = ["| Retry lateness | Tier | n | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
-    for label in ("idle", "under_flood"):
+    for label in ("idle", "burst", "under_flood"):
         for tier, v in lateness[label].items():
             lines.append(f"| {label} | {tier} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['max_ms']} |")
     return lines

@@ -29,7 +29,7 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
     for system in ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures"):
         assert throughput[system]["requests_per_s"] > 0
     assert throughput["ratio_dlqapp_to_a"] > 0 and throughput["ratio_dlqapp_to_b"] > 0
-    assert set(results["lateness"]) == {"idle", "under_flood"}
+    assert set(results["lateness"]) == {"idle", "burst", "under_flood"}
     assert all(tier["n"] > 0 for tier in results["lateness"]["idle"].values())
     assert results["timer"]["1000"]["tick_ratio_to_1k"] == 1.0
     scale = results["parked_scale"]
