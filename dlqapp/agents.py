@@ -16,7 +16,7 @@ from dlqapp.dlq import DeadLetterRecorder
 from dlqapp.flow import InFlightWindow
 from dlqapp.inference import create_backend
 from dlqapp.pipeline import Pipeline
-from dlqapp.retry import RetryScheduler
+from dlqapp.retry import DueHop, RetryScheduler
 from dlqapp.operator import Operator
 from dlqapp.topology import (
     commands_topic,
@@ -42,7 +42,7 @@ pipeline = Pipeline(
     results_topic=results_topic,
     requests_table=requests_table,
 )
-scheduler = RetryScheduler(pipeline, parked_retries, due_topic)
+scheduler = RetryScheduler(pipeline, parked_retries, DueHop(settings.kafka_bootstrap, due_topic.get_topic_name()))
 pipeline.park = scheduler.store
 alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None
 recorder = DeadLetterRecorder(dead_letters, settings.dead_letter_log, alerts, settings.max_payload_bytes)
@@ -119,16 +119,20 @@ async def operator_agent(stream: StreamT):
 async def retry_timer() -> None:
     """Every DLQ_TIMER_INTERVAL, hand due retries to the due agent."""
     interval = settings.timer_interval_ms / 1000
-    while not app.should_stop:
-        await asyncio.sleep(interval)
-        if app.rebalancing or app.in_recovery:
-            scheduler.forget_fired()
-            continue
-        try:
-            await scheduler.fire_due()
-            await scheduler.recount_if_reassigned()
-        except Exception:  # a failed tick must not stop the timer; the next one retries
-            log.exception("retry timer tick failed")
+    await scheduler.due_hop.start()
+    try:
+        while not app.should_stop:
+            await asyncio.sleep(interval)
+            if app.rebalancing or app.in_recovery:
+                scheduler.forget_fired()
+                continue
+            try:
+                await scheduler.fire_due()
+                await scheduler.recount_if_reassigned()
+            except Exception:  # a failed tick must not stop the timer; the next one retries
+                log.exception("retry timer tick failed")
+    finally:
+        await scheduler.due_hop.stop()
 
 
 @app.task

@@ -16,8 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import AsyncIterator, Iterable, Iterator
+from typing import Any, AsyncIterator, Iterable, Iterator
 
+from aiokafka import AIOKafkaProducer
 from faust import EventT, TopicT
 from faust.tables import Table
 from rocksdict import ReadOptions
@@ -41,10 +42,10 @@ the due agent's worker mid-flight) is fired again; the due agent ignores duplica
 class RetryScheduler:
     """Parks retries, scans for due ones, and attempts them."""
 
-    def __init__(self, pipeline: Pipeline, parked: Table, due_topic: TopicT) -> None:
+    def __init__(self, pipeline: Pipeline, parked: Table, due_hop: "DueHop") -> None:
         self.pipeline = pipeline
         self.parked = parked
-        self.due_topic = due_topic
+        self.due_hop = due_hop
         self.fired: dict[bytes, int] = {}
         self.delays_ms = pipeline.settings.retry_delays_ms
         self.batch = pipeline.settings.timer_batch
@@ -100,7 +101,7 @@ class RetryScheduler:
             for key in keys:
                 self.fired[key] = now
                 _, request_id = decode_parked_key(key)
-                sends.append(await self.due_topic.send(key=request_id.encode(), value=key, partition=partition))
+                sends.append(await self.due_hop.send(request_id.encode(), key, partition))
             await asyncio.gather(*sends)
             fired += len(keys)
         return fired
@@ -205,6 +206,37 @@ class RetryScheduler:
 
 
 SCAN_CHUNK = 5000
+
+
+class DueHop:
+    """Hands due keys to the due agent (the internal due topic) on a producer of its own.
+
+    A due message is a hint, not the record: the entry stays parked until the due agent
+    deletes it, and a hint lost to a crash is fired again after REFIRE_AFTER_MS. So it
+    needs neither acks=all nor idempotence; what it needs is not to queue behind the
+    results and changelog writes in Faust's producer, which under an input flood held
+    due retries back for a few hundred milliseconds.
+    """
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks=1, linger_ms=0, client_id="dlqapp-due-hop")
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    async def send(self, key: bytes, value: bytes, partition: int) -> asyncio.Future[Any]:
+        """Queue one due message; the returned future resolves once the broker has it."""
+        if self._producer is None:
+            raise RuntimeError("DueHop.send before start()")
+        return await self._producer.send(self.topic, value=value, key=key, partition=partition)
 
 
 class ScanStarts:
