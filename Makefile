@@ -10,7 +10,7 @@ test:           ## the whole suite; starts (and stops) its own Kafka unless KAFK
 chaos:          ## the full-size chaos suite (100k requests, kill -9, broker restart, 3 workers)
 	@CHAOS_FULL=1 CHAOS_REPORT=$(CURDIR)/chaos-report.jsonl scripts/test tests/chaos -s
 
-bench:          ## benchmarks side by side with the baselines; writes bench/results/
+bench:          ## benchmarks side by side with the baselines (about 25 min); writes bench/results/
 	@scripts/venv test && .venv/bin/python bench/run.py
 
 unit:           ## only the fast unit tests (no broker)

@@ -539,7 +539,7 @@ def plots(r: dict[str, Any], samples: dict[str, list[float]], out: Path) -> None
                 ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=label.replace("parked_scale/", "").replace("lateness/", ""))
         ax.set_xlabel("lateness (ms): attempt time − scheduled_time")
         ax.set_ylabel("share of retries")
-        ax.set_title("Retry lateness CDF: idle, under a flood, and with many retries parked")
+        ax.set_title("Retry lateness CDF: idle, a burst, under a flood, and with many retries parked")
         ax.legend()
         fig.tight_layout()
         fig.savefig(out / "lateness_cdf.png", dpi=110)
