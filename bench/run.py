@@ -207,20 +207,14 @@ class Bench:
             process.kill()
             process.wait()
 
+    def worker(self, **env: str) -> Worker:
+        """A dlqapp worker with the settings every measurement shares, plus `env`."""
+        return Worker(self.bootstrap, self.tmp, name=unique("bw"), env_extra={
+            "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning", **env})
+
     def dlqapp_worker(self, mock: MockLLM, **env: str) -> Worker:
-        return Worker(
-            self.bootstrap,
-            self.tmp,
-            name=unique("bw"),
-            env_extra={
-                "DLQ_INFERENCE": "openai",
-                "DLQ_INFERENCE_URL": mock.api_url,
-                "DLQ_CONCURRENCY": str(CONCURRENCY),
-                "DLQ_RETRY_DELAYS": "1s,2s,3s",
-                "DLQ_LOG_LEVEL": "warning",
-                **env,
-            },
-        )
+        """A worker on the `openai` backend against the mock."""
+        return self.worker(DLQ_INFERENCE="openai", DLQ_INFERENCE_URL=mock.api_url, **env)
 
     def run_dlqapp(self, count: int, mock: MockLLM) -> list[Record]:
         """Results of `count` requests (a request that fails all attempts ends in the DLQ instead)."""
@@ -312,9 +306,8 @@ class Bench:
 
     def simulated_worker(self, latency_ms: int, **env: str) -> Worker:
         """A worker on the simulated backend (always succeeds unless a request's plan says otherwise)."""
-        return Worker(self.bootstrap, self.tmp, name=unique("sw"), env_extra={
-            "DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_SIMULATED_LATENCY": f"{latency_ms}ms", "DLQ_SIMULATED_JITTER": "0ms",
-            "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning", **env})
+        simulated = {"DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_SIMULATED_LATENCY": f"{latency_ms}ms", "DLQ_SIMULATED_JITTER": "0ms"}
+        return self.worker(**{**simulated, **env})
 
     # -- 3. timer scale ------------------------------------------------------------------
 

@@ -55,9 +55,12 @@ def unique_ids(prefix: str, count: int) -> list[str]:
 # -- HTTP ------------------------------------------------------------------------------
 
 
-def http_json(url: str, method: str = "GET", body: Any = None, timeout: float = 10) -> tuple[int, Any]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+def http_json(
+    url: str, method: str = "GET", body: Any = None, timeout: float = 10, raw: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
+    """(status, decoded JSON body) of one request; `raw` sends bytes as they are instead of `body`."""
+    data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read() or b"null")

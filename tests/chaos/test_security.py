@@ -18,15 +18,8 @@ HOST_IP, CLIENT_IP = "169.254.77.1", "169.254.77.2"
 
 
 def call(url: str, method: str = "POST", token: str | None = None) -> tuple[int, dict]:
-    headers = {"Content-Type": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, data=b"{}" if method == "POST" else None, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    return http_json(url, method, {} if method == "POST" else None, headers=headers)
 
 
 def test_token_is_required_and_checked(make_worker):

@@ -39,15 +39,8 @@ def dead_letter(worker, error="auth_error", model=None, fail_times=1, **extra) -
     return rid
 
 
-def post(worker, path, body=None, raw: bytes | None = None, headers=None):
-    if raw is None:
-        return http_json(worker.url + path, "POST", body)
-    request = urllib.request.Request(worker.url + path, data=raw, method="POST", headers=headers or {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+def post(worker, path, body=None, raw: bytes | None = None):
+    return http_json(worker.url + path, "POST", body, raw=raw)
 
 
 def test_list_filters_pages_and_counts(worker):
