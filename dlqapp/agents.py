@@ -5,13 +5,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from faust import StreamT, TopicT
+from typing import Awaitable, Callable
+
+from aiokafka.errors import KafkaError
+from faust import EventT, StreamT, TopicT
 
 from dlqapp.app import app, settings
 from faust.sensors.prometheus import setup_prometheus_sensors
 
 from dlqapp import metrics
 from dlqapp.alerts import AlertBatcher
+from dlqapp.classification import ErrorClass
+from dlqapp.durability import changelog_barrier
+from dlqapp.faust_compat import forget_unacked
+from dlqapp.logs import log_event
 from dlqapp.dlq import DeadLetterRecorder
 from dlqapp.flow import InFlightWindow
 from dlqapp.inference import create_backend
@@ -51,21 +58,63 @@ operator = Operator(pipeline, dead_letters, replay_ledger, input_topic, dlq_topi
 
 FATAL_EXIT_CODE = 70
 FATAL_GRACE_S = 15.0
+windows: list[InFlightWindow] = []
+"""Every in-flight window, so shutdown and rebalances can hand their events back."""
 
 
 def _fatal(exc: BaseException) -> None:
-    """A handler bug: stop the worker without acking, so its event is redelivered.
+    """The broker failed us: stop the worker without acking, so the event is redelivered.
 
     Faust's crash path stops the services; should the process linger, it is ended
     after a grace period (like kill -9, which at-least-once delivery already covers).
     """
-    log.critical("fatal handler error, stopping the worker: %r", exc)
+    log.critical("fatal error, stopping the worker: %r", exc)
     app._crash(exc)
     asyncio.get_running_loop().call_later(FATAL_GRACE_S, os._exit, FATAL_EXIT_CODE)
 
 
+async def _poison(event: EventT, exc: BaseException) -> None:
+    """A handler failed on this message: dead-letter it as `poison` and move on.
+
+    Kafka errors are not the message's fault: they stop the worker (not acked).
+    """
+    if isinstance(exc, KafkaError):
+        raise exc
+    log.exception("handler failed on %s[%s]@%s; dead-lettering it as poison", event.message.topic, event.message.partition, event.message.offset, exc_info=exc)
+    await pipeline.dead_letter_unprocessable(event, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000])
+
+
 def _window() -> InFlightWindow:
-    return InFlightWindow(settings.concurrency * 2, on_fatal=_fatal)
+    window = InFlightWindow(settings.concurrency * 2, on_error=_poison, on_fatal=_fatal, forget=lambda event: forget_unacked(app, event))
+    windows.append(window)
+    return window
+
+
+async def release_in_flight(reopen: bool) -> None:
+    """Hand back what the windows hold (shutdown, rebalance): see InFlightWindow.release."""
+    released = 0
+    for window in windows:
+        released += await window.release(settings.drain_timeout_ms / 1000, reopen=reopen)
+    if released:
+        log_event(log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown")
+
+
+app.release_in_flight = release_in_flight
+
+
+async def _each_event(stream: StreamT, handle: Callable[[EventT], Awaitable[None]]) -> None:
+    """Handle events one at a time; a failing one is dead-lettered as poison, never fatal."""
+    async for event in stream.events():
+        try:
+            async with changelog_barrier():
+                await handle(event)
+        except Exception as exc:
+            try:
+                async with changelog_barrier():
+                    await _poison(event, exc)
+            except Exception as fatal:
+                _fatal(fatal)
+                raise
 
 
 @app.agent(input_topic, name="input")
@@ -86,9 +135,8 @@ async def due_agent(stream: StreamT) -> None:
 
 def _tier_agent(tier: int, topic: TopicT) -> None:
     async def park(stream: StreamT) -> None:
-        async for event in stream.events():
-            await scheduler.park(event, tier, topic)
-    
+        await _each_event(stream, lambda event: scheduler.park(event, tier, topic))
+
     park.__doc__ = f"Parks retries of tier {topic.get_topic_name()} until their due time."
     app.agent(topic, name=f"tier-{tier + 1}")(park)
 
@@ -100,8 +148,7 @@ for _tier, _topic in enumerate(tier_topics):
 @app.agent(dlq_topic, name="dlq")
 async def dlq_agent(stream: StreamT) -> None:
     """Dead letters: the DLQ table, the JSON-lines log, the alert line."""
-    async for event in stream.events():
-        await recorder.on_message(event)
+    await _each_event(stream, recorder.on_message)
 
 
 @app.agent(commands_topic, name="operator")
@@ -109,10 +156,17 @@ async def operator_agent(stream: StreamT):
     """Operator commands (replay, discard), one at a time, on the owning worker; answers `ask()`."""
     async for command in stream:
         try:
-            yield await operator.execute(command)
+            async with changelog_barrier():
+                answer = await operator.execute(command)
+            yield answer
+        except ValueError as exc:  # not a command: dead-letter it (it was not an operator's)
+            event = stream.current_event
+            if event is not None:
+                await pipeline.dead_letter_unprocessable(event, ErrorClass.INVALID_REQUEST, f"invalid operator command: {exc}"[:1000])
+            yield {"status": "invalid", "reason": str(exc)}
         except Exception as exc:  # answer the asker instead of leaving it to time out
             log.exception("operator command failed: %r", command)
-            yield {"request_id": command.get("request_id"), "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+            yield {"request_id": command.get("request_id") if isinstance(command, dict) else None, "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
 
 
 @app.task

@@ -12,6 +12,7 @@ import faust
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 
 from dlqapp.auth import guard_middleware
+from dlqapp.durability import ConfirmedTable
 from dlqapp.logs import apply_log_format, configure_logging
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.topics import TopicMismatchError, ensure_topics
@@ -52,6 +53,22 @@ class DlqApp(faust.App):
         if created:
             log.info("topics_created names=%s", ",".join(created))
 
+    async def release_in_flight(self, reopen: bool) -> None:
+        """Hand back unfinished events (set by dlqapp.agents); a no-op before wiring."""
+
+    async def on_stop(self) -> None:
+        # Before Faust's consumer waits for every event to be acked: events held by the
+        # breaker never would be, so they are handed back unacked first (Ctrl-C, SIGTERM).
+        await self.release_in_flight(reopen=False)
+        await super().on_stop()
+
+    async def _on_partitions_revoked(self, revoked: set) -> None:
+        # Same for a rebalance (Faust's hook waits for acks, then commits): bounded by
+        # DLQ_DRAIN_TIMEOUT, so held work never outlasts the rebalance timeout.
+        if not self.should_stop:
+            await self.release_in_flight(reopen=True)
+        await super()._on_partitions_revoked(revoked)
+
     def _new_producer(self) -> IdempotentProducer:
         return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
 
@@ -84,6 +101,7 @@ def create_app(settings: Settings) -> DlqApp:
         reply_create_topic=True,
         stream_wait_empty=True,
         table_standby_replicas=1,
+        Table=ConfirmedTable,
     )
     if settings.web_advertised_url:
         app.conf.canonical_url = settings.web_advertised_url

@@ -25,6 +25,7 @@ class ErrorClass(str, Enum):
     CONTENT_FILTER = "content_filter"
     EXPIRED = "expired"
     REPLAY_LIMIT = "replay_limit"
+    POISON = "poison"
     UNKNOWN = "unknown"
 
 
@@ -41,6 +42,7 @@ DEFAULT_RETRYABLE: dict[ErrorClass, bool] = {
     ErrorClass.CONTENT_FILTER: False,
     ErrorClass.EXPIRED: False,
     ErrorClass.REPLAY_LIMIT: False,
+    ErrorClass.POISON: False,
 }
 """Retryable by default: transient failures and the unexplained. Overridden by DLQ_RETRYABLE."""
 

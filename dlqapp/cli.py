@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 from datetime import datetime
+from urllib.parse import quote
 from typing import Any
 
 import aiohttp
@@ -155,20 +156,21 @@ async def dlq_show(self: Any, request_id: str, as_json: bool) -> None:
     option("--all", "everything", is_flag=True, default=False, help="Every dead letter matching the filters."),
     option("--error-class", default=None, help="With --all: only this error class."),
     option("--rate", type=float, default=None, help="With --all: at most this many replays per second."),
+    option("--force", is_flag=True, default=False, help="Replay even requests that have succeeded since (the model is called again)."),
     JSON,
 )
-async def dlq_reprocess(self: Any, keys: tuple[str, ...], everything: bool, error_class: str | None, rate: float | None, as_json: bool) -> None:
+async def dlq_reprocess(self: Any, keys: tuple[str, ...], everything: bool, error_class: str | None, rate: float | None, force: bool, as_json: bool) -> None:
     """Send dead letters back to `input` with a clean retry count."""
 
     async def go() -> None:
         if bool(keys) == everything:
             raise CliError("give --key ID (one or more) or --all", EXIT_USAGE)
         if everything:
-            report = await _reprocess_all(error_class, rate, quiet=as_json)
+            report = await _reprocess_all(error_class, rate, force, quiet=as_json)
         else:
             report = {"reprocessed": [], "not_found": [], "refused": [], "invalid": [], "error": []}
             for n, key in enumerate(keys, 1):
-                _, answer = await call("POST", f"/dlq/{key}/reprocess/", ok=(200, 404, 409, 400))
+                _, answer = await call("POST", f"/dlq/{quote(key, safe='')}/reprocess/", {"force": True} if force else None, ok=(200, 404, 409, 400))
                 report.setdefault(answer.get("status", "error"), report["error"]).append(key)
                 if not as_json and len(keys) > 1:
                     progress(n, len(keys), "reprocessing")
@@ -180,8 +182,8 @@ async def dlq_reprocess(self: Any, keys: tuple[str, ...], everything: bool, erro
     await run(go())
 
 
-async def _reprocess_all(error_class: str | None, rate: float | None, quiet: bool) -> dict[str, Any]:
-    body: dict[str, Any] = {"all": True}
+async def _reprocess_all(error_class: str | None, rate: float | None, force: bool, quiet: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {"all": True, "force": force}
     if error_class:
         body["error_class"] = error_class
     if rate is None:

@@ -11,6 +11,7 @@ import base64
 import json
 import logging
 import os
+import re
 from typing import Any
 
 from faust import EventT
@@ -18,7 +19,9 @@ from faust.tables import Table
 
 from dlqapp import metrics
 from dlqapp.alerts import AlertBatcher
+from dlqapp.faust_compat import keys_with_prefix, partition_db
 from dlqapp.logs import log_event
+from dlqapp.partitioning import owner_partition
 from dlqapp.models import (
     H_REPLAY_COUNT,
     H_ATTEMPTS,
@@ -30,7 +33,11 @@ from dlqapp.models import (
     H_ORIGINAL_TIMESTAMP,
     H_RETRY_COUNT,
     H_SOURCE,
+    H_REQUEST_ID,
+    fallback_key,
     header_dict,
+    header_int,
+    header_json,
     now_ms,
 )
 
@@ -38,6 +45,37 @@ log = logging.getLogger("dlqapp.dlq")
 
 
 PREVIEW_BYTES = 65536
+_UNPROCESSABLE_KEY = re.compile(r"^(?P<request_id>.+)~(?:invalid_request|poison)~[0-9a-f]{12}$", re.DOTALL)
+
+
+def owner_id(key: str) -> str:
+    """The request id a DLQ key belongs to: itself, or the id in an unprocessable copy's key.
+
+    Invalid and poison messages are dead-lettered as `<request id>~<class>~<digest>`, on
+    the request id's partition, so they never replace the request's own dead letter.
+    """
+    match = _UNPROCESSABLE_KEY.match(key)
+    return match.group("request_id") if match else key
+
+
+def find_dead_letter(table: Table, key: str, partitions: int) -> bytes | None:
+    """The table key for `key`: itself, else its newest unprocessable copy (on this worker)."""
+    exact = key.encode()
+    if table.get(exact) is not None:
+        return exact
+    if owner_id(key) != key:
+        return None
+    prefix = exact + b"~"
+    db = partition_db(table, owner_partition(key, partitions))
+    newest: tuple[int, bytes] | None = None
+    for candidate in keys_with_prefix(db, prefix, limit=100):
+        blob = table.get(candidate)
+        if blob is None or owner_id(candidate.decode("utf-8", "replace")) != key:
+            continue
+        dead_at = json.loads(blob).get("dead_at") or 0
+        if newest is None or dead_at >= newest[0]:
+            newest = (dead_at, candidate)
+    return newest[1] if newest else None
 
 
 def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partition: int, offset: int, max_bytes: int | None = None) -> dict[str, Any]:
@@ -61,18 +99,19 @@ def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partit
     except (ValueError, RecursionError):
         pass
     return {
-        "request_id": request_id,
-        "error_class": headers.get(H_ERROR_CLASS, "unknown"),
+        "request_id": headers.get(H_REQUEST_ID) or request_id,
+        "key": request_id,
+        "error_class": headers.get(H_ERROR_CLASS) or "unknown",
         "final_error": headers.get(H_FINAL_ERROR),
         "last_error": headers.get(H_LAST_ERROR),
-        "retry_count": int(headers.get(H_RETRY_COUNT) or 0),
-        "attempts": int(headers.get(H_ATTEMPTS) or 0),
-        "history": _json(headers.get(H_HISTORY), []),
-        "first_seen": int(headers.get(H_ORIGINAL_TIMESTAMP) or 0) or None,
-        "dead_at": int(headers.get(H_DEAD_AT) or 0) or now_ms(),
-        "source": _json(headers.get(H_SOURCE), {}),
-        "model": model,
-        "replay_count": int(headers.get(H_REPLAY_COUNT) or 0),
+        "retry_count": header_int(headers, H_RETRY_COUNT) or 0,
+        "attempts": header_int(headers, H_ATTEMPTS) or 0,
+        "history": [a for a in header_json(headers, H_HISTORY, list) or [] if isinstance(a, dict)],
+        "first_seen": header_int(headers, H_ORIGINAL_TIMESTAMP) or None,
+        "dead_at": header_int(headers, H_DEAD_AT) or now_ms(),
+        "source": header_json(headers, H_SOURCE, dict) or {},
+        "model": model if isinstance(model, str) else None,
+        "replay_count": header_int(headers, H_REPLAY_COUNT) or 0,
         "payload_text": text,
         "payload_b64": base64.b64encode(payload).decode() if text is None else None,
         "payload_bytes": size,
@@ -104,7 +143,7 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
     """The fields a list shows, with a short payload preview."""
     text = entry.get("payload_text")
     preview = text[:160] if text is not None else f"<{entry.get('payload_bytes', 0)} bytes, not UTF-8>"
-    keys = ("request_id", "error_class", "final_error", "model", "attempts", "retry_count", "replay_count", "first_seen", "dead_at")
+    keys = ("request_id", "key", "error_class", "final_error", "model", "attempts", "retry_count", "replay_count", "first_seen", "dead_at")
     return {**{k: entry.get(k) for k in keys}, "payload_preview": preview}
 
 
@@ -119,7 +158,8 @@ class DeadLetterRecorder:
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
 
     async def on_message(self, event: EventT) -> None:
-        request_id = bytes(event.key or b"").decode("utf-8", "replace")
+        raw_key = event.key if isinstance(event.key, (bytes, bytearray)) and event.key else fallback_key(event.value).encode()
+        request_id = bytes(raw_key).decode("utf-8", "replace")
         key = request_id.encode()
         if event.value is None:
             self.table.pop(key, None)
@@ -151,10 +191,3 @@ class DeadLetterRecorder:
         line = json.dumps({k: v for k, v in entry.items() if k != "headers"}, separators=(",", ":"))
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
-
-
-def _json(value: str | None, default: Any) -> Any:
-    try:
-        return json.loads(value) if value else default
-    except ValueError:
-        return default

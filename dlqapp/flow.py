@@ -17,6 +17,8 @@ from collections import deque
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Hashable, Protocol
 
+from dlqapp.durability import changelog_barrier
+
 log = logging.getLogger(__name__)
 
 
@@ -24,14 +26,33 @@ class Ackable(Protocol):
     def ack(self) -> bool: ...
 
 
-class InFlightWindow:
-    """At most `limit` handlers in flight; acks per partition in arrival order."""
+OnError = Callable[[Any, BaseException], Awaitable[None]]
+"""Called with an event whose handler raised; must route it (e.g. to the DLQ) or raise."""
 
-    def __init__(self, limit: int, on_fatal: Callable[[BaseException], None]) -> None:
+
+class InFlightWindow:
+    """At most `limit` handlers in flight; acks per partition in arrival order.
+
+    A handler that raises is not a reason to stop: `on_error` routes its event (the
+    pipeline dead-letters it as `poison`) and the event is acked like any other. Only
+    when `on_error` itself fails (the broker is gone) does `on_fatal` stop the worker,
+    leaving the event unacked for redelivery.
+    """
+
+    def __init__(self, limit: int, on_error: OnError, on_fatal: Callable[[BaseException], None], forget: Callable[[Any], None] = lambda event: None) -> None:
         self._slots = asyncio.Semaphore(limit)
         self._pending: dict[Hashable, deque[list[Any]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._on_error = on_error
         self._on_fatal = on_fatal
+        self._forget = forget
+        self._accepting = asyncio.Event()
+        self._accepting.set()
+
+    @property
+    def in_flight(self) -> int:
+        """Handlers running now."""
+        return len(self._tasks)
 
     async def submit(self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]]) -> None:
         """Start `handler()` for `event`; waits while the window is full.
@@ -39,6 +60,7 @@ class InFlightWindow:
         The task inherits the caller's context, so Faust's `current_event()` (and with
         it table writes) refers to `event` inside the handler.
         """
+        await self._accepting.wait()
         await self._slots.acquire()
         entry = [event, False]
         self._pending.setdefault(partition, deque()).append(entry)
@@ -48,11 +70,18 @@ class InFlightWindow:
 
     async def _run(self, partition: Hashable, entry: list[Any], handler: Callable[[], Awaitable[None]]) -> None:
         try:
-            await handler()
+            try:
+                async with changelog_barrier():
+                    await handler()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # one message's failure: route it, move on
+                async with changelog_barrier():
+                    await self._on_error(entry[0], exc)
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # a handler bug: never ack, crash so the event is redelivered
-            log.exception("handler failed; the event stays unacked and the worker stops")
+        except BaseException as exc:  # routing failed too: never ack, stop the worker
+            log.exception("handler failed and its event could not be routed; the worker stops")
             self._on_fatal(exc)
             return
         finally:
@@ -61,7 +90,7 @@ class InFlightWindow:
         self._ack_ready(partition)
 
     def _ack_ready(self, partition: Hashable) -> None:
-        queue = self._pending[partition]
+        queue = self._pending.get(partition)
         while queue and queue[0][1]:
             queue.popleft()[0].ack()
 
@@ -69,6 +98,31 @@ class InFlightWindow:
         """Wait for every handler started so far."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def release(self, grace_s: float, reopen: bool = True) -> int:
+        """Give back every event not yet acked (shutdown, rebalance). Returns how many.
+
+        Running handlers get `grace_s` to finish; the rest (held by the breaker, waiting
+        for a slot, or in a long call) are cancelled. Events not acked are handed back
+        unacked (`forget`): their offsets are never committed, so the next owner of the
+        partition handles them again. New events wait until then (for good unless `reopen`).
+        """
+        self._accepting.clear()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace_s)
+        pending = list(self._tasks)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        released = 0
+        for queue in self._pending.values():
+            for event, _ in queue:
+                self._forget(event)
+                released += 1
+        self._pending.clear()
+        if reopen:
+            self._accepting.set()
+        return released
 
 
 HIGH, LOW = 0, 1

@@ -213,21 +213,27 @@ class Envelope:
 
     @classmethod
     def from_headers(
-        cls, request_id: str, payload: bytes, headers: Mapping[str, bytes] | Iterable[tuple[str, bytes]]
+        cls, request_id: str, payload: bytes, headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None
     ) -> "Envelope":
-        """Rebuild an envelope from Kafka headers written by `headers()`."""
+        """Rebuild an envelope from Kafka headers written by `headers()`.
+
+        Never raises: a malformed value is read as absent.
+        """
         h = header_dict(headers)
-        lineage = {k: h[k] for k in (H_REPLAY_OF, H_REPLAY_COUNT) if k in h}
+        lineage = {H_REPLAY_OF: h[H_REPLAY_OF][:200]} if H_REPLAY_OF in h else {}
+        replay_count = header_int(h, H_REPLAY_COUNT)
+        if replay_count is not None:
+            lineage[H_REPLAY_COUNT] = str(replay_count)
         return cls(
             request_id=request_id,
             payload=payload,
-            original_timestamp=_int(h.get(H_ORIGINAL_TIMESTAMP)) or now_ms(),
-            source=_json(h.get(H_SOURCE), {}),
-            attempts=_int(h.get(H_ATTEMPTS)) or _int(h.get(H_RETRY_COUNT)) or 0,
-            scheduled_time=_int(h.get(H_SCHEDULED_TIME)),
+            original_timestamp=header_int(h, H_ORIGINAL_TIMESTAMP) or now_ms(),
+            source=header_json(h, H_SOURCE, dict) or {},
+            attempts=header_int(h, H_ATTEMPTS) or header_int(h, H_RETRY_COUNT) or 0,
+            scheduled_time=header_int(h, H_SCHEDULED_TIME),
             error_class=h.get(H_ERROR_CLASS),
             last_error=h.get(H_LAST_ERROR),
-            history=_json(h.get(H_HISTORY), []),
+            history=[a for a in header_json(h, H_HISTORY, list) or [] if isinstance(a, dict)],
             lineage=lineage,
         )
 
@@ -244,32 +250,56 @@ class Envelope:
 
 
 def header_dict(headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> dict[str, str]:
-    """Kafka headers (mapping or pairs, bytes or str values) as a str → str dict."""
+    """Kafka headers (mapping or pairs, bytes or str values) as a str → str dict.
+
+    Never raises: undecodable bytes are replaced, a missing value is empty, and of a
+    repeated name the last value wins.
+    """
     if headers is None:
         return {}
-    items = headers.items() if isinstance(headers, Mapping) else headers
+    try:
+        items = list(headers.items() if isinstance(headers, Mapping) else headers)
+    except (TypeError, ValueError):
+        return {}
     out: dict[str, str] = {}
-    for key, value in items:
+    for item in items:
+        try:
+            key, value = item
+        except (TypeError, ValueError):
+            continue
+        if isinstance(key, (bytes, bytearray)):
+            key = bytes(key).decode("utf-8", "replace")
         if isinstance(value, (bytes, bytearray)):
             value = bytes(value).decode("utf-8", "replace")
-        out[str(key)] = str(value)
+        out[str(key)] = "" if value is None else str(value)
     return out
 
 
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
+MAX_HEADER_INT = 2**63 - 1
 
 
-def _json(value: str | None, default: Any) -> Any:
+def header_int(headers: Mapping[str, str], name: str) -> int | None:
+    """A non-negative integer header, or None when absent or malformed."""
+    value = headers.get(name)
     if value is None:
-        return default
+        return None
+    text = value.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 19:
+        return None
+    number = int(text)
+    return number if number <= MAX_HEADER_INT else None
+
+
+def header_json(headers: Mapping[str, str], name: str, kind: type) -> Any:
+    """A JSON header of type `kind`, or None when absent or malformed."""
+    value = headers.get(name)
+    if value is None:
+        return None
     try:
-        return json.loads(value)
-    except ValueError:
-        return default
+        data = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, kind) else None
 
 
 @dataclass

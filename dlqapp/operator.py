@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from faust import TopicT
@@ -18,10 +18,12 @@ from faust.tables import Table
 
 from dlqapp import metrics
 from dlqapp import state as states
-from dlqapp.dlq import original_payload
+from dlqapp.dlq import find_dead_letter, original_payload, owner_id
+from dlqapp.partitioning import owner_partition
 from dlqapp.logs import log_event
 from dlqapp.models import H_ORIGINAL_TIMESTAMP, H_REPLAY_COUNT, H_REPLAY_OF, InvalidRequest, now_ms, validate_request
 from dlqapp.pipeline import Pipeline
+from dlqapp.topology import UNDECODABLE
 
 log = logging.getLogger("dlqapp.operator")
 
@@ -40,9 +42,28 @@ class Command:
     request_id: str
     actor: str
     payload: dict[str, Any] | None = None
+    force: bool = False
+    """Replay even though the request has succeeded since it was dead-lettered."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "Command":
+        """A command from the commands topic; ValueError when it is not one."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"a command must be a JSON object, not {type(raw).__name__}")
+        if UNDECODABLE in raw:
+            raise ValueError(str(raw[UNDECODABLE]))
+        try:
+            command = cls(**raw)
+        except TypeError as exc:
+            raise ValueError(f"not a command: {exc}") from None
+        if not (isinstance(command.action, str) and isinstance(command.request_id, str) and command.request_id and isinstance(command.actor, str)):
+            raise ValueError("a command needs string action, request_id and actor")
+        if command.payload is not None and not isinstance(command.payload, dict):
+            raise ValueError("payload must be an object")
+        return command
 
 
 def check_edit(request_id: str, payload: Any) -> list[str]:
@@ -75,12 +96,12 @@ class Operator:
 
     async def execute(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Run one command; answer with its status (`reprocessed`, `discarded`, `not_found`, …)."""
-        command = Command(**raw)
-        key = command.request_id.encode()
-        blob = self.dead_letters.get(key)
-        if blob is None:
+        command = Command.from_dict(raw)
+        key = find_dead_letter(self.dead_letters, command.request_id, self.pipeline.settings.partitions)
+        if key is None:
             return {"request_id": command.request_id, "status": "not_found"}
-        entry = json.loads(blob)
+        entry = json.loads(self.dead_letters[key])
+        command = replace(command, request_id=key.decode())
         if command.action == DISCARD:
             return await self._discard(command, entry)
         if command.action == REPLAY:
@@ -88,20 +109,25 @@ class Operator:
         return {"request_id": command.request_id, "status": "invalid", "reason": f"unknown action {command.action!r}"}
 
     async def _replay(self, command: Command, entry: dict[str, Any]) -> dict[str, Any]:
-        rid = command.request_id
+        key = command.request_id
+        rid = owner_id(key)
         ledger = self.ledger_for(rid)
         replays = sum(1 for record in ledger if record["action"] == REPLAY)
         if replays >= self.max_replays:
             reason = f"{rid} was replayed {replays} times already (DLQ_MAX_REPLAYS={self.max_replays})"
-            return {"request_id": rid, "status": "refused", "reason": reason}
+            return {"request_id": key, "status": "refused", "reason": reason}
+        current = self.pipeline.load_state(rid)
+        if not command.force and current is not None and current.get("state") == states.SUCCEEDED:
+            reason = f"{rid} has succeeded since it was dead-lettered (at {current.get('updated_at')}); replaying would call the model again: send force=true to replay anyway"
+            return {"request_id": key, "status": "refused", "reason": reason, "state": states.SUCCEEDED}
         if command.payload is not None:
             problems = check_edit(rid, command.payload)
             if problems:
-                return {"request_id": rid, "status": "invalid", "reasons": problems}
+                return {"request_id": key, "status": "invalid", "reasons": problems}
             payload = json.dumps(command.payload).encode()
         elif entry.get("payload_truncated"):
             reason = f"the payload ({entry['payload_bytes']} bytes) is over DLQ_MAX_PAYLOAD_BYTES: replay it with an edited payload"
-            return {"request_id": rid, "status": "invalid", "reasons": [reason]}
+            return {"request_id": key, "status": "invalid", "reasons": [reason]}
         else:
             payload = original_payload(entry)
         at = now_ms()
@@ -114,29 +140,35 @@ class Operator:
             H_ORIGINAL_TIMESTAMP: str(at),  # a fresh TTL clock, a clean retry count
             H_FIRST_SEEN: str(entry.get("first_seen") or ""),
         }
-        await self.pipeline.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
-        await self._remove(rid)
-        record = {"action": REPLAY, "at": at, "by": command.actor, "edited": command.payload is not None, "replay_of": dlq_position, "error_class": entry.get("error_class"), "replay_count": replays + 1}
+        # State first: the input agent may handle the replay the moment it is sent, and
+        # its outcome (a quick success, a new retry) must not be overwritten by this.
+        record = {"action": REPLAY, "at": at, "by": command.actor, "edited": command.payload is not None, "replay_of": dlq_position, "error_class": entry.get("error_class"), "replay_count": replays + 1, "forced": command.force}
         self._append_ledger(rid, ledger, record)
         self.pipeline.set_state(rid, states.REPROCESSED, at, replay_count=replays + 1, replayed_by=command.actor)
+        await self.pipeline.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
+        await self._remove(key)
         metrics.replays.inc()
         log_event(log, logging.INFO, "replayed", request_id=rid, by=command.actor, replay_count=replays + 1, edited=command.payload is not None)
-        return {"request_id": rid, "status": "reprocessed", "replay_count": replays + 1}
+        return {"request_id": key, "status": "reprocessed", "replay_count": replays + 1}
 
     async def _discard(self, command: Command, entry: dict[str, Any]) -> dict[str, Any]:
-        rid = command.request_id
+        key = command.request_id
+        rid = owner_id(key)
         at = now_ms()
-        await self._remove(rid)
-        self._append_ledger(rid, self.ledger_for(rid), {"action": DISCARD, "at": at, "by": command.actor, "error_class": entry.get("error_class")})
-        self.pipeline.set_state(rid, states.DISCARDED, at, discarded_by=command.actor)
+        await self._remove(key)
+        self._append_ledger(rid, self.ledger_for(rid), {"action": DISCARD, "at": at, "by": command.actor, "error_class": entry.get("error_class"), "key": key})
+        state = self.pipeline.load_state(rid)
+        if key == rid or state is None or state.get("dlq_key") == key:  # discarding an invalid copy leaves the request's state alone
+            self.pipeline.set_state(rid, states.DISCARDED, at, discarded_by=command.actor)
         metrics.discards.inc()
-        log_event(log, logging.INFO, "discarded", request_id=rid, by=command.actor)
-        return {"request_id": rid, "status": "discarded"}
+        log_event(log, logging.INFO, "discarded", request_id=rid, key=key, by=command.actor)
+        return {"request_id": key, "status": "discarded"}
 
-    async def _remove(self, request_id: str) -> None:
+    async def _remove(self, key: str) -> None:
         """Tombstone the compacted `dlq` topic, then drop the table entry."""
-        await self.pipeline.send(self.dlq_topic, request_id, None, [])
-        del self.dead_letters[request_id.encode()]
+        partition = owner_partition(owner_id(key), self.pipeline.settings.partitions)
+        await self.pipeline.send(self.dlq_topic, key, None, [], partition=partition)
+        del self.dead_letters[key.encode()]
 
     def _append_ledger(self, request_id: str, ledger: list[dict[str, Any]], record: dict[str, Any]) -> None:
         self.ledger[request_id.encode()] = json.dumps([*ledger, record][-100:]).encode()

@@ -9,6 +9,7 @@ broker before the handler returns, so the event is acked only after its outcome 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import random
@@ -33,11 +34,12 @@ from dlqapp.models import (
     Result,
     fallback_key,
     header_dict,
+    header_int,
     now_ms,
     parse_request,
     salvage_request_id,
 )
-from dlqapp.breaker import BreakerConfig, CircuitBreaker, is_backend_wide
+from dlqapp.breaker import BreakerConfig, CircuitBreaker
 from dlqapp.outcomes import DeadLetter, RetryAt, RetryPolicy, Succeeded, TryFallback, decide, decide_after_fallback, expiry
 from dlqapp.partitioning import owner_partition
 from dlqapp.scheduling import Backoff
@@ -145,7 +147,7 @@ class Pipeline:
         envelope.error_class = envelope.last_error = None
         envelope.history = []
         headers = header_dict(event.headers)
-        envelope.original_timestamp = int(headers.get(H_ORIGINAL_TIMESTAMP) or self._event_time_ms(event))
+        envelope.original_timestamp = header_int(headers, H_ORIGINAL_TIMESTAMP) or self._event_time_ms(event)
         if not envelope.source:
             envelope.source = _source(event)
         return envelope
@@ -176,23 +178,26 @@ class Pipeline:
     ) -> tuple[Attempt, InferenceOutput | None, Failure | None]:
         """One attempt through the breaker and the priority limiter.
 
-        During an outage (breaker open or half-open) a backend-wide failure is not an
-        attempt: the request is held and tried again when the breaker lets it.
+        During an outage a fresh request's backend-wide failure is not an attempt: the
+        request is held and tried again when the breaker lets it. A request that has
+        failed before is never held (see dlqapp.breaker), so holds cannot last forever.
         """
         tier = self.tier_label(topic)
+        held = False
         while True:
-            await self.breaker.wait_allowed()
+            rank = number - 1 + int(held)
+            await self.breaker.wait_allowed(request.request_id, rank)
             async with self.limiter.slot(priority):
                 started = now_ms()
                 if scheduled is not None:
                     metrics.lateness.labels(tier).observe(max(0, started - scheduled) / 1000)
                 output, failure = await self.call_backend(request, number, model)
             metrics.backend_latency.labels(failure.error_class.value if failure else "ok").observe((now_ms() - started) / 1000)
-            self.breaker.record(failure, request.request_id)
-            if not (is_backend_wide(failure) and self.breaker.tripped):
+            if not self.breaker.record(failure, request.request_id, rank):
                 break
+            held = True
             metrics.held.inc()
-            log_event(log, logging.DEBUG, "held_during_outage", request_id=request.request_id, topic=topic, attempt=number, error_class=failure.error_class.value)
+            log_event(log, logging.DEBUG, "held_during_outage", request_id=request.request_id, topic=topic, attempt=number, error_class=failure.error_class.value if failure else None)
         metrics.attempts.labels(tier).inc()
         record = Attempt(
             attempt=number,
@@ -280,13 +285,16 @@ class Pipeline:
             error_class=outcome.failure.error_class.value,
         )
 
-    async def _dead_letter(self, outcome: DeadLetter, envelope: Envelope, record_state: bool = True, **extra: str) -> None:
+    async def _dead_letter(
+        self, outcome: DeadLetter, envelope: Envelope, record_state: bool = True, key: str | None = None, partition: int | None = None, **extra: str
+    ) -> None:
         at = now_ms()
         envelope.error_class = outcome.error_class.value
         envelope.last_error = envelope.last_error or outcome.reason
         # In the DLQ, retry_count is the number of retries made: attempts - 1.
         headers = envelope.headers(final_error=outcome.reason, dead_at=at, retry_count=max(envelope.attempts - 1, 0), **extra)
-        await self.send(self.dlq_topic, envelope.request_id, envelope.payload, headers)
+        key = key or envelope.request_id
+        await self.send(self.dlq_topic, key, envelope.payload, headers, partition=partition)
         if not record_state:
             return
         self.set_state(
@@ -299,21 +307,39 @@ class Pipeline:
         )
 
     async def dead_letter_invalid(self, event: EventT, exc: InvalidRequest) -> None:
-        """Send an invalid message to the DLQ at once, with its original bytes."""
-        payload: bytes | None = event.value
-        request_id = exc.request_id or salvage_request_id(payload) or fallback_key(payload)
-        envelope = Envelope(
-            request_id=request_id,
-            payload=payload or b"",
-            original_timestamp=self._event_time_ms(event),
-            source=_source(event),
-        )
-        envelope.last_error = str(exc)
-        outcome = DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}")
-        extra = {"payload_null": "true"} if payload is None else {}
-        # State lives on the owning partition: record it only when this event sits there.
-        await self._dead_letter(outcome, envelope, record_state=self.owns(event, request_id), **extra)
-        log_event(log, logging.DEBUG, "invalid_request", request_id=request_id, reason=str(exc)[:200])
+        """Send an invalid message to the DLQ at once, with its original bytes and headers."""
+        await self.dead_letter_unprocessable(event, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", exc.request_id)
+
+    async def dead_letter_unprocessable(self, event: EventT, error_class: ErrorClass, reason: str, request_id: str | None = None) -> None:
+        """Dead-letter a message dlqapp cannot handle (invalid, or `poison`: its handler failed).
+
+        Its DLQ key is its own (`<request id>~<class>~<digest of its position>`), so it
+        never replaces another dead letter of the same request id on the compacted
+        `dlq` topic; it sits on that id's partition and `GET /dlq/<request id>/` finds
+        it. It changes a request's state only when the id was never seen before: an
+        invalid copy of a request that succeeded, is being retried or is in flight
+        leaves it as it is.
+        """
+        message = event.message
+        payload = message.value if isinstance(message.value, (bytes, type(None))) else None  # the bytes as they came
+        request_id = request_id or salvage_request_id(payload)
+        position = hashlib.sha256(f"{message.topic}:{message.partition}:{message.offset}".encode()).hexdigest()[:12]
+        if request_id:
+            key = unprocessable_key(request_id, error_class.value, position)
+            owner = request_id
+        else:
+            key = fallback_key(payload) if error_class is ErrorClass.INVALID_REQUEST else f"{error_class.value}-{position}"
+            owner = key
+        envelope = Envelope(request_id=request_id or key, payload=payload or b"", original_timestamp=self._event_time_ms(event), source=_source(event))
+        envelope.last_error = reason
+        extra = {H_ORIGINAL_HEADERS: json.dumps(header_dict(event.headers), separators=(",", ":"))[:MAX_ORIGINAL_HEADERS_CHARS]}
+        if payload is None:
+            extra["payload_null"] = "true"
+        partition = owner_partition(owner, self.settings.partitions)
+        await self._dead_letter(DeadLetter(error_class, reason), envelope, record_state=False, key=key, partition=partition, **extra)
+        if request_id and partition == message.partition and self.load_state(request_id) is None and request_id not in self.in_flight:
+            self.set_state(request_id, states.DEAD_LETTERED, now_ms(), error_class=error_class.value, final_error=reason[:500], dlq_key=key)
+        log_event(log, logging.INFO, "unprocessable", request_id=request_id, key=key, error_class=error_class.value, reason=reason[:200])
 
     # -- Kafka and table helpers ------------------------------------------------------
 
@@ -338,6 +364,15 @@ class Pipeline:
     def _event_time_ms(event: EventT) -> int:
         timestamp = event.message.timestamp
         return int(timestamp * 1000) if timestamp else now_ms()
+
+
+H_ORIGINAL_HEADERS = "original_headers"
+MAX_ORIGINAL_HEADERS_CHARS = 65536
+
+
+def unprocessable_key(request_id: str, error_class: str, position: str) -> str:
+    """The DLQ key of an invalid or poison message that carries `request_id`."""
+    return f"{request_id}~{error_class}~{position}"
 
 
 def _source(event: EventT) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from rocksdict import ReadOptions
 from dlqapp.classification import ErrorClass
 from dlqapp.flow import HIGH
 from dlqapp.logs import log_event
-from dlqapp.models import Envelope, InvalidRequest, now_ms, parse_request
+from dlqapp.models import H_REPLAY_COUNT, MAX_REQUEST_ID_CHARS, Envelope, InvalidRequest, header_int, now_ms, parse_request
 from dlqapp.outcomes import DeadLetter
 from dlqapp.pipeline import Pipeline
 from dlqapp import state as states
@@ -59,7 +59,7 @@ class RetryScheduler:
         """Store one tier-topic message in the due-time table."""
         request_id = _request_id(event)
         if request_id is None:
-            await self.pipeline.dead_letter_invalid(event, InvalidRequest(["retry message without a request id"]))
+            await self.pipeline.dead_letter_invalid(event, InvalidRequest(["retry message key must be a UTF-8 request id"]))
             return
         if not self.pipeline.owns(event, request_id):
             await self.pipeline.forward(event, topic, request_id)
@@ -171,7 +171,9 @@ class RetryScheduler:
 
     async def on_due(self, event: EventT) -> None:
         """Attempt the parked retry named by a due message, then delete it."""
-        key: bytes = event.value
+        key = event.value
+        if not isinstance(key, bytes) or len(key) <= 8:
+            raise ValueError("a due message must carry a parked-retry key")
         blob = self.parked.get(key)
         if blob is None:
             self.fired.pop(key, None)
@@ -314,6 +316,9 @@ def superseded_by(state: dict | None, envelope: Envelope) -> str | None:
         return None
     if state.get("state") == states.SUCCEEDED:
         return "already succeeded"
+    replays = state.get("replay_count") or 0
+    if (header_int(envelope.lineage, H_REPLAY_COUNT) or 0) < replays:
+        return f"an operator replayed the request since (replay {replays})"
     if state.get("state") != states.REPROCESSED and state.get("attempts", 0) > envelope.attempts:
         return f"a newer attempt ({state['attempts']}) was already made"
     return None
@@ -339,7 +344,8 @@ def _request_id(event: EventT) -> str | None:
     key = event.key
     if isinstance(key, (bytes, bytearray)) and key:
         try:
-            return bytes(key).decode()
+            text = bytes(key).decode()
         except UnicodeDecodeError:
             return None
+        return text if text.strip() and len(text) <= MAX_REQUEST_ID_CHARS else None
     return None

@@ -137,6 +137,7 @@ class Settings:
     max_payload_bytes: int = _setting("DLQ_MAX_PAYLOAD_BYTES", "1048576", _positive_int, "Largest accepted request payload; larger ones are dead-lettered as `invalid_request`.")
     concurrency: int = _setting("DLQ_CONCURRENCY", "64", _positive_int, "Backend calls in flight at once per worker.")
     max_poll_records: int = _setting("DLQ_MAX_POLL_RECORDS", "100", _positive_int, "Most records one consumer poll hands to the agents; small batches let due retries through a flood of input.")
+    drain_timeout_ms: int = _setting("DLQ_DRAIN_TIMEOUT", "5s", parse_duration_ms, "On shutdown or a rebalance, how long calls in flight may finish; the rest (and requests held by the breaker) are left unacked for the partition's next owner.")
     timer_interval_ms: int = _setting("DLQ_TIMER_INTERVAL", "20ms", parse_duration_ms, "How often the retry timer scans for due retries.")
     timer_batch: int = _setting("DLQ_TIMER_BATCH", "500", _positive_int, "Most due retries the timer hands over per partition per tick.")
     inference: str = _setting("DLQ_INFERENCE", "simulated", _choice("simulated", "openai"), "Inference backend: `simulated` (in-process) or `openai` (an OpenAI-compatible HTTP endpoint).")

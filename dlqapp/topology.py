@@ -6,12 +6,34 @@ and table keys route alike; dlqapp encodes values itself.
 
 from __future__ import annotations
 
+from typing import Any
+
 import faust
 from faust import TopicT
+from faust.serializers import codecs
 from faust.tables import Table
 
 from dlqapp.app import app, settings
 
+
+
+TOLERANT_JSON = "dlqapp-json"
+UNDECODABLE = "__dlqapp_undecodable__"
+
+
+class TolerantJson(codecs.json):
+    """Faust's JSON codec, except that bytes that are not JSON decode to a marker
+    (`{UNDECODABLE: reason}`) instead of crashing the agent: the operator agent then
+    dead-letters the message with its original bytes."""
+
+    def _loads(self, s: bytes) -> Any:
+        try:
+            return super()._loads(s)
+        except (ValueError, RecursionError) as exc:
+            return {UNDECODABLE: f"not JSON: {exc}"[:300]}
+
+
+codecs.register(TOLERANT_JSON, TolerantJson())
 
 
 def _raw() -> faust.Schema:
@@ -59,6 +81,6 @@ dead_letters = _table("dead-letters", "DLQ entries keyed by request id.")
 commands_topic = app.topic(
     settings.commands,
     partitions=settings.partitions,
-    schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer="json"),
+    schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer=TOLERANT_JSON),
 )
 replay_ledger = _table("replay-ledger", "Operator actions per request id: who replayed or discarded what, and when.")

@@ -20,7 +20,7 @@ from faust.exceptions import SameNode
 from dlqapp import __version__
 from dlqapp.agents import backend, operator, operator_agent, pipeline, scheduler
 from dlqapp.app import app, settings
-from dlqapp.dlq import presented
+from dlqapp.dlq import find_dead_letter, owner_id, presented
 from dlqapp.models import now_ms
 from dlqapp.operator import DISCARD, REPLAY, Command, check_edit
 from dlqapp.partitioning import owner_partition
@@ -85,7 +85,7 @@ def actor_of(request: web.Request) -> str:
 async def routed(view: web.View, request: web.Request, table_name: str, key: str) -> web.Response | None:
     """The owning worker's answer for `key`, or None when this worker owns it."""
     try:
-        return await app.router.route_req(table_name, key.encode(), view.web, request)
+        return await app.router.route_req(table_name, owner_id(key).encode(), view.web, request)
     except SameNode:
         return None
     except Exception as exc:  # the owner is unreachable (stopping, or mid-rebalance)
@@ -94,7 +94,7 @@ async def routed(view: web.View, request: web.Request, table_name: str, key: str
 
 async def ask(command: Command) -> dict[str, Any]:
     """Run a command on the worker owning its request id and return its answer."""
-    partition = owner_partition(command.request_id, settings.partitions)
+    partition = owner_partition(owner_id(command.request_id), settings.partitions)
     try:
         return await asyncio.wait_for(
             operator_agent.ask(value=command.to_dict(), key=command.request_id.encode(), partition=partition), ASK_TIMEOUT_S
@@ -231,11 +231,12 @@ class BulkReprocess(web.View):
     async def post(self, request: web.Request) -> web.Response:
         body = await read_json(request)
         keys, rate = await _bulk_keys(body)
+        force = _force(body)
         actor = actor_of(request)
         if rate:
-            job = jobs.start(keys, rate, lambda rid: ask(Command(REPLAY, rid, actor)))
+            job = jobs.start(keys, rate, lambda rid: ask(Command(REPLAY, rid, actor, force=force)))
             return self.json({"replay_id": job.id, "total": len(keys), "rate": rate, "status_url": f"/dlq/replays/{job.id}/"}, status=202)
-        return self.json(await jobs.run_now(keys, lambda rid: ask(Command(REPLAY, rid, actor))))
+        return self.json(await jobs.run_now(keys, lambda rid: ask(Command(REPLAY, rid, actor, force=force))))
 
 
 async def _bulk_keys(body: Any) -> tuple[list[str], float | None]:
@@ -252,7 +253,7 @@ async def _bulk_keys(body: Any) -> tuple[list[str], float | None]:
     if body.get("all") is True:
         flt = DlqFilter.from_params({k: v for k, v in body.items() if k in ("error_class", "model", "since", "until", "q")})
         page = await list_dead_letters(flt, limit=10**9, offset=0)
-        return [item["request_id"] for item in page["items"]], rate
+        return [item.get("key") or item["request_id"] for item in page["items"]], rate
     raise ApiError(400, 'body must name "keys" (a list) or "all": true')
 
 
@@ -273,16 +274,24 @@ class Reprocess(web.View):
     @api
     async def post(self, request: web.Request, request_id: str) -> web.Response:
         body = await read_json(request)
-        payload = None
+        payload, force = None, False
         if body is not None:
-            if not isinstance(body, dict) or set(body) - {"payload"}:
-                raise ApiError(400, 'body must be empty or {"payload": {...}}')
+            if not isinstance(body, dict) or set(body) - {"payload", "force"}:
+                raise ApiError(400, 'body must be empty or {"payload": {...}, "force": true|false}')
             payload = body.get("payload")
+            force = _force(body)
         if payload is not None:
-            problems = check_edit(request_id, payload)
+            problems = check_edit(owner_id(request_id), payload)
             if problems:
                 raise ApiError(400, "edited payload is not a valid request", reasons=problems)
-        return _answer(self, await ask(Command(REPLAY, request_id, actor_of(request), payload)))
+        return _answer(self, await ask(Command(REPLAY, request_id, actor_of(request), payload, force)))
+
+
+def _force(body: dict[str, Any]) -> bool:
+    force = body.get("force", False)
+    if not isinstance(force, bool):
+        raise ApiError(400, "force must be true or false")
+    return force
 
 
 @app.page("/dlq/{request_id}/")
@@ -294,11 +303,11 @@ class DeadLetter(web.View):
         answer = await routed(self, request, dead_letters.name, request_id)
         if answer is not None:
             return answer
-        blob = dead_letters.get(request_id.encode())
-        ledger = operator.ledger_for(request_id)
-        if blob is None:
+        ledger = operator.ledger_for(owner_id(request_id))
+        key = find_dead_letter(dead_letters, request_id, settings.partitions)
+        if key is None:
             raise ApiError(404, f"no dead letter with request id {request_id!r}", ledger=ledger)
-        return self.json({**presented(json.loads(blob)), "ledger": ledger})
+        return self.json({**presented(json.loads(dead_letters[key])), "ledger": ledger})
 
     @api
     async def delete(self, request: web.Request, request_id: str) -> web.Response:

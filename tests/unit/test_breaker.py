@@ -86,3 +86,62 @@ def test_one_request_failing_again_and_again_counts_once():
     for n in range(3):
         b.record(DOWN, f"other-{n}")
     assert b.state == OPEN  # 4 distinct requests down out of 7 seen
+
+
+def _open_then_half_open(clock, b):
+    for n in range(4):
+        b.record(DOWN, f"first-{n}")
+    clock.now += 5.0
+    assert b.state == HALF_OPEN
+
+
+def test_half_open_probes_go_to_fresh_requests_before_ones_that_failed():
+    clock = Clock()
+    b = breaker(clock)
+    _open_then_half_open(clock, b)
+    b._waiting[0] += 1  # a fresh request is waiting
+    assert not b.allow("retry", rank=1)
+    assert b.allow("fresh", rank=0)
+    b._waiting[0] -= 1
+    assert b.allow("retry", rank=1)
+
+
+def test_a_failing_request_that_failed_before_is_not_held_and_does_not_reopen():
+    clock = Clock()
+    b = breaker(clock)
+    _open_then_half_open(clock, b)
+    assert b.allow("always-fails", rank=1)
+    assert b.record(DOWN, "always-fails", rank=1) is False  # an attempt: it moves on
+    assert b.state == HALF_OPEN
+    assert b.allow("always-fails-too", rank=2)  # the next probe may go at once
+
+
+def test_a_fresh_probe_failing_reopens_and_is_held():
+    clock = Clock()
+    b = breaker(clock)
+    _open_then_half_open(clock, b)
+    assert b.allow("fresh", rank=0)
+    assert b.record(DOWN, "fresh", rank=0) is True
+    assert b.state == OPEN
+
+
+def test_only_fresh_requests_are_held_when_the_breaker_trips():
+    b = breaker(Clock())
+    for n in range(3):
+        assert b.record(DOWN, f"r{n}", rank=0) is False  # closed: attempts
+    assert b.record(DOWN, "r3", rank=0) is True  # this one tripped it: held
+    assert b.record(DOWN, "late-retry", rank=1) is False  # failed before: an attempt
+
+
+def test_always_failing_requests_alone_drain_through_half_open():
+    """The livelock of issue 12: only failing requests left, none may be held forever."""
+    clock = Clock()
+    b = breaker(clock)
+    _open_then_half_open(clock, b)
+    moved = 0
+    for attempt in range(1, 4):
+        for n in range(20):
+            assert b.allow(f"bad-{n}", rank=attempt)
+            assert b.record(DOWN, f"bad-{n}", rank=attempt) is False
+            moved += 1
+    assert moved == 60 and b.state == HALF_OPEN

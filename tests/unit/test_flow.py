@@ -16,7 +16,7 @@ def test_window_acks_each_partition_in_offset_order_even_when_handlers_finish_ou
     async def run():
         acked = []
         gates = {i: asyncio.Event() for i in range(5)}
-        window = InFlightWindow(10, on_fatal=lambda exc: None)
+        window = InFlightWindow(10, on_error=_reraise, on_fatal=lambda exc: None)
         for i in range(5):
             async def handler(i=i):
                 await gates[i].wait()
@@ -35,13 +35,38 @@ def test_window_acks_each_partition_in_offset_order_even_when_handlers_finish_ou
     asyncio.run(run())
 
 
-def test_a_failing_handler_is_never_acked_and_is_reported():
+async def _reraise(event, exc):
+    raise exc
+
+
+def test_a_failing_handler_is_routed_and_acked_and_the_partition_moves_on():
     async def run():
-        acked, fatal = [], []
-        window = InFlightWindow(10, on_fatal=fatal.append)
+        acked, routed, fatal = [], [], []
+        async def route(event, exc):
+            routed.append((event.offset, str(exc)))
+        window = InFlightWindow(10, on_error=route, on_fatal=fatal.append)
 
         async def boom():
             raise RuntimeError("bug")
+
+        async def fine():
+            return None
+
+        await window.submit("p0", FakeEvent(0, acked), boom)
+        await window.submit("p0", FakeEvent(1, acked), fine)
+        await window.join()
+        assert routed == [(0, "bug")] and acked == [0, 1] and fatal == []
+
+    asyncio.run(run())
+
+
+def test_when_routing_fails_too_the_event_is_never_acked_and_the_worker_stops():
+    async def run():
+        acked, fatal = [], []
+        window = InFlightWindow(10, on_error=_reraise, on_fatal=fatal.append)
+
+        async def boom():
+            raise RuntimeError("broker gone")
 
         async def fine():
             return None
@@ -54,9 +79,42 @@ def test_a_failing_handler_is_never_acked_and_is_reported():
     asyncio.run(run())
 
 
+def test_release_lets_quick_handlers_finish_cancels_held_ones_and_hands_back_the_unacked():
+    async def run():
+        acked, forgotten = [], []
+        window = InFlightWindow(10, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+        held = asyncio.Event()  # never set: a request held by an open breaker
+        cancelled = []
+
+        async def quick():
+            await asyncio.sleep(0.01)
+
+        async def stuck():
+            try:
+                await held.wait()
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+
+        await window.submit("p0", FakeEvent(0, acked), quick)
+        await window.submit("p0", FakeEvent(1, acked), stuck)
+        await window.submit("p0", FakeEvent(2, acked), quick)
+        await window.submit("p1", FakeEvent(10, acked), quick)
+        released = await asyncio.wait_for(window.release(grace_s=0.5), 5)
+        assert acked == [0, 10]  # done and at the head of their partitions
+        assert cancelled == [True]
+        assert sorted(forgotten) == [1, 2] and released == 2  # 2 finished behind 1: not acked either
+        assert window.in_flight == 0
+        await window.submit("p0", FakeEvent(3, acked), quick)  # reopened after a rebalance
+        await window.join()
+        assert acked == [0, 10, 3]
+
+    asyncio.run(run())
+
+
 def test_window_bounds_in_flight_handlers():
     async def run():
-        window = InFlightWindow(2, on_fatal=lambda exc: None)
+        window = InFlightWindow(2, on_error=_reraise, on_fatal=lambda exc: None)
         gate = asyncio.Event()
         acked = []
         for i in range(2):

@@ -84,3 +84,26 @@ def test_envelope_round_trips_through_headers_and_blob_with_bytes_intact(payload
         assert copy.attempts == attempts
         assert copy.history == envelope.history
         assert copy.scheduled_time == 5000 and copy.original_timestamp == 123
+
+
+def test_every_dlqapp_header_is_parsed_tolerantly():
+    from dlqapp.models import Envelope, header_int, header_json
+
+    hostile = [
+        ("original_timestamp", b"abc"),
+        ("retry_count", b"-1"),
+        ("attempts", b"\xff\xfe"),
+        ("scheduled_time", b"99999999999999999999999"),
+        ("attempt_history", b"5"),
+        ("source", b"[1, 2]"),
+        ("replay_count", b"x"),
+        ("replay_count", b""),
+        ("dead_at", None),
+    ]
+    envelope = Envelope.from_headers("r1", b"{}", hostile)
+    assert envelope.attempts == 0 and envelope.scheduled_time is None
+    assert envelope.history == [] and envelope.source == {}
+    assert "replay_count" not in envelope.lineage
+    assert header_int({"original_timestamp": "abc"}, "original_timestamp") is None
+    assert header_int({"original_timestamp": " 1700000000000 "}, "original_timestamp") == 1700000000000
+    assert header_json({"source": "{}"}, "source", dict) == {} and header_json({"source": "[]"}, "source", dict) is None

@@ -103,3 +103,15 @@ def test_scanning_from_the_start_finds_what_a_full_scan_finds(tmp_path_factory, 
                     db.delete(key)
     finally:
         db.close()
+
+
+def test_a_parked_retry_from_before_a_replay_is_stale():
+    from dlqapp.models import Envelope
+    from dlqapp.retry import superseded_by
+
+    old_chain = Envelope("r", b"{}", 0, {}, attempts=2)
+    replayed_chain = Envelope("r", b"{}", 0, {}, attempts=1, lineage={"replay_count": "1"})
+    state = {"state": "reprocessed", "attempts": 4, "replay_count": 1}
+    assert superseded_by(state, old_chain) is not None
+    assert superseded_by(state, replayed_chain) is None
+    assert superseded_by({"state": "retry_scheduled", "attempts": 1}, old_chain) is None

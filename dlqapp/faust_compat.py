@@ -1,0 +1,43 @@
+"""The Faust and RocksDB internals dlqapp relies on, in one place.
+
+Each helper names the private member it touches and why. Checked against
+faust-streaming 0.15.3 and rocksdict 0.3; read these first after an upgrade.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from rocksdict import ReadOptions
+
+
+def forget_unacked(app: Any, event: Any) -> None:
+    """Hand an event back without acking it, so its offset is never committed.
+
+    `Consumer._unacked_messages` is what `wait_empty()` waits on during shutdown and
+    rebalances; an event dlqapp gave up on (held by the breaker when the worker stops)
+    must leave it, or the worker waits forever. Its offset stays uncommitted, so the
+    partition's next owner handles it again.
+    """
+    consumer = getattr(app, "_consumer", None)
+    if consumer is not None:
+        consumer._unacked_messages.discard(event.message)
+
+
+def partition_db(table: Any, partition: int) -> Any:
+    """The `rocksdict.Rdict` of one table partition (`Store._db_for_partition`): Faust has no range scan."""
+    return table.data._db_for_partition(partition)
+
+
+def keys_with_prefix(db: Any, prefix: bytes, limit: int) -> Iterator[bytes]:
+    """Up to `limit` keys of `db` that start with `prefix`, in key order."""
+    it = db.iter(ReadOptions())
+    it.seek(prefix)
+    found = 0
+    while it.valid() and found < limit:
+        key = it.key()
+        if not key.startswith(prefix):
+            return
+        yield key
+        found += 1
+        it.next()
