@@ -6,12 +6,14 @@ Agents, tables, views and commands live in their own modules and register on `ap
 from __future__ import annotations
 
 import logging
+import socket
 import sys
+from urllib.parse import urlsplit
 
 import faust
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 
-from dlqapp.auth import guard_middleware
+from dlqapp.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.durability import ConfirmedTable
 from dlqapp.logs import apply_log_format, configure_logging
 from dlqapp.settings import Settings, SettingsError
@@ -73,6 +75,14 @@ class DlqApp(faust.App):
         return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
 
 
+def access_policy(settings: Settings) -> AccessPolicy:
+    """Who the HTTP server answers to: this machine's names, the advertised host, the extras."""
+    hosts = {settings.web_host.lower(), socket.gethostname().lower(), socket.getfqdn().lower(), *settings.allowed_hosts}
+    if settings.web_advertised_url:
+        hosts.add(host_name(urlsplit(settings.web_advertised_url).netloc))
+    return AccessPolicy(token=settings.admin_token, hosts=frozenset(hosts), origins=frozenset(settings.allowed_origins))
+
+
 def create_app(settings: Settings) -> DlqApp:
     """A configured, not yet started, dlqapp Faust app."""
     configure_logging(settings)
@@ -96,7 +106,7 @@ def create_app(settings: Settings) -> DlqApp:
         web_tables_enabled=False,
         web_application_options={
             "client_max_size": settings.max_body_bytes,
-            "middlewares": [guard_middleware(settings.admin_token)],
+            "middlewares": [guard_middleware(access_policy(settings))],
         },
         reply_create_topic=True,
         stream_wait_empty=True,

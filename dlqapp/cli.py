@@ -41,12 +41,13 @@ def fail(message: str, code: int) -> None:
 async def call(method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)) -> tuple[int, Any]:
     """One HTTP call to the worker; CliError on an unreachable worker or an unexpected status."""
     url = settings.web_url.rstrip("/") + path
-    headers = {"X-DLQ-Actor": f"cli:{getpass.getuser()}@{socket.gethostname()}"}
+    headers = {"X-DLQ-Actor": f"cli:{getpass.getuser()}@{socket.gethostname()}", "Content-Type": "application/json"}
     if settings.admin_token:
         headers["Authorization"] = f"Bearer {settings.admin_token}"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            async with session.request(method, url, json=body, headers=headers) as response:
+            data = json.dumps(body).encode() if body is not None else (b"" if method != "GET" else None)
+            async with session.request(method, url, data=data, headers=headers) as response:
                 data = await response.json(content_type=None)
                 status = response.status
     except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:

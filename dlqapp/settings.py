@@ -104,6 +104,20 @@ def _choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+MIN_TOKEN_CHARS = 16
+
+
+def _admin_token(text: str) -> str:
+    token = text.strip()
+    if token and len(token) < MIN_TOKEN_CHARS:
+        raise ValueError(f"is {len(token)} characters; use at least {MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 16`), or leave it empty for loopback-only mutations")
+    return token
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip().rstrip("/").lower() for part in text.split(",") if part.strip())
+
+
 def _optional_int(text: str) -> int | None:
     return int(text) if text.strip() else None
 
@@ -138,6 +152,7 @@ class Settings:
     concurrency: int = _setting("DLQ_CONCURRENCY", "64", _positive_int, "Backend calls in flight at once per worker.")
     max_poll_records: int = _setting("DLQ_MAX_POLL_RECORDS", "100", _positive_int, "Most records one consumer poll hands to the agents; small batches let due retries through a flood of input.")
     drain_timeout_ms: int = _setting("DLQ_DRAIN_TIMEOUT", "5s", parse_duration_ms, "On shutdown or a rebalance, how long calls in flight may finish; the rest (and requests held by the breaker) are left unacked for the partition's next owner.")
+    poison_after_crashes: int = _setting("DLQ_POISON_AFTER_CRASHES", "3", _positive_int, "A message the worker died on (in progress at this many unclean stops in a row) is dead-lettered as `poison` instead of being handled again.")
     timer_interval_ms: int = _setting("DLQ_TIMER_INTERVAL", "20ms", parse_duration_ms, "How often the retry timer scans for due retries.")
     timer_batch: int = _setting("DLQ_TIMER_BATCH", "500", _positive_int, "Most due retries the timer hands over per partition per tick.")
     inference: str = _setting("DLQ_INFERENCE", "simulated", _choice("simulated", "openai"), "Inference backend: `simulated` (in-process) or `openai` (an OpenAI-compatible HTTP endpoint).")
@@ -170,7 +185,9 @@ class Settings:
     max_replays: int = _setting("DLQ_MAX_REPLAYS", "5", _positive_int, "Replays allowed per request id; more are refused (stops replay loops).")
     alert_webhook_url: str = _setting("DLQ_ALERT_WEBHOOK_URL", "", str, "Slack-compatible webhook for dead-letter alerts (empty: log lines only).")
     alert_window_ms: int = _setting("DLQ_ALERT_WINDOW", "10s", parse_duration_ms, "Dead letters are batched into one webhook message per window.")
-    admin_token: str = _setting("DLQ_ADMIN_TOKEN", "", str, "Bearer token required for mutations (empty: loopback clients only).")
+    admin_token: str = _setting("DLQ_ADMIN_TOKEN", "", _admin_token, f"Bearer token required for mutations, at least {MIN_TOKEN_CHARS} characters (empty: loopback clients only).")
+    allowed_hosts: tuple[str, ...] = _setting("DLQ_ALLOWED_HOSTS", "", _name_list, "Extra host names the HTTP server answers to, comma-separated (IP addresses, loopback names, the advertised host and this machine's name always work; others are refused against DNS rebinding).")
+    allowed_origins: tuple[str, ...] = _setting("DLQ_ALLOWED_ORIGINS", "", _name_list, "Extra browser origins (`https://ops.example.com`) allowed to send mutations; the worker's own origin always is.")
     log_level: str = _setting("DLQ_LOG_LEVEL", "info", _choice("debug", "info", "warning", "error"), "Level of dlqapp's own loggers.")
     log_format: str = _setting("DLQ_LOG_FORMAT", "text", _choice("text", "json"), "`text`: key=value lines. `json`: one JSON object per line.")
 

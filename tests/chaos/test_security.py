@@ -23,16 +23,16 @@ def call(url: str, method: str = "POST", token: str | None = None) -> tuple[int,
 
 
 def test_token_is_required_and_checked(make_worker):
-    worker = make_worker(env_extra={"DLQ_ADMIN_TOKEN": "s3cret-token"}).start()
+    worker = make_worker(env_extra={"DLQ_ADMIN_TOKEN": "s3cret-token-0123456789"}).start()
     target = f"{worker.url}/dlq/{unique('x')}/reprocess/"
     status, body = call(target)
     assert status == 401 and "Bearer" in body["error"]
     assert call(target, token="wrong")[0] == 403
-    assert call(target, token="s3cret-token")[0] == 404  # allowed through; the id is unknown
+    assert call(target, token="s3cret-token-0123456789")[0] == 404  # allowed through; the id is unknown
     assert call(f"{worker.url}/dlq/x/", "DELETE", token="nope")[0] == 403
     assert http_json(worker.url + "/dlq/")[0] == 200  # reads need no token
     assert http_json(worker.url + "/table/requests/")[0] == 404  # Faust's raw table views are off
-    big = urllib.request.Request(f"{worker.url}/dlq/reprocess/", data=b"x" * 5_000_000, method="POST", headers={"Authorization": "Bearer s3cret-token"})
+    big = urllib.request.Request(f"{worker.url}/dlq/reprocess/", data=b"x" * 5_000_000, method="POST", headers={"Authorization": "Bearer s3cret-token-0123456789", "Content-Type": "application/json"})
     try:
         urllib.request.urlopen(big, timeout=10)
         raise AssertionError("a 5 MB body must be refused")
@@ -65,7 +65,7 @@ def netns():
 def from_netns(namespace: str, url: str, method: str) -> tuple[int, dict]:
     script = (
         "import json, sys, urllib.request\n"
-        f"r = urllib.request.Request({url!r}, data=b'{{}}' if {method!r} == 'POST' else None, method={method!r})\n"
+        f"r = urllib.request.Request({url!r}, data=b'{{}}' if {method!r} == 'POST' else None, method={method!r}, headers={{'Content-Type': 'application/json'}})\n"
         "try:\n    resp = urllib.request.urlopen(r, timeout=10); print(resp.status); print(resp.read().decode())\n"
         "except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n"
     )
@@ -82,3 +82,32 @@ def test_without_a_token_only_loopback_clients_may_mutate(make_worker, netns):
     assert from_netns(netns, f"{remote}/dlq/x/", "DELETE")[0] == 403
     assert from_netns(netns, f"{remote}/dlq/", "GET")[0] == 200
     assert call(f"{worker.url}/dlq/{unique('x')}/reprocess/")[0] == 404  # loopback: allowed through
+
+
+def test_a_web_page_cannot_make_the_browser_replay_or_read_the_dlq(make_worker):
+    """Cross-site requests and DNS rebinding against a worker without a token (the default)."""
+    worker = make_worker().start()
+    bulk = f"{worker.url}/dlq/reprocess/"
+    status, body = http_json(bulk, "POST", raw=b'{"all": true}', headers={"Content-Type": "text/plain", "Origin": "http://evil.example"})
+    assert status == 415 and "application/json" in body["error"]
+    status, body = http_json(bulk, "POST", {"all": True}, headers={"Origin": "http://evil.example"})
+    assert status == 403 and "DLQ_ALLOWED_ORIGINS" in body["error"]
+    status, body = http_json(f"{worker.url}/dlq/", headers={"Host": "rebound.evil.example"})
+    assert status == 403 and "DLQ_ALLOWED_HOSTS" in body["error"]
+    assert http_json(f"{worker.url}/dlq/x/", "DELETE", headers={"Host": f"rebound.evil.example:{worker.web_port}"})[0] == 403
+    status, body = http_json(bulk, "POST", {"all": True}, headers={"Origin": worker.url})
+    assert status == 200 and body["reprocessed"] == []  # its own page may
+
+
+def test_an_allowed_host_and_origin_are_accepted(make_worker):
+    worker = make_worker(env_extra={"DLQ_ALLOWED_HOSTS": "dlq.internal", "DLQ_ALLOWED_ORIGINS": "https://ops.example.com"}).start()
+    assert http_json(f"{worker.url}/dlq/", headers={"Host": "dlq.internal"})[0] == 200
+    status, _ = http_json(f"{worker.url}/dlq/reprocess/", "POST", {"keys": ["nope"]}, headers={"Origin": "https://ops.example.com"})
+    assert status == 200
+
+
+def test_a_short_token_stops_the_worker_naming_the_setting(make_worker):
+    worker = make_worker(env_extra={"DLQ_ADMIN_TOKEN": "change-me"})
+    worker.start(wait=False)
+    assert worker.process.wait(timeout=60) != 0
+    assert "DLQ_ADMIN_TOKEN" in worker.log_path.read_text()

@@ -23,3 +23,9 @@ def test_compose_runs_kafka_in_kraft_mode_and_a_worker_with_dlq_settings():
     mock = services["mock-llm"]
     assert mock["command"][0] == "dlqapp-mock-llm" and "8000:8000" in mock["ports"]
     assert worker["environment"]["DLQ_INFERENCE_URL"] == "http://mock-llm:8000/v1"
+
+
+def test_compose_ships_no_usable_default_token():
+    worker = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["worker"]
+    token = worker["environment"]["DLQ_ADMIN_TOKEN"]
+    assert token.startswith("${DLQ_ADMIN_TOKEN:?"), token  # compose refuses to start without one
