@@ -16,6 +16,7 @@ from faust.sensors.prometheus import setup_prometheus_sensors
 from dlqapp import metrics
 from dlqapp.alerts import AlertBatcher
 from dlqapp.classification import ErrorClass
+from dlqapp.crashguard import CrashGuard, PoisonMessage
 from dlqapp.durability import changelog_barrier
 from dlqapp.faust_compat import forget_unacked
 from dlqapp.logs import log_event
@@ -80,12 +81,18 @@ async def _poison(event: EventT, exc: BaseException) -> None:
     """
     if isinstance(exc, KafkaError):
         raise exc
-    log.exception("handler failed on %s[%s]@%s; dead-lettering it as poison", event.message.topic, event.message.partition, event.message.offset, exc_info=exc)
+    where = (event.message.topic, event.message.partition, event.message.offset)
+    log.error("handler failed on %s[%s]@%s; dead-lettering it as poison", *where, exc_info=None if isinstance(exc, PoisonMessage) else exc)
     await pipeline.dead_letter_unprocessable(event, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000])
 
 
+crash_guard = CrashGuard(os.path.join(settings.data_dir, "in-progress.json"), settings.poison_after_crashes)
+
+
 def _window() -> InFlightWindow:
-    window = InFlightWindow(settings.concurrency * 2, on_error=_poison, on_fatal=_fatal, forget=lambda event: forget_unacked(app, event))
+    window = InFlightWindow(
+        settings.concurrency * 2, on_error=_poison, on_fatal=_fatal, forget=lambda event: forget_unacked(app, event), guard=crash_guard
+    )
     windows.append(window)
     return window
 
@@ -95,6 +102,8 @@ async def release_in_flight(reopen: bool) -> None:
     released = 0
     for window in windows:
         released += await window.release(settings.drain_timeout_ms / 1000, reopen=reopen)
+    if not reopen:
+        crash_guard.close()
     if released:
         log_event(log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown")
 
@@ -187,6 +196,15 @@ async def retry_timer() -> None:
                 log.exception("retry timer tick failed")
     finally:
         await scheduler.due_hop.stop()
+
+
+@app.task
+async def crash_journal() -> None:
+    """Keep the crash-loop guard's journal about a second behind (see dlqapp.crashguard)."""
+    crash_guard.open()
+    while not app.should_stop:
+        await asyncio.sleep(1.0)
+        crash_guard.snapshot()
 
 
 @app.task

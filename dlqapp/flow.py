@@ -17,6 +17,7 @@ from collections import deque
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Awaitable, Callable, Hashable, Protocol
 
+from dlqapp.crashguard import CrashGuard, PoisonMessage
 from dlqapp.durability import changelog_barrier
 
 log = logging.getLogger(__name__)
@@ -39,13 +40,21 @@ class InFlightWindow:
     leaving the event unacked for redelivery.
     """
 
-    def __init__(self, limit: int, on_error: OnError, on_fatal: Callable[[BaseException], None], forget: Callable[[Any], None] = lambda event: None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        on_error: OnError,
+        on_fatal: Callable[[BaseException], None],
+        forget: Callable[[Any], None] = lambda event: None,
+        guard: CrashGuard | None = None,
+    ) -> None:
         self._slots = asyncio.Semaphore(limit)
         self._pending: dict[Hashable, deque[list[Any]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._on_error = on_error
         self._on_fatal = on_fatal
         self._forget = forget
+        self._guard = guard
         self._accepting = asyncio.Event()
         self._accepting.set()
 
@@ -72,7 +81,7 @@ class InFlightWindow:
         try:
             try:
                 async with changelog_barrier():
-                    await handler()
+                    await self._handle(entry[0], handler)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # one message's failure: route it, move on
@@ -88,6 +97,22 @@ class InFlightWindow:
             self._slots.release()
         entry[1] = True
         self._ack_ready(partition)
+
+    async def _handle(self, event: Any, handler: Callable[[], Awaitable[None]]) -> None:
+        """The handler, unless the crash-loop guard names the event poison; alone when it asks for care."""
+        if self._guard is None:
+            await handler()
+            return
+        message = event.message
+        position = (message.topic, message.partition, message.offset)
+        if self._guard.is_poison(position):
+            raise PoisonMessage(f"the worker died {self._guard.crashes(position)} times in a row while handling this message (DLQ_POISON_AFTER_CRASHES)")
+        self._guard.seen(position)
+        if self._guard.needs_care(position):
+            async with self._guard.careful(position):
+                await handler()
+        else:
+            await handler()
 
     def _ack_ready(self, partition: Hashable) -> None:
         queue = self._pending.get(partition)

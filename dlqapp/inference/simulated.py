@@ -2,19 +2,23 @@
 
 A request whose `metadata.simulate` is `{"fail_times": N, "error": "<class>",
 "retry_after": S}` fails its first N attempts with that class (and retry-after, in
-seconds), then succeeds; replays continue the count. Other requests succeed with probability `success_rate`;
+seconds), then succeeds; replays continue the count. `{"crash": true}` ends the worker
+process on the spot, like a crash in native code (for testing the crash-loop guard). Other requests succeed with probability `success_rate`;
 failures follow a fixed mix of timeouts, server errors, rate limits and invalid requests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from typing import Any
 
 from dlqapp.classification import ErrorClass, InferenceError
 from dlqapp.inference.base import CallLog, InferenceOutput
 from dlqapp.models import Request
+
+CRASH_EXIT_CODE = 134
 
 FAILURE_MIX: tuple[tuple[ErrorClass, float], ...] = (
     (ErrorClass.TIMEOUT, 0.3),
@@ -52,6 +56,8 @@ class SimulatedBackend:
         calls = self._calls.record(request.request_id)
         await asyncio.sleep(self._latency_s())
         directive = request.metadata.get("simulate")
+        if isinstance(directive, dict) and directive.get("crash") is True:
+            os._exit(CRASH_EXIT_CODE)
         if isinstance(directive, dict):
             # Count this process's calls too, so a replayed request continues the plan
             # (fails its first N attempts in all) instead of starting it over.

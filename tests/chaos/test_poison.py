@@ -102,3 +102,29 @@ def test_undecodable_operator_commands_are_dead_lettered_with_their_bytes(worker
             assert record.headers["error_class"] == "invalid_request"
             assert "operator command" in record.headers["final_error"]
     assert "Crashed reason" not in worker.log_path.read_text(errors="replace")
+
+
+def test_a_message_that_kills_the_worker_is_dead_lettered_as_poison_after_a_few_crashes(make_worker):
+    """The crash-loop guard: `simulate.crash` ends the process like a native crash would."""
+    worker = make_worker(env_extra={"DLQ_POISON_AFTER_CRASHES": "2", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}).start()
+    killer, after = unique("killer"), unique("after-killer")
+    produce(worker.bootstrap, worker.topic("input"), [(b"same", request_bytes(killer, metadata={"simulate": {"crash": True}})), (b"same", request_bytes(after))])
+    deaths = 0
+
+    def poisoned():
+        nonlocal deaths
+        if worker.process.poll() is not None:  # a supervisor restarting the crashed worker
+            deaths += 1
+            assert deaths <= 5, f"still crashing after {deaths} restarts:\n{worker.log_tail()}"
+            worker.start(wait=False)
+            return None
+        try:
+            status, body = worker.get(f"/dlq/{killer}/")
+        except OSError:
+            return None
+        return body if status == 200 else None
+
+    entry = wait_until(poisoned, 280, "the poison dead letter", interval=0.5)
+    assert deaths >= 1
+    assert entry["error_class"] == "poison" and "died" in entry["final_error"]
+    read_topic(worker.bootstrap, worker.topic("results"), lambda r: after in keys_seen(r), 60)

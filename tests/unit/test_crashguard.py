@@ -1,0 +1,86 @@
+"""The crash-loop guard across simulated deaths: a new CrashGuard on the same journal is a restart."""
+
+import asyncio
+
+from dlqapp.crashguard import CrashGuard
+
+P = ("input", 1, 42)
+INNOCENT = ("input", 1, 41)
+
+
+def die_while_handling(path, position, after=3):
+    """One run of a worker that dies (no close) while `position` runs in careful mode."""
+    guard = CrashGuard(str(path), after)
+    guard.open()
+
+    async def run():
+        if guard.is_poison(position):
+            return "poison"
+        guard.seen(position)
+        if guard.needs_care(position):
+            async with guard.careful(position):
+                return "died"  # the process ends here: the context never exits in real life
+        guard.snapshot()
+        return "died"
+
+    outcome = asyncio.run(_hold(guard, position, run))
+    return guard, outcome
+
+
+async def _hold(guard, position, run):
+    result = await run()
+    if result == "died" and guard.needs_care(position):
+        guard._current = position  # still named: the death happened inside the block
+        guard._write(clean=False)
+    return result
+
+
+def test_a_message_that_kills_the_worker_three_times_in_a_row_becomes_poison(tmp_path):
+    journal = tmp_path / "in-progress.json"
+    outcomes = [die_while_handling(journal, P)[1] for _ in range(5)]
+    # run 1 dies outside careful mode (no journal yet), runs 2-4 die naming P, run 5 refuses it
+    assert outcomes == ["died", "died", "died", "died", "poison"]
+
+
+def test_a_clean_stop_forgets_everything(tmp_path):
+    journal = tmp_path / "in-progress.json"
+    die_while_handling(journal, P)
+    die_while_handling(journal, P)
+    guard = CrashGuard(str(journal), 3)
+    guard.open()
+    assert guard.needs_care(P) and guard.crashes(P) == 1
+    guard.close()
+    after = CrashGuard(str(journal), 3)
+    after.open()
+    assert not after.needs_care(P) and after.crashes(P) == 0
+
+
+def test_crashes_count_only_when_in_a_row_on_the_same_message(tmp_path):
+    journal = tmp_path / "in-progress.json"
+    die_while_handling(journal, P)
+    die_while_handling(journal, P)
+    die_while_handling(journal, INNOCENT)  # a different message this time
+    guard = CrashGuard(str(journal), 3)
+    guard.open()
+    assert guard.crashes(INNOCENT) == 1 and guard.crashes(P) == 0
+
+
+def test_careful_mode_runs_messages_one_at_a_time():
+    async def run(tmp):
+        guard = CrashGuard(str(tmp), 3)
+        guard._careful_until = {"input:1": 100}
+        order = []
+
+        async def handle(offset):
+            async with guard.careful(("input", 1, offset)):
+                order.append(("start", offset))
+                await asyncio.sleep(0.01)
+                order.append(("end", offset))
+
+        await asyncio.gather(handle(1), handle(2))
+        return order
+
+    import tempfile, os
+    with tempfile.TemporaryDirectory() as d:
+        order = asyncio.run(run(os.path.join(d, "j.json")))
+    assert order == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
