@@ -17,15 +17,18 @@ from dlqapp import metrics
 from dlqapp.alerts import AlertBatcher
 from dlqapp.classification import ErrorClass
 from dlqapp.crashguard import CrashGuard, PoisonMessage
-from dlqapp.durability import changelog_barrier
-from dlqapp.faust_compat import forget_unacked
+from dlqapp.counters import Counters
+from dlqapp.durability import at_end_of_step, changelog_barrier
+from dlqapp.faust_compat import active_partitions, forget_unacked, read_partition
 from dlqapp.logs import log_event
 from dlqapp.dlq import DeadLetterRecorder
 from dlqapp.flow import InFlightWindow
 from dlqapp.inference import create_backend
 from dlqapp.pipeline import Pipeline
 from dlqapp.retry import DueHop, RetryScheduler
-from dlqapp.operator import Operator
+from dlqapp.models import now_ms
+from dlqapp.operator import EXPIRE, Command, Operator
+from dlqapp.retention import SweptTable, Sweeper, ledger_last_change, request_last_change
 from dlqapp.topology import (
     commands_topic,
     dead_letters,
@@ -35,6 +38,7 @@ from dlqapp.topology import (
     parked_retries,
     replay_ledger,
     requests_table,
+    stats_table,
     results_topic,
     tier_topics,
 )
@@ -42,6 +46,8 @@ from dlqapp.topology import (
 log = logging.getLogger("dlqapp.agents")
 
 backend = create_backend(settings)
+counters = Counters(stats_table)
+at_end_of_step(counters.flush_due)
 pipeline = Pipeline(
     settings,
     backend,
@@ -49,12 +55,15 @@ pipeline = Pipeline(
     dlq_topic=dlq_topic,
     results_topic=results_topic,
     requests_table=requests_table,
+    counters=counters,
 )
 scheduler = RetryScheduler(pipeline, parked_retries, DueHop(settings.kafka_bootstrap, due_topic.get_topic_name()))
 pipeline.park = scheduler.store
 alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None
-recorder = DeadLetterRecorder(dead_letters, settings.dead_letter_log, alerts, settings.max_payload_bytes)
-operator = Operator(pipeline, dead_letters, replay_ledger, input_topic, dlq_topic)
+recorder = DeadLetterRecorder(
+    dead_letters, counters, settings.dead_letter_log, alerts, settings.max_payload_bytes, settings.dlq_log_max_bytes, settings.dlq_log_backups
+)
+operator = Operator(pipeline, recorder, replay_ledger, input_topic, dlq_topic)
 
 
 FATAL_EXIT_CODE = 70
@@ -102,7 +111,9 @@ async def release_in_flight(reopen: bool) -> None:
     released = 0
     for window in windows:
         released += await window.release(settings.drain_timeout_ms / 1000, reopen=reopen)
-    if not reopen:
+    if reopen:
+        counters.on_revoked()
+    else:
         crash_guard.close()
     if released:
         log_event(log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown")
@@ -198,6 +209,38 @@ async def retry_timer() -> None:
         await scheduler.due_hop.stop()
 
 
+SWEEP_INTERVAL_S = 1.0
+
+
+async def _send_expired(table: str, partition: int, expired: list[tuple[str, int]]) -> None:
+    command = Command(EXPIRE, expired[0][0], "retention", table=table, expired=[list(pair) for pair in expired])
+    await commands_topic.send(key=expired[0][0].encode(), value=command.to_dict(), partition=partition)
+
+
+sweeper = Sweeper(
+    [
+        SweptTable(requests_table, request_last_change),
+        SweptTable(replay_ledger, ledger_last_change, keep=lambda key: dead_letters.get(key) is not None),
+    ],
+    settings.state_retention_ms,
+    _send_expired,
+)
+
+
+@app.task
+async def retention_sweep() -> None:
+    """Forget settled states and old ledgers after DLQ_STATE_RETENTION (dlqapp.retention)."""
+    while not app.should_stop:
+        await asyncio.sleep(SWEEP_INTERVAL_S)
+        if app.rebalancing or app.in_recovery:
+            sweeper.forget_cursors()
+            continue
+        try:
+            await sweeper.sweep(now_ms())
+        except Exception:  # the next tick tries again
+            log.exception("retention sweep failed")
+
+
 @app.task
 async def crash_journal() -> None:
     """Keep the crash-loop guard's journal about a second behind (see dlqapp.crashguard)."""
@@ -238,7 +281,7 @@ def _consumer_lag() -> list[tuple[str, int, int]]:
 setup_prometheus_sensors(app, name_prefix="faust")
 metrics.register_state_collector(
     metrics.StateCollector(
-        dlq_entries=lambda: sum(1 for _ in dead_letters.keys()),
+        dlq_entries=lambda: max(0, counters.total(active_partitions(stats_table), lambda p, k: read_partition(stats_table, p, k))["dlq_size"]),
         parked_by_tier=scheduler.parked_by_tier_name,
         consumer_lag=_consumer_lag,
         breaker_state=lambda: pipeline.breaker.state,

@@ -13,9 +13,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import faust
+
+_end_of_step: list[Callable[[], None]] = []
+
+
+def at_end_of_step(hook: Callable[[], None]) -> None:
+    """Run `hook` at the end of every stream step, inside it (e.g. to write counters)."""
+    _end_of_step.append(hook)
+
 
 _pending: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("dlqapp_changelog_pending", default=None)
 
@@ -38,6 +46,8 @@ async def changelog_barrier() -> AsyncIterator[None]:
     token = _pending.set(pending)
     try:
         yield
+        for hook in _end_of_step:
+            hook()
         while pending:
             batch, pending[:] = list(pending), []
             await asyncio.gather(*batch)

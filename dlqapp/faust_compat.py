@@ -41,3 +41,30 @@ def keys_with_prefix(db: Any, prefix: bytes, limit: int) -> Iterator[bytes]:
         yield key
         found += 1
         it.next()
+
+
+def active_partitions(table: Any) -> list[int]:
+    """Partitions of `table` this worker actively owns (standbys excluded)."""
+    changelog = table.changelog_topic.get_topic_name()
+    return sorted(tp.partition for tp in table.app.assignor.assigned_actives() if tp.topic == changelog)
+
+
+def read_partition(table: Any, partition: int, key: bytes) -> bytes | None:
+    """One key of one table partition, read outside a stream (no stale standby copy)."""
+    return partition_db(table, partition).get(key)
+
+
+def scan_chunk(db: Any, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+    """Up to `limit` (key, value) pairs after `after` (exclusive), in key order."""
+    it = db.iter(ReadOptions())
+    if after is None:
+        it.seek_to_first()
+    else:
+        it.seek(after)
+        if it.valid() and it.key() == after:
+            it.next()
+    chunk = []
+    while it.valid() and len(chunk) < limit:
+        chunk.append((it.key(), it.value()))
+        it.next()
+    return chunk

@@ -18,11 +18,12 @@ from faust.tables import Table
 
 from dlqapp import metrics
 from dlqapp import state as states
-from dlqapp.dlq import find_dead_letter, original_payload, owner_id
+from dlqapp.dlq import DeadLetterRecorder, find_dead_letter, original_payload, owner_id
 from dlqapp.partitioning import owner_partition
 from dlqapp.logs import log_event
 from dlqapp.models import H_ORIGINAL_TIMESTAMP, H_REPLAY_COUNT, H_REPLAY_OF, InvalidRequest, now_ms, validate_request
 from dlqapp.pipeline import Pipeline
+from dlqapp.retention import ledger_last_change, request_last_change, still_unchanged
 from dlqapp.topology import UNDECODABLE
 
 log = logging.getLogger("dlqapp.operator")
@@ -31,7 +32,7 @@ H_REPLAYED_BY = "replayed_by"
 H_REPLAYED_AT = "replayed_at"
 H_FIRST_SEEN = "first_seen"
 
-REPLAY, DISCARD = "replay", "discard"
+REPLAY, DISCARD, EXPIRE = "replay", "discard", "expire"
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class Command:
     payload: dict[str, Any] | None = None
     force: bool = False
     """Replay even though the request has succeeded since it was dead-lettered."""
+    table: str | None = None
+    expired: list[list[Any]] | None = None
+    """Expire only: [key, last change] pairs of `table` (dlqapp.retention)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -82,9 +86,10 @@ def check_edit(request_id: str, payload: Any) -> list[str]:
 class Operator:
     """Carries out commands on the owning worker."""
 
-    def __init__(self, pipeline: Pipeline, dead_letters: Table, ledger: Table, input_topic: TopicT, dlq_topic: TopicT) -> None:
+    def __init__(self, pipeline: Pipeline, recorder: DeadLetterRecorder, ledger: Table, input_topic: TopicT, dlq_topic: TopicT) -> None:
         self.pipeline = pipeline
-        self.dead_letters = dead_letters
+        self.recorder = recorder
+        self.dead_letters = recorder.table
         self.ledger = ledger
         self.input_topic = input_topic
         self.dlq_topic = dlq_topic
@@ -97,6 +102,8 @@ class Operator:
     async def execute(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Run one command; answer with its status (`reprocessed`, `discarded`, `not_found`, …)."""
         command = Command.from_dict(raw)
+        if command.action == EXPIRE:
+            return self._expire(command)
         key = find_dead_letter(self.dead_letters, command.request_id, self.pipeline.settings.partitions)
         if key is None:
             return {"request_id": command.request_id, "status": "not_found"}
@@ -147,6 +154,7 @@ class Operator:
         self.pipeline.set_state(rid, states.REPROCESSED, at, replay_count=replays + 1, replayed_by=command.actor)
         await self.pipeline.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
         await self._remove(key)
+        self.pipeline.counters.add("reprocessed")
         metrics.replays.inc()
         log_event(log, logging.INFO, "replayed", request_id=rid, by=command.actor, replay_count=replays + 1, edited=command.payload is not None)
         return {"request_id": key, "status": "reprocessed", "replay_count": replays + 1}
@@ -164,11 +172,27 @@ class Operator:
         log_event(log, logging.INFO, "discarded", request_id=rid, key=key, by=command.actor)
         return {"request_id": key, "status": "discarded"}
 
+    def _expire(self, command: Command) -> dict[str, Any]:
+        """Delete settled records the sweeper found old, unless they changed since."""
+        tables = {self.pipeline.requests.name: (self.pipeline.requests, request_last_change), self.ledger.name: (self.ledger, ledger_last_change)}
+        if command.table not in tables or not isinstance(command.expired, list):
+            raise ValueError("expire needs a known table and a list of [key, last change] pairs")
+        table, last_change = tables[command.table]
+        removed = 0
+        for pair in command.expired:
+            key, at = pair
+            blob = table.get(str(key).encode())
+            if still_unchanged(blob, at, last_change):
+                del table[str(key).encode()]
+                removed += 1
+        log_event(log, logging.DEBUG, "expired", table=command.table, removed=removed, asked=len(command.expired))
+        return {"request_id": command.request_id, "status": "expired", "removed": removed}
+
     async def _remove(self, key: str) -> None:
         """Tombstone the compacted `dlq` topic, then drop the table entry."""
         partition = owner_partition(owner_id(key), self.pipeline.settings.partitions)
         await self.pipeline.send(self.dlq_topic, key, None, [], partition=partition)
-        del self.dead_letters[key.encode()]
+        self.recorder.remove(key.encode())
 
     def _append_ledger(self, request_id: str, ledger: list[dict[str, Any]], record: dict[str, Any]) -> None:
         self.ledger[request_id.encode()] = json.dumps([*ledger, record][-100:]).encode()

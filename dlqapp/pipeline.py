@@ -21,6 +21,7 @@ from faust.tables import Table
 from dlqapp import metrics
 from dlqapp import state as states
 from dlqapp.classification import ErrorClass, Failure, classify_exception
+from dlqapp.counters import Counters
 from dlqapp.flow import PriorityLimiter
 from dlqapp.inference import InferenceBackend, InferenceOutput
 from dlqapp.logs import log_event
@@ -60,6 +61,7 @@ class Pipeline:
         dlq_topic: TopicT,
         results_topic: TopicT,
         requests_table: Table,
+        counters: Counters,
     ) -> None:
         self.settings = settings
         self.backend = backend
@@ -85,6 +87,7 @@ class Pipeline:
         self.dlq_topic = dlq_topic
         self.results_topic = results_topic
         self.requests = requests_table
+        self.counters = counters
         self.in_flight: set[str] = set()
         self.park: Callable[[Envelope, int], None] | None = None
         """Parks a decided retry in the due-time table (set by the wiring: RetryScheduler.store)."""
@@ -128,12 +131,16 @@ class Pipeline:
     def is_duplicate(self, request_id: str, source: str) -> bool:
         """True (and counted) when the request already succeeded or is being retried."""
         if request_id in self.in_flight:
-            previous = self.load_state(request_id) or states.transition(None, request_id, states.IN_FLIGHT, now_ms())
+            previous = self.load_state(request_id)
+            if previous is None:  # first seen moments ago: count it now, its outcome will find this record
+                previous = states.transition(None, request_id, states.IN_FLIGHT, now_ms())
+                self.counters.add("received")
         else:
             previous = self.load_state(request_id)
             if previous is None or previous["state"] not in states.SETTLED_FOR_DEDUP:
                 return False
         self.requests[request_id.encode()] = states.dump(states.count_duplicate(previous, now_ms(), source))
+        self.counters.add("duplicates_skipped")
         metrics.duplicates.inc()
         metrics.requests.labels("duplicate_skipped").inc()
         log_event(log, logging.INFO, "duplicate_skipped", request_id=request_id, topic=source, state=previous["state"])
@@ -356,9 +363,12 @@ class Pipeline:
         return states.load(self.requests.get(request_id.encode()))
 
     def set_state(self, request_id: str, state: str, at: int, **detail: Any) -> None:
-        """Record a settled state (must run inside the owning partition's stream)."""
-        new = states.transition(self.load_state(request_id), request_id, state, at, **detail)
+        """Record a settled state (must run inside the owning partition's stream), and count it."""
+        previous = self.load_state(request_id)
+        new = states.transition(previous, request_id, state, at, **detail)
         self.requests[request_id.encode()] = states.dump(new)
+        for name in states.counted(previous, new):
+            self.counters.add(name)
 
     @staticmethod
     def _event_time_ms(event: EventT) -> int:

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from dlqapp import state as states
+from dlqapp.counters import grouped
 from dlqapp.dlq import summary
 
 
@@ -113,43 +113,19 @@ def merge_pages(pages: Iterable[Mapping[str, Any]], limit: int, offset: int) -> 
     return {"total": sum(p["total"] for p in pages), "items": items[offset : offset + limit], "counts": dict(counts)}
 
 
-def local_stats(request_blobs: Iterable[bytes], dead_letter_blobs: Iterable[bytes], ledger_blobs: Iterable[bytes], now: int) -> dict[str, Any]:
-    """This worker's share of the counts, derived from its table entries."""
-    counters: Counter[str] = Counter()
-    retried: Counter[str] = Counter()
-    dead_lettered: Counter[str] = Counter()
-    for blob in request_blobs:
-        request = json.loads(blob)
-        counters["received"] += 1
-        counters["duplicates_skipped"] += request.get("duplicates", 0)
-        if request.get("state") == states.SUCCEEDED:
-            counters["succeeded"] += 1
-        for event in request.get("history", []):
-            if event["state"] == states.RETRY_SCHEDULED:
-                retried[event.get("tier", "?")] += 1
-            elif event["state"] == states.DEAD_LETTERED:
-                dead_lettered[event.get("error_class", "unknown")] += 1
-    by_class: Counter[str] = Counter()
-    by_model: Counter[str] = Counter()
-    oldest: int | None = None
-    for blob in dead_letter_blobs:
-        entry = json.loads(blob)
-        by_class[entry["error_class"]] += 1
-        by_model[entry.get("model") or "(none)"] += 1
-        dead_at = entry.get("dead_at") or now
-        oldest = dead_at if oldest is None else min(oldest, dead_at)
-    reprocessed = sum(1 for blob in ledger_blobs for record in json.loads(blob) if record["action"] == "replay")
+def local_stats(total: Counter[str], oldest_dead_at: int | None) -> dict[str, Any]:
+    """This worker's share of the counts, from its running counters (dlqapp.counters)."""
     return {
-        "received": counters["received"],
-        "succeeded": counters["succeeded"],
-        "retried": dict(retried),
-        "dead_lettered": dict(dead_lettered),
-        "duplicates_skipped": counters["duplicates_skipped"],
-        "reprocessed": reprocessed,
-        "dlq_size": sum(by_class.values()),
-        "dlq_by_error_class": dict(by_class),
-        "dlq_by_model": dict(by_model),
-        "oldest_dead_at": oldest,
+        "received": total["received"],
+        "succeeded": total["succeeded"],
+        "retried": grouped(total, "retried"),
+        "dead_lettered": grouped(total, "dead_lettered"),
+        "duplicates_skipped": total["duplicates_skipped"],
+        "reprocessed": total["reprocessed"],
+        "dlq_size": max(0, total["dlq_size"]),
+        "dlq_by_error_class": grouped(total, "dlq_class"),
+        "dlq_by_model": grouped(total, "dlq_model"),
+        "oldest_dead_at": oldest_dead_at,
     }
 
 

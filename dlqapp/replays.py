@@ -10,6 +10,8 @@ from typing import Any, Awaitable, Callable
 
 ReplayOne = Callable[[str], Awaitable[dict[str, Any]]]
 BULK_CONCURRENCY = 16
+KEEP_FINISHED_S = 3600.0
+"""A finished rate-limited replay's progress is kept this long, then forgotten."""
 OUTCOMES = ("reprocessed", "not_found", "refused", "invalid", "error")
 
 
@@ -67,12 +69,18 @@ class ReplayJobs:
 
     def start(self, keys: list[str], rate: float, replay: ReplayOne) -> ReplayJob:
         """Replay `keys` at most `rate` per second in the background."""
+        self._prune(time.time())
         job = ReplayJob(id=uuid.uuid4().hex[:12], keys=keys, rate=rate)
         self._jobs[job.id] = job
         task = asyncio.create_task(self._run(job, replay))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return job
+
+    def _prune(self, now: float) -> None:
+        for job_id, job in list(self._jobs.items()):
+            if job.finished_at is not None and now - job.finished_at > KEEP_FINISHED_S:
+                del self._jobs[job_id]
 
     @staticmethod
     async def _run(job: ReplayJob, replay: ReplayOne) -> None:

@@ -38,6 +38,8 @@ def transition(previous: dict[str, Any] | None, request_id: str, state: str, at:
     current["updated_at"] = at
     current.update({k: v for k, v in detail.items() if k != "history"})
     current["history"] = [*current.get("history", []), {"at": at, "state": state, **detail}][-HISTORY_LIMIT:]
+    if state == SUCCEEDED:
+        current["succeeded_once"] = True
     return current
 
 
@@ -47,3 +49,17 @@ def count_duplicate(previous: dict[str, Any], at: int, source: str) -> dict[str,
     current["duplicates"] = current.get("duplicates", 0) + 1
     current["history"] = [*current.get("history", []), {"at": at, "state": "duplicate_skipped", "source": source}][-HISTORY_LIMIT:]
     return current
+
+
+def counted(previous: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """The counters (dlqapp.counters) a state change moves: `received` for a new id,
+    `succeeded` the first time it succeeds, one per retry tier and per dead letter."""
+    names = [] if previous is not None else ["received"]
+    state = new["state"]
+    if state == SUCCEEDED and not (previous or {}).get("succeeded_once"):
+        names.append("succeeded")
+    elif state == RETRY_SCHEDULED:
+        names.append(f"retried|{new.get('tier', '?')}")
+    elif state == DEAD_LETTERED:
+        names.append(f"dead_lettered|{new.get('error_class', 'unknown')}")
+    return names

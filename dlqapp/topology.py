@@ -83,4 +83,5 @@ commands_topic = app.topic(
     partitions=settings.partitions,
     schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer=TOLERANT_JSON),
 )
+stats_table = _table("stats", "Running counts, one blob per partition (dlqapp.counters).")
 replay_ledger = _table("replay-ledger", "Operator actions per request id: who replayed or discarded what, and when.")

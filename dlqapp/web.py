@@ -18,15 +18,16 @@ from faust import web
 from faust.exceptions import SameNode
 
 from dlqapp import __version__
-from dlqapp.agents import backend, operator, operator_agent, pipeline, scheduler
+from dlqapp.agents import backend, counters, operator, operator_agent, pipeline, scheduler
 from dlqapp.app import app, settings
-from dlqapp.dlq import find_dead_letter, owner_id, presented
+from dlqapp.dlq import OldestDeadLetter, find_dead_letter, owner_id, presented
+from dlqapp.faust_compat import active_partitions, read_partition
 from dlqapp.models import now_ms
 from dlqapp.operator import DISCARD, REPLAY, Command, check_edit
 from dlqapp.partitioning import owner_partition
 from dlqapp.queries import BadQuery, DlqFilter, local_page, local_stats, merge_pages, merge_stats, page_params
 from dlqapp.replays import ReplayJobs
-from dlqapp.topology import dead_letters, replay_ledger, requests_table
+from dlqapp.topology import dead_letters, requests_table, stats_table
 
 log = logging.getLogger("dlqapp.web")
 
@@ -138,8 +139,12 @@ def _local_dlq_page(flt: DlqFilter, top: int) -> dict[str, Any]:
     return local_page(dead_letters.values(), flt, top)
 
 
+oldest = OldestDeadLetter(dead_letters)
+
+
 def _local_stats() -> dict[str, Any]:
-    stats = local_stats(requests_table.values(), dead_letters.values(), replay_ledger.values(), now_ms())
+    total = counters.total(active_partitions(stats_table), lambda partition, key: read_partition(stats_table, partition, key))
+    stats = local_stats(total, oldest.get())
     stats["breaker"] = {str(app.conf.canonical_url): pipeline.breaker.snapshot()}
     return stats
 

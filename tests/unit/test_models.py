@@ -107,3 +107,36 @@ def test_every_dlqapp_header_is_parsed_tolerantly():
     assert header_int({"original_timestamp": "abc"}, "original_timestamp") is None
     assert header_int({"original_timestamp": " 1700000000000 "}, "original_timestamp") == 1700000000000
     assert header_json({"source": "{}"}, "source", dict) == {} and header_json({"source": "[]"}, "source", dict) is None
+
+
+def test_state_changes_move_the_right_counters():
+    from dlqapp import state as states
+
+    first = states.transition(None, "r", states.RETRY_SCHEDULED, 1, tier="retry-1s")
+    assert states.counted(None, first) == ["received", "retried|retry-1s"]
+    done = states.transition(first, "r", states.SUCCEEDED, 2)
+    assert states.counted(first, done) == ["succeeded"]
+    replayed = states.transition(done, "r", states.REPROCESSED, 3)
+    again = states.transition(replayed, "r", states.SUCCEEDED, 4)
+    assert states.counted(replayed, again) == []  # a forced replay does not count a second success
+    dead = states.transition(None, "d", states.DEAD_LETTERED, 1, error_class="auth_error")
+    assert states.counted(None, dead) == ["received", "dead_lettered|auth_error"]
+
+
+def test_expirable_records_and_log_rotation(tmp_path):
+    import json
+
+    from dlqapp.dlq import rotate
+    from dlqapp.retention import ledger_last_change, request_last_change
+
+    assert request_last_change(json.dumps({"state": "succeeded", "updated_at": 5}).encode()) == 5
+    assert request_last_change(json.dumps({"state": "retry_scheduled", "updated_at": 5}).encode()) is None
+    assert request_last_change(b"\xff") is None
+    assert ledger_last_change(json.dumps([{"at": 1}, {"at": 9}]).encode()) == 9
+    log = tmp_path / "dead-letters.jsonl"
+    for n in range(4):
+        log.write_text(f"generation {n}\n")
+        rotate(str(log), 2)
+    assert (tmp_path / "dead-letters.jsonl.1").read_text() == "generation 3\n"
+    assert (tmp_path / "dead-letters.jsonl.2").read_text() == "generation 2\n"
+    assert not (tmp_path / "dead-letters.jsonl.3").exists() and not log.exists()

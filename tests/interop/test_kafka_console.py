@@ -1,0 +1,89 @@
+"""Kafka's own console producer and consumer (the jars scripts/kafka-local fetches) against a worker.
+
+Requests go in with `kafka-console-producer` semantics (key and headers parsed from each line);
+results and dead letters come out through `kafka-console-consumer`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT, Worker, unique
+
+PRODUCER = "org.apache.kafka.tools.ConsoleProducer"
+CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
+
+
+def kafka_jars() -> Path:
+    """The jar cache of scripts/kafka-local (same defaults: KAFKA_JARS_DIR, XDG_CACHE_HOME)."""
+    pom = (ROOT / "scripts" / "kafka" / "pom.xml").read_text()
+    version = re.search(r"<kafka.version>(.+?)</kafka.version>", pom).group(1)
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return Path(os.environ.get("KAFKA_JARS_DIR", cache / "dlqapp" / f"kafka-{version}"))
+
+
+@pytest.fixture(scope="module")
+def jars() -> Path:
+    path = kafka_jars()
+    if shutil.which("java") is None:
+        pytest.skip("java is not installed")
+    if not (path / ".complete").exists():
+        pytest.skip(f"no Kafka jars in {path}: run scripts/kafka-local start once")
+    return path
+
+
+def console(jars: Path, tool: str, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
+    """Run one Kafka console tool; its stdout (fails with its stderr)."""
+    command = ["java", "-Xmx256m", "-cp", f"{jars}/*", "-Dlog4j2.level=WARN", tool, *args]
+    done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{tool} exited {done.returncode}:\n{done.stderr[-2000:]}"
+    return done.stdout
+
+
+def consume(jars: Path, worker: Worker, topic: str, count: int) -> list[tuple[dict[str, str], str, str]]:
+    """(headers, key, value) of the first `count` records of a topic, as the console consumer prints them."""
+    out = console(
+        jars, CONSUMER, "--bootstrap-server", worker.bootstrap, "--topic", worker.topic(topic), "--from-beginning",
+        "--max-messages", str(count), "--timeout-ms", "90000",
+        "--property", "print.headers=true", "--property", "print.key=true",
+        "--property", "headers.separator=\x1f", "--property", "key.separator=\x1e", "--property", "headers.key.separator=\x1d",
+        timeout=150,
+    )
+    records = []
+    for line in filter(None, out.splitlines()):
+        header_text, key, value = line.split("\x1e", 2)
+        headers = dict(h.split("\x1d", 1) for h in header_text.split("\x1f") if "\x1d" in h)
+        records.append((headers, key, value))
+    return records
+
+
+def test_console_producer_in_console_consumer_out(make_worker, jars):
+    worker = make_worker(env_extra={"DLQ_SIMULATED_SUCCESS_RATE": "1", "DLQ_RETRY_DELAYS": "200ms"}).start()
+    good, bad, original = unique("console"), unique("console-bad"), unique("first")
+    request = json.dumps({"request_id": good, "messages": [{"role": "user", "content": "from the console"}], "metadata": {"via": "console"}})
+    lines = (
+        f"replay_of:{original},replay_count:1\t{good}\t{request}\n"  # headers <TAB> key <TAB> value
+        f"origin:console\t{bad}\tthis is not json\n"
+    )
+    console(
+        jars, PRODUCER, "--bootstrap-server", worker.bootstrap, "--topic", worker.topic("input"),
+        "--property", "parse.key=true", "--property", "parse.headers=true", "--producer-property", "acks=all",
+        stdin=lines,
+    )
+
+    (headers, key, value), = consume(jars, worker, "results", 1)
+    result = json.loads(value)
+    assert key == good and result["request_id"] == good and result["metadata"] == {"via": "console"} and result["output"]
+    assert headers.get("replay_of") == original and headers.get("replay_count") == "1"  # lineage from the producer's headers
+
+    (headers, key, value), = consume(jars, worker, "dlq", 1)
+    assert value == "this is not json"
+    assert headers["error_class"] in ("invalid_request", "poison"), headers
+    assert bad in headers.get("request_id", "") + key + headers.get("source", ""), (key, headers)
