@@ -1,5 +1,5 @@
 # dlqapp: the two set-up commands, and a few more.
-.PHONY: run test unit chaos bench venv kafka-start kafka-stop clean
+.PHONY: run test unit chaos interop bench venv kafka-start kafka-stop clean
 
 run:            ## Kafka + one worker (simulated backend) in the foreground; Ctrl-C stops both
 	@scripts/run
@@ -9,6 +9,9 @@ test:           ## the whole suite; starts (and stops) its own Kafka unless KAFK
 
 chaos:          ## the full-size chaos suite (100k requests, kill -9, broker restart, 3 workers)
 	@CHAOS_FULL=1 CHAOS_REPORT=$(CURDIR)/chaos-report.jsonl scripts/test tests/chaos -s
+
+interop:        ## the whole gateway interop group (a real LiteLLM proxy, Kafka's console tools)
+	@INTEROP_FULL=1 scripts/test tests/interop
 
 bench:          ## benchmarks side by side with the baselines (about 25 min); writes bench/results/
 	@scripts/venv test && .venv/bin/python bench/run.py

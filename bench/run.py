@@ -43,8 +43,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dlqapp.settings import Settings  # noqa: E402
-from dlqapp.topics import ensure_topics  # noqa: E402
-from tests.support import LocalKafka, MockLLM, Record, Worker, all_keys_seen, free_port, produce, read_topic, request_bytes, unique, unique_ids, wait_until  # noqa: E402
+from dlqapp.worker.kafka_admin import ensure_topics  # noqa: E402
+from tests.support import (  # noqa: E402
+    LocalKafka,
+    MockLLM,
+    Record,
+    Worker,
+    all_keys_seen,
+    free_port,
+    produce,
+    read_topic,
+    request_bytes,
+    unique,
+    unique_ids,
+    wait_until,
+)
 
 PYTHON = sys.executable
 LATENCY_MS = 100
@@ -309,17 +322,46 @@ class Bench:
         simulated = {"DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_SIMULATED_LATENCY": f"{latency_ms}ms", "DLQ_SIMULATED_JITTER": "0ms"}
         return self.worker(**{**simulated, **env})
 
+    # -- stats cost -------------------------------------------------------------------------
+
+    def stats_cost(self) -> dict[str, Any]:
+        """`GET /dlq/stats/` latency (p50/p99 of 200 calls) and the worker's RSS with N
+        requests in its tables, beside the same at 1k, measured in one run."""
+        sizes = (200, 1_000) if self.quick else (1_000, STATS_COST_LARGE)
+        out: dict[str, Any] = {}
+        for size in sizes:
+            worker = self.simulated_worker(latency_ms=1, DLQ_CONCURRENCY="256")
+            worker.start()
+            try:
+                ids = unique_ids("s", size)
+                produce_in_batches(self.bootstrap, worker.topic("input"), requests_for(ids))
+                wait_until(lambda: worker.get("/dlq/stats/")[1].get("succeeded", 0) >= size, 7200, f"{size} requests through the worker", interval=2)
+                times = []
+                for _ in range(200):
+                    started = time.perf_counter()
+                    status, _ = worker.get("/dlq/stats/")
+                    times.append((time.perf_counter() - started) * 1000)
+                    assert status == 200
+                out[str(size)] = {"requests": size, "stats_p50_ms": percentile(times, 0.5), "stats_p99_ms": percentile(times, 0.99), **process_memory(worker.process.pid)}
+                print(f"  stats cost at {size}: {json.dumps(out[str(size)])}", flush=True)
+            finally:
+                worker.kill()
+        small, large = (out[str(n)] for n in sizes)
+        out["p99_ratio_large_to_1k"] = large["stats_p99_ms"] / small["stats_p99_ms"]
+        return out
+
     # -- 3. timer scale ------------------------------------------------------------------
 
     def timer_tick(self) -> dict[str, Any]:
-        """The timer's own scan (dlqapp.retry.scan_due) over a RocksDB with N parked entries,
+        """The timer's own scan (dlqapp.retries.scan.scan_due) over a RocksDB with N parked entries,
         then after `churn` retries were fired and deleted (their tombstones sit at the head):
         scanning from the first key, as a naive timer would, and from the start the worker keeps."""
         from rocksdict import Options, Rdict
 
-        from dlqapp.models import Envelope, now_ms
-        from dlqapp.retry import scan_due
-        from dlqapp.scheduling import parked_key
+        from dlqapp.core.clock import now_ms
+        from dlqapp.core.envelope import Envelope
+        from dlqapp.retries.keys import parked_key
+        from dlqapp.retries.scan import scan_due
 
         sizes = (1_000, 10_000) if self.quick else (1_000, 100_000, 1_000_000)
         churn = 10_000 if self.quick else 100_000
@@ -459,7 +501,7 @@ def markdown(r: dict[str, Any]) -> str:
     header = f"{r['when']} on {r['machine']}; backend latency {LATENCY_MS} ms, concurrency {CONCURRENCY}" + (" (quick)" if r["quick"] else "")
     lines = ["# dlqapp benchmark", "", header, ""]
     for section, render in (("throughput", _md_throughput), ("latency", _md_latency), ("lateness", _md_lateness),
-                            ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery)):
+                            ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery), ("stats_cost", _md_stats_cost)):
         if section in r:
             lines += render(r[section]) + [""]
     return "\n".join(lines)
@@ -508,6 +550,15 @@ def _md_recovery(rec: dict[str, Any]) -> list[str]:
 
 
 SYSTEMS = ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures")
+
+
+def _md_stats_cost(cost: dict[str, Any]) -> list[str]:
+    rows = ["## /dlq/stats/ cost", "", "| requests in the tables | stats p50 (ms) | stats p99 (ms) | RSS (MiB) |", "|---|---|---|---|"]
+    for key, row in cost.items():
+        if isinstance(row, dict):
+            rows.append(f"| {row['requests']:,} | {row['stats_p50_ms']:.1f} | {row['stats_p99_ms']:.1f} | {row['rss_bytes'] / 2**20:.0f} |")
+    rows.append(f"\np99 ratio, large to 1k: {cost['p99_ratio_large_to_1k']:.2f}×")
+    return rows
 
 
 def plots(r: dict[str, Any], samples: dict[str, list[float]], out: Path) -> None:
@@ -572,6 +623,9 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+STATS_COST_LARGE = int(os.environ.get("BENCH_STATS_COST_REQUESTS", "1000000"))
+"""Requests in the large `stats_cost` run (1M by default: about half an hour on 2 cores)."""
+
 SECTIONS = {
     "throughput": "throughput",
     "latency": "paced_latency",
@@ -579,6 +633,7 @@ SECTIONS = {
     "timer": "timer_tick",
     "parked_scale": "parked_scale",
     "recovery": "recovery",
+    "stats_cost": "stats_cost",
 }
 """Report section → Bench method, in the order a full run measures them."""
 

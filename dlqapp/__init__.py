@@ -1,8 +1,8 @@
 """dlqapp: LLM inference requests from Kafka, retried through delay tiers, never lost.
 
-`faust -A dlqapp worker` finds `app` here. The app is built on first access to
-`dlqapp.app` (which registers every agent, table, view and command), so importing a
-pure module such as `dlqapp.settings` or `dlqapp.mock_llm` builds nothing.
+`faust -A dlqapp worker` finds `app` here: the first access builds it from the
+environment (`dlqapp.worker.composition.build_app`). Importing dlqapp, or any of its
+modules, builds nothing.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ __all__ = ["app", "__version__"]
 
 def __getattr__(name: str) -> Any:
     if name == "app":
-        from dlqapp import agents, cli, web  # noqa: F401  (registration side effects)
-        from dlqapp.app import app
+        from dlqapp.worker.composition import build_app
 
-        globals()["app"] = app  # shadow the submodule of the same name from now on
+        app = build_app()
+        globals()["app"] = app
         return app
     raise AttributeError(f"module 'dlqapp' has no attribute {name!r}")

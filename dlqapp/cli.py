@@ -15,16 +15,35 @@ import socket
 import sys
 import time
 from datetime import datetime
+from typing import Any, Callable
 from urllib.parse import quote
-from typing import Any
 
 import aiohttp
 from faust.cli import argument, option
 
-from dlqapp.app import app, settings
-from dlqapp.models import now_ms
+from dlqapp.core.clock import now_ms
+from dlqapp.deadletters.commands import BULK_OUTCOMES
+from dlqapp.settings import Settings
 
 EXIT_NOT_FOUND, EXIT_USAGE, EXIT_UNREACHABLE = 1, 2, 3
+
+_COMMANDS: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+
+
+def command(*options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark a coroutine as a `faust -A dlqapp <name>` command (registered by `register_commands`)."""
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _COMMANDS.append((fn, options))
+        return fn
+
+    return mark
+
+
+def register_commands(app: Any) -> None:
+    """Register every command on `app` (underscores in names become dashes)."""
+    for fn, options in _COMMANDS:
+        app.command(*options)(fn)
 
 
 class CliError(Exception):
@@ -38,7 +57,7 @@ def fail(message: str, code: int) -> None:
     raise SystemExit(code)
 
 
-async def call(method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)) -> tuple[int, Any]:
+async def call(settings: Settings, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)) -> tuple[int, Any]:
     """One HTTP call to the worker; CliError on an unreachable worker or an unexpected status."""
     url = settings.web_url.rstrip("/") + path
     headers = {"X-DLQ-Actor": f"cli:{getpass.getuser()}@{socket.gethostname()}", "Content-Type": "application/json"}
@@ -101,7 +120,7 @@ def emit(data: Any, as_json: bool, human: str) -> None:
 JSON = option("--json", "as_json", is_flag=True, default=False, help="Machine-readable JSON output.")
 
 
-@app.command(
+@command(
     option("--limit", type=int, default=10, show_default=True, help="How many entries."),
     option("--offset", type=int, default=0, help="Skip this many (newest first)."),
     option("--error-class", default=None, help="Only this error class."),
@@ -111,23 +130,25 @@ JSON = option("--json", "as_json", is_flag=True, default=False, help="Machine-re
 )
 async def dlq_list(self: Any, limit: int, offset: int, error_class: str | None, model: str | None, text: str | None, as_json: bool) -> None:
     """List dead letters, newest first (`--limit 10`: the last ten)."""
+    settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
         params = {"limit": limit, "offset": offset, "error_class": error_class, "model": model, "q": text}
         query = "&".join(f"{k}={v}" for k, v in params.items() if v not in (None, ""))
-        _, page = await call("GET", f"/dlq/?{query}")
+        _, page = await call(settings, "GET", f"/dlq/?{query}")
         rows = [[i["request_id"], i["error_class"], i.get("model") or "-", when(i.get("dead_at")), (i.get("final_error") or "")[:70]] for i in page["items"]]
         emit(page, as_json, f"{table(rows, ['REQUEST', 'CLASS', 'MODEL', 'DEAD AT', 'ERROR'])}\n{len(rows)} of {page['total']} dead letters")
 
     await run(go())
 
 
-@app.command(argument("request_id"), JSON)
+@command(argument("request_id"), JSON)
 async def dlq_show(self: Any, request_id: str, as_json: bool) -> None:
     """Show one dead letter: payload, headers, attempt history, replay ledger."""
+    settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
-        _, entry = await call("GET", f"/dlq/{request_id}/")
+        _, entry = await call(settings, "GET", f"/dlq/{request_id}/")
         history = [[a["attempt"], when(a["at"]), a["topic"], a.get("error_class") or "-", (a.get("error") or "")[:60]] for a in entry.get("history", [])]
         human = "\n".join(
             [
@@ -152,7 +173,7 @@ async def dlq_show(self: Any, request_id: str, as_json: bool) -> None:
     await run(go())
 
 
-@app.command(
+@command(
     option("--key", "keys", multiple=True, help="A request id to reprocess (repeatable)."),
     option("--all", "everything", is_flag=True, default=False, help="Every dead letter matching the filters."),
     option("--error-class", default=None, help="With --all: only this error class."),
@@ -162,16 +183,17 @@ async def dlq_show(self: Any, request_id: str, as_json: bool) -> None:
 )
 async def dlq_reprocess(self: Any, keys: tuple[str, ...], everything: bool, error_class: str | None, rate: float | None, force: bool, as_json: bool) -> None:
     """Send dead letters back to `input` with a clean retry count."""
+    settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
         if bool(keys) == everything:
             raise CliError("give --key ID (one or more) or --all", EXIT_USAGE)
         if everything:
-            report = await _reprocess_all(error_class, rate, force, quiet=as_json)
+            report = await _reprocess_all(settings, error_class, rate, force, quiet=as_json)
         else:
-            report = {"reprocessed": [], "not_found": [], "refused": [], "invalid": [], "error": []}
+            report = {status.value: [] for status in BULK_OUTCOMES}
             for n, key in enumerate(keys, 1):
-                _, answer = await call("POST", f"/dlq/{quote(key, safe='')}/reprocess/", {"force": True} if force else None, ok=(200, 404, 409, 400))
+                _, answer = await call(settings, "POST", f"/dlq/{quote(key, safe='')}/reprocess/", {"force": True} if force else None, ok=(200, 404, 409, 400))
                 report.setdefault(answer.get("status", "error"), report["error"]).append(key)
                 if not as_json and len(keys) > 1:
                     progress(n, len(keys), "reprocessing")
@@ -183,30 +205,31 @@ async def dlq_reprocess(self: Any, keys: tuple[str, ...], everything: bool, erro
     await run(go())
 
 
-async def _reprocess_all(error_class: str | None, rate: float | None, force: bool, quiet: bool) -> dict[str, Any]:
+async def _reprocess_all(settings: Settings, error_class: str | None, rate: float | None, force: bool, quiet: bool) -> dict[str, Any]:
     body: dict[str, Any] = {"all": True, "force": force}
     if error_class:
         body["error_class"] = error_class
     if rate is None:
-        _, report = await call("POST", "/dlq/reprocess/", body)
+        _, report = await call(settings, "POST", "/dlq/reprocess/", body)
         return report
     body["rate"] = rate
-    _, job = await call("POST", "/dlq/reprocess/", body, ok=(202,))
+    _, job = await call(settings, "POST", "/dlq/reprocess/", body, ok=(202,))
     while True:
-        _, state = await call("GET", job["status_url"])
+        _, state = await call(settings, "GET", job["status_url"])
         if not quiet:
             progress(state["done"], state["total"], "reprocessing")
         if state["state"] == "done":
-            return {k: state[k] for k in ("reprocessed", "not_found", "refused", "invalid", "error")}
+            return {status.value: state[status] for status in BULK_OUTCOMES}
         await asyncio.sleep(0.5)
 
 
-@app.command(option("--key", "keys", multiple=True, required=True, help="A request id to discard (repeatable)."), JSON)
+@command(option("--key", "keys", multiple=True, required=True, help="A request id to discard (repeatable)."), JSON)
 async def dlq_discard(self: Any, keys: tuple[str, ...], as_json: bool) -> None:
     """Remove dead letters for good (recorded in the ledger)."""
+    settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
-        answers = [(await call("DELETE", f"/dlq/{key}/", ok=(200, 404)))[1] for key in keys]
+        answers = [(await call(settings, "DELETE", f"/dlq/{key}/", ok=(200, 404)))[1] for key in keys]
         emit(answers, as_json, "\n".join(f"{a['request_id']}: {a['status']}" for a in answers))
         if any(a["status"] != "discarded" for a in answers):
             raise SystemExit(EXIT_NOT_FOUND)
@@ -214,12 +237,13 @@ async def dlq_discard(self: Any, keys: tuple[str, ...], as_json: bool) -> None:
     await run(go())
 
 
-@app.command(JSON)
+@command(JSON)
 async def dlq_stats(self: Any, as_json: bool) -> None:
     """Counts: received, succeeded, retried per tier, dead letters by class, replays."""
+    settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
-        _, stats = await call("GET", "/dlq/stats/")
+        _, stats = await call(settings, "GET", "/dlq/stats/")
         lines = [f"{k:<20}{stats[k]}" for k in ("received", "succeeded", "duplicates_skipped", "reprocessed", "dlq_size")]
         for title, key in (("retried", "retried"), ("dead-lettered", "dead_lettered"), ("in the DLQ", "dlq_by_error_class")):
             lines.append(f"{title}:")
@@ -231,19 +255,20 @@ async def dlq_stats(self: Any, as_json: bool) -> None:
     await run(go())
 
 
-@app.command(argument("request_id"), JSON)
+@command(argument("request_id"), JSON)
 async def request_status(self: Any, request_id: str, as_json: bool) -> None:
     """Current state and history of one request."""
+    settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
-        _, state = await call("GET", f"/requests/{request_id}/")
+        _, state = await call(settings, "GET", f"/requests/{request_id}/")
         rows = [[when(h["at"]), h["state"], h.get("error_class") or "", h.get("tier") or ""] for h in state.get("history", [])]
         emit(state, as_json, f"{request_id}: {state['state']}\n{table(rows, ['AT', 'STATE', 'CLASS', 'TIER'])}")
 
     await run(go())
 
 
-@app.command(
+@command(
     option("--count", type=int, default=100, show_default=True, help="How many requests."),
     option("--rate", type=float, default=None, help="At most this many per second (default: as fast as possible)."),
     option("--fail-share", type=float, default=0.0, help="Share of requests told to fail every attempt (they reach the DLQ)."),
@@ -253,6 +278,7 @@ async def request_status(self: Any, request_id: str, as_json: bool) -> None:
 )
 async def generate(self: Any, count: int, rate: float | None, fail_share: float, invalid_share: float, prefix: str, as_json: bool) -> None:
     """Produce synthetic requests to the input topic."""
+    settings: Settings = self.app.dlq_settings
     from aiokafka import AIOKafkaProducer
 
     if count < 1 or (rate is not None and rate <= 0):

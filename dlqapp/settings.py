@@ -12,7 +12,9 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
-from dlqapp.classification import DEFAULT_RETRYABLE, ErrorClass
+from dlqapp.core.breaker import BreakerConfig
+from dlqapp.core.errors import DEFAULT_RETRYABLE, ErrorClass
+from dlqapp.core.tiers import Tier, build_tiers
 
 
 class SettingsError(ValueError):
@@ -254,6 +256,23 @@ class Settings:
         return tuple(
             self.topic(self.retry_topic_template.format(delay=format_duration(d)))
             for d in self.retry_delays_ms
+        )
+
+    @property
+    def tiers(self) -> tuple[Tier, ...]:
+        """The retry tiers, in order."""
+        return build_tiers(self.retry_delays_ms, self.retry_topics, self.topic_prefix)
+
+    def breaker_config(self) -> BreakerConfig:
+        """The circuit breaker's configuration."""
+        return BreakerConfig(
+            window=self.breaker_window,
+            min_calls=self.breaker_min_calls,
+            failure_ratio=self.breaker_failure_ratio,
+            enabled=self.breaker_enabled,
+            open_ms=self.breaker_open_ms,
+            max_open_ms=self.breaker_max_open_ms,
+            probes=self.breaker_probes,
         )
 
     def all_topics(self) -> list[str]:

@@ -6,7 +6,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dlqapp.models import Request
+from dlqapp.core.requests import Request
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from typing import Any
 
 import aiohttp
 
-from dlqapp.classification import ErrorClass, InferenceError
+from dlqapp.core.errors import ErrorClass, InferenceError
+from dlqapp.core.requests import Request
 from dlqapp.inference.base import CallLog, InferenceOutput
 from dlqapp.inference.openai_errors import classify_response
-from dlqapp.models import Request
 
 
 def chat_body(request: Request, model: str) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import time
 from datetime import datetime
 from typing import Any, Mapping
 
-from dlqapp.classification import ErrorClass, Failure
+from dlqapp.core.errors import ErrorClass, Failure
 
 CONTEXT_MARKERS = (
     "context_length_exceeded",

@@ -14,9 +14,9 @@ import os
 import random
 from typing import Any
 
-from dlqapp.classification import ErrorClass, InferenceError
+from dlqapp.core.errors import ErrorClass, InferenceError
+from dlqapp.core.requests import Request
 from dlqapp.inference.base import CallLog, InferenceOutput
-from dlqapp.models import Request
 
 CRASH_EXIT_CODE = 134
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlqapp.models import MAX_REQUEST_ID_CHARS, InvalidRequest, parse_request
+from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, parse_request
 from tests.support import Worker, keys_seen, produce, read_topic, request_bytes, unique
 
 LIMIT = 1_048_576

@@ -12,7 +12,16 @@ import random
 import time
 
 from tests.chaos.ledger import FULL, Ledger
-from tests.support import LocalKafka, MockLLM, Worker, free_port, produce, request_bytes, unique, wait_until
+from tests.support import (
+    LocalKafka,
+    MockLLM,
+    Worker,
+    free_port,
+    produce,
+    request_bytes,
+    unique,
+    wait_until,
+)
 
 FAULT_ENV = {
     "DLQ_INFERENCE": "openai",

@@ -6,7 +6,15 @@ import json
 
 import pytest
 
-from tests.support import MockLLM, Worker, keys_seen, produce, read_topic, request_bytes, unique
+from tests.support import (
+    MockLLM,
+    Worker,
+    keys_seen,
+    produce,
+    read_topic,
+    request_bytes,
+    unique,
+)
 
 
 @pytest.fixture(scope="module")

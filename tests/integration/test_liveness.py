@@ -15,7 +15,16 @@ import time
 
 import pytest
 
-from tests.support import FAUST, MockLLM, keys_seen, produce, read_topic, request_bytes, unique, unique_ids, wait_until
+from tests.support import (
+    FAUST,
+    MockLLM,
+    keys_seen,
+    produce,
+    read_topic,
+    request_bytes,
+    unique_ids,
+    wait_until,
+)
 
 FAST = {
     "DLQ_BREAKER": "true",

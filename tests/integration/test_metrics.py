@@ -9,7 +9,15 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import http_json, keys_seen, produce, read_topic, request_bytes, unique, wait_until
+from tests.support import (
+    http_json,
+    keys_seen,
+    produce,
+    read_topic,
+    request_bytes,
+    unique,
+    wait_until,
+)
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashboard.json"
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import time
 
-from tests.support import MockLLM, keys_seen, produce, read_topic, request_bytes, unique, wait_until
+from tests.support import (
+    MockLLM,
+    keys_seen,
+    produce,
+    read_topic,
+    request_bytes,
+    unique,
+    wait_until,
+)
 
 OUTAGE_S = 60
 

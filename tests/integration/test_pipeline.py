@@ -7,7 +7,15 @@ import time
 
 import pytest
 
-from tests.support import Worker, keys_seen, produce, read_topic, request_bytes, unique, wait_until
+from tests.support import (
+    Worker,
+    keys_seen,
+    produce,
+    read_topic,
+    request_bytes,
+    unique,
+    wait_until,
+)
 
 DELAYS_MS = (300, 600, 900)
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import Worker, keys_seen, produce, read_topic, request_bytes, unique, wait_until
+from tests.support import (
+    Worker,
+    keys_seen,
+    produce,
+    read_topic,
+    request_bytes,
+    unique,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="module")

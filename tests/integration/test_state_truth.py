@@ -6,7 +6,17 @@ import json
 
 import pytest
 
-from tests.support import Worker, http_json, keys_seen, produce, read_topic, request_bytes, unique, unique_ids, wait_until
+from tests.support import (
+    Worker,
+    http_json,
+    keys_seen,
+    produce,
+    read_topic,
+    request_bytes,
+    unique,
+    unique_ids,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="module")

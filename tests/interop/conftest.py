@@ -10,7 +10,13 @@ from typing import Iterator
 
 import pytest
 
-from tests.interop.gateway import InstallError, LiteLLMProxy, config, installed_version, litellm_venv
+from tests.interop.gateway import (
+    InstallError,
+    LiteLLMProxy,
+    config,
+    installed_version,
+    litellm_venv,
+)
 from tests.support import MockLLM
 
 

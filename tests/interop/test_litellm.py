@@ -14,12 +14,22 @@ from typing import Any, Callable
 
 import pytest
 
-from dlqapp.classification import ErrorClass, Failure, InferenceError
+from dlqapp.core.errors import ErrorClass, Failure, InferenceError
+from dlqapp.core.requests import validate_request
 from dlqapp.inference.base import InferenceOutput
 from dlqapp.inference.openai import OpenAIBackend
-from dlqapp.models import validate_request
 from tests.interop.gateway import MASTER_KEY, LiteLLMProxy, config
-from tests.support import Record, Worker, keys_seen, produce, read_topic, request_bytes, unique, unique_ids, wait_until
+from tests.support import (
+    Record,
+    Worker,
+    keys_seen,
+    produce,
+    read_topic,
+    request_bytes,
+    unique,
+    unique_ids,
+    wait_until,
+)
 
 
 def attempt(proxy: LiteLLMProxy, model: str, rid: str | None = None, api_key: str = MASTER_KEY, timeout_ms: int = 10_000) -> Failure | InferenceOutput:

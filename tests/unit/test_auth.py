@@ -1,9 +1,9 @@
-"""The HTTP guard's rules, one refusal each (dlqapp.auth)."""
-
-from dlqapp.auth import AccessPolicy, refusal
-from dlqapp.settings import Settings, SettingsError
+"""The HTTP guard's rules, one refusal each (dlqapp.api.auth)."""
 
 import pytest
+
+from dlqapp.api.auth import AccessPolicy, refusal
+from dlqapp.settings import Settings, SettingsError
 
 JSON = {"Content-Type": "application/json", "Host": "127.0.0.1:6066"}
 OPEN = AccessPolicy(hosts=frozenset({"dlq-worker-1"}), origins=frozenset({"https://ops.example.com"}))

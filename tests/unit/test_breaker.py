@@ -1,5 +1,5 @@
-from dlqapp.breaker import CLOSED, HALF_OPEN, OPEN, BreakerConfig, CircuitBreaker
-from dlqapp.classification import ErrorClass, Failure
+from dlqapp.core.breaker import CLOSED, HALF_OPEN, OPEN, BreakerConfig, CircuitBreaker
+from dlqapp.core.errors import ErrorClass, Failure
 
 DOWN = Failure(ErrorClass.SERVER_ERROR, "503")
 BAD_INPUT = Failure(ErrorClass.INVALID_REQUEST, "400")

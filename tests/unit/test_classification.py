@@ -2,7 +2,14 @@ import asyncio
 
 import pytest
 
-from dlqapp.classification import DEFAULT_RETRYABLE, ErrorClass, Failure, InferenceError, classify_exception, is_retryable
+from dlqapp.core.errors import (
+    DEFAULT_RETRYABLE,
+    ErrorClass,
+    Failure,
+    InferenceError,
+    classify_exception,
+    is_retryable,
+)
 
 
 @pytest.mark.parametrize(

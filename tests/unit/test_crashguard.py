@@ -2,7 +2,7 @@
 
 import asyncio
 
-from dlqapp.crashguard import CrashGuard
+from dlqapp.worker.crashguard import CrashGuard
 
 P = ("input", 1, 42)
 INNOCENT = ("input", 1, 41)
@@ -80,7 +80,8 @@ def test_careful_mode_runs_messages_one_at_a_time():
         await asyncio.gather(handle(1), handle(2))
         return order
 
-    import tempfile, os
+    import os
+    import tempfile
     with tempfile.TemporaryDirectory() as d:
         order = asyncio.run(run(os.path.join(d, "j.json")))
     assert order == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]

@@ -8,8 +8,13 @@ from typing import Any
 
 import pytest
 
-from dlqapp.classification import ErrorClass
-from dlqapp.inference.openai_errors import classify_response, duration_ms, message_retry_ms, retry_after_ms
+from dlqapp.core.errors import ErrorClass
+from dlqapp.inference.openai_errors import (
+    classify_response,
+    duration_ms,
+    message_retry_ms,
+    retry_after_ms,
+)
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gateway_errors.json"
 CASES: list[dict[str, Any]] = json.loads(FIXTURES.read_text())["cases"]

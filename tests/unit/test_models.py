@@ -4,7 +4,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlqapp.models import Attempt, Envelope, InvalidRequest, parse_request, salvage_request_id, fallback_key
+from dlqapp.core.envelope import Attempt, Envelope
+from dlqapp.core.requests import (
+    InvalidRequest,
+    fallback_key,
+    parse_request,
+    salvage_request_id,
+)
 
 LIMIT = 10_000
 
@@ -87,7 +93,8 @@ def test_envelope_round_trips_through_headers_and_blob_with_bytes_intact(payload
 
 
 def test_every_dlqapp_header_is_parsed_tolerantly():
-    from dlqapp.models import Envelope, header_int, header_json
+    from dlqapp.core.envelope import Envelope
+    from dlqapp.core.headers import header_int, header_json
 
     hostile = [
         ("original_timestamp", b"abc"),
@@ -110,7 +117,7 @@ def test_every_dlqapp_header_is_parsed_tolerantly():
 
 
 def test_state_changes_move_the_right_counters():
-    from dlqapp import state as states
+    from dlqapp.core import states
 
     first = states.transition(None, "r", states.RETRY_SCHEDULED, 1, tier="retry-1s")
     assert states.counted(None, first) == ["received", "retried|retry-1s"]
@@ -126,8 +133,8 @@ def test_state_changes_move_the_right_counters():
 def test_expirable_records_and_log_rotation(tmp_path):
     import json
 
-    from dlqapp.dlq import rotate
-    from dlqapp.retention import ledger_last_change, request_last_change
+    from dlqapp.deadletters.recorder import rotate
+    from dlqapp.worker.retention import ledger_last_change, request_last_change
 
     assert request_last_change(json.dumps({"state": "succeeded", "updated_at": 5}).encode()) == 5
     assert request_last_change(json.dumps({"state": "retry_scheduled", "updated_at": 5}).encode()) is None

@@ -11,10 +11,10 @@ import time
 import pytest
 from aiohttp.test_utils import TestServer
 
-from dlqapp.classification import ErrorClass, InferenceError
+from dlqapp.core.errors import ErrorClass, InferenceError
+from dlqapp.core.requests import validate_request
+from dlqapp.devtools.mock_llm import MockState, build_app
 from dlqapp.inference.openai import OpenAIBackend
-from dlqapp.mock_llm import MockState, build_app
-from dlqapp.models import validate_request
 
 
 def request(rid="r1", **extra):
@@ -44,7 +44,7 @@ async def failure_of(backend, req):
 
 
 def plan(state, rid, **spec):
-    from dlqapp.mock_llm import Plan
+    from dlqapp.devtools.mock_llm import Plan
 
     state.plans[rid] = Plan(remaining=spec.pop("fail_times", 1), **spec)
 

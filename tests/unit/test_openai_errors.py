@@ -2,7 +2,7 @@ import email.utils
 
 import pytest
 
-from dlqapp.classification import ErrorClass
+from dlqapp.core.errors import ErrorClass
 from dlqapp.inference.openai_errors import classify_response, retry_after_ms
 
 NOW = 1_800_000_000.0

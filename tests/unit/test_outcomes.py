@@ -1,7 +1,14 @@
-from dlqapp.classification import DEFAULT_RETRYABLE, ErrorClass, Failure
+from dlqapp.core.backoff import Backoff
+from dlqapp.core.errors import DEFAULT_RETRYABLE, ErrorClass, Failure
+from dlqapp.core.outcomes import (
+    DeadLetter,
+    RetryAt,
+    RetryPolicy,
+    Succeeded,
+    decide,
+    expiry,
+)
 from dlqapp.inference import InferenceOutput
-from dlqapp.outcomes import DeadLetter, RetryAt, RetryPolicy, Succeeded, decide, expiry
-from dlqapp.scheduling import Backoff
 
 POLICY = RetryPolicy(Backoff((1000, 10_000, 60_000)), DEFAULT_RETRYABLE, max_age_ms=3_600_000)
 NOW = 1_700_000_000_000
@@ -51,7 +58,7 @@ FALLBACK = RetryPolicy(POLICY.backoff, DEFAULT_RETRYABLE, POLICY.max_age_ms, fal
 
 
 def test_fallback_after_the_last_tier_and_on_context_length():
-    from dlqapp.outcomes import TryFallback, decide_after_fallback
+    from dlqapp.core.outcomes import TryFallback, decide_after_fallback
 
     assert decide(FALLBACK, 4, Failure(ErrorClass.TIMEOUT, "slow"), None, NOW) == TryFallback("big-context", Failure(ErrorClass.TIMEOUT, "slow"))
     too_long = Failure(ErrorClass.CONTEXT_LENGTH, "too long")

@@ -1,6 +1,6 @@
 from aiokafka.partitioner import DefaultPartitioner
 
-from dlqapp.partitioning import owner_partition
+from dlqapp.core.partitioning import owner_partition
 
 
 def test_owner_partition_matches_kafkas_default_key_partitioner():

@@ -1,7 +1,7 @@
-"""Which parked retries are stale copies (dlqapp.retry)."""
+"""Which parked retries are stale copies (dlqapp.retries.scheduler)."""
 
-from dlqapp.models import Envelope
-from dlqapp.retry import superseded_by
+from dlqapp.core.envelope import Envelope
+from dlqapp.retries.scheduler import superseded_by
 
 
 def test_a_stale_copy_of_a_retry_chain_is_recognised():

@@ -3,7 +3,8 @@ import random
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlqapp.scheduling import Backoff, decode_parked_key, due_upper_bound, parked_key
+from dlqapp.core.backoff import Backoff
+from dlqapp.retries.keys import decode_parked_key, due_upper_bound, parked_key
 
 due_times = st.integers(min_value=0, max_value=2**63)
 request_ids = st.text(min_size=1, max_size=256)

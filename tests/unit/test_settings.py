@@ -3,8 +3,15 @@ from pathlib import Path
 
 import pytest
 
-from dlqapp.classification import ErrorClass
-from dlqapp.settings import SETTINGS, Settings, SettingsError, format_duration, markdown_table, parse_duration_ms
+from dlqapp.core.errors import ErrorClass
+from dlqapp.settings import (
+    SETTINGS,
+    Settings,
+    SettingsError,
+    format_duration,
+    markdown_table,
+    parse_duration_ms,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

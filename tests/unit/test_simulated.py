@@ -2,9 +2,9 @@ import asyncio
 
 import pytest
 
-from dlqapp.classification import ErrorClass, InferenceError
+from dlqapp.core.errors import ErrorClass, InferenceError
+from dlqapp.core.requests import validate_request
 from dlqapp.inference import SimulatedBackend
-from dlqapp.models import validate_request
 
 
 def request(request_id="r", **metadata):

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
-from dlqapp.retry import REFIRE_AFTER_MS, ScanStarts, scan_due
-from dlqapp.scheduling import due_upper_bound, parked_key
+from dlqapp.retries.keys import due_upper_bound, parked_key
+from dlqapp.retries.scan import REFIRE_AFTER_MS, ScanStarts, scan_due
 
 NOW = 1_700_000_000_000
 
@@ -106,8 +106,8 @@ def test_scanning_from_the_start_finds_what_a_full_scan_finds(tmp_path_factory, 
 
 
 def test_a_parked_retry_from_before_a_replay_is_stale():
-    from dlqapp.models import Envelope
-    from dlqapp.retry import superseded_by
+    from dlqapp.core.envelope import Envelope
+    from dlqapp.retries.scheduler import superseded_by
 
     old_chain = Envelope("r", b"{}", 0, {}, attempts=2)
     replayed_chain = Envelope("r", b"{}", 0, {}, attempts=1, lineage={"replay_count": "1"})

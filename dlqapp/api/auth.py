@@ -1,0 +1,118 @@
+"""HTTP guard: who may call, who may mutate, how big a body may be, and errors as JSON.
+
+Every request: the `Host` header must name this worker (an IP address, a loopback name,
+the advertised host, this machine's name, or one in DLQ_ALLOWED_HOSTS), which defeats DNS
+rebinding. Mutations (any method but GET/HEAD) also need:
+- `Content-Type: application/json`, which a cross-site form or simple fetch cannot send
+  without a CORS preflight, and dlqapp answers no preflight;
+- no `Origin`, or this worker's own, or one in DLQ_ALLOWED_ORIGINS;
+- `Authorization: Bearer <DLQ_ADMIN_TOKEN>` when that is set (compared in constant
+  time); when it is not set, a loopback client.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Mapping
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+SAFE_METHODS = frozenset({"GET", "HEAD"})
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
+
+
+def host_name(host_header: str) -> str:
+    """The name in a Host header, without port or IPv6 brackets, lower-cased."""
+    host = host_header.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    """What the guard accepts. `hosts` and `origins` are the configured extras."""
+
+    token: str = ""
+    max_body_bytes: int = 4 * 1024 * 1024
+    hosts: frozenset[str] = field(default_factory=frozenset)
+    origins: frozenset[str] = field(default_factory=frozenset)
+
+    def host_allowed(self, host_header: str | None) -> bool:
+        if not host_header:
+            return True  # HTTP/1.0 clients; a browser always sends Host
+        name = host_name(host_header)
+        return _is_ip(name) or name in LOOPBACK_NAMES or name.endswith(".localhost") or name in self.hosts
+
+    def origin_allowed(self, origin: str, host_header: str | None) -> bool:
+        origin = origin.rstrip("/").lower()
+        if origin in self.origins:
+            return True
+        parts = urlsplit(origin)
+        return bool(host_header) and parts.scheme in ("http", "https") and parts.netloc == host_header.strip().lower()
+
+
+def refusal(method: str, remote: str | None, headers: Mapping[str, str], policy: AccessPolicy) -> tuple[int, str] | None:
+    """Why a request is refused, as (status, message naming what to set), or None."""
+    host = headers.get("Host")
+    if not policy.host_allowed(host):
+        return 403, f"host {host_name(host or '')!r} is not this worker's; add it to DLQ_ALLOWED_HOSTS"
+    if method in SAFE_METHODS:
+        return None
+    content_type = headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
+    if content_type != "application/json":
+        return 415, "mutations need Content-Type: application/json"
+    origin = headers.get("Origin")
+    if origin is not None and not policy.origin_allowed(origin, host):
+        return 403, f"origin {origin[:100]!r} may not change this worker; add it to DLQ_ALLOWED_ORIGINS"
+    if policy.token:
+        scheme, _, given = (headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            return 401, "this action needs Authorization: Bearer <DLQ_ADMIN_TOKEN>"
+        if not hmac.compare_digest(given.strip().encode(), policy.token.encode()):
+            return 403, "wrong admin token"
+        return None
+    if not is_loopback(remote):
+        return 403, "mutations are accepted from loopback clients only; set DLQ_ADMIN_TOKEN to allow remote operators"
+    return None
+
+
+def guard_middleware(policy: AccessPolicy) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """aiohttp middleware: the rules above, and every HTTP error as a JSON body."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        refused = refusal(request.method, request.remote, request.headers, policy)
+        if refused is not None:
+            status, message = refused
+            return web.json_response({"error": message}, status=status)
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            message = exc.text if exc.text and not exc.text.startswith(f"{exc.status}:") else exc.reason
+            if exc.status == 413:
+                message = f"request body too large (limit {policy.max_body_bytes} bytes, DLQ_MAX_BODY_BYTES)"
+            return web.json_response({"error": message}, status=exc.status)
+
+    return guard

@@ -1,0 +1,363 @@
+"""HTTP routes served by every worker: the DLQ API, request status, the admin page.
+
+Reads of one id are routed to the worker that owns it; lists and stats fan out to every
+worker and merge; mutations become commands for the owning worker (`dlqapp.deadletters.operator`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+from faust import web
+from faust.exceptions import SameNode
+
+from dlqapp import __version__
+from dlqapp.core.states import RequestState
+from dlqapp.deadletters.commands import Action, Command, ReplayStatus, check_edit
+from dlqapp.deadletters.entries import find_dead_letter, owner_id, presented
+from dlqapp.deadletters.queries import (
+    BadQuery,
+    DlqFilter,
+    local_page,
+    local_stats,
+    merge_pages,
+    merge_stats,
+    page_params,
+)
+
+log = logging.getLogger("dlqapp.api.views")
+
+ASK_TIMEOUT_S = 30.0
+FANOUT_TIMEOUT_S = 10.0
+UI_PAGE = Path(__file__).parent / "ui" / "index.html"
+STATUS_CODES: dict[str, int] = {
+    ReplayStatus.REPROCESSED: 200,
+    ReplayStatus.DISCARDED: 200,
+    ReplayStatus.EXPIRED: 200,
+    ReplayStatus.NOT_FOUND: 404,
+    ReplayStatus.REFUSED: 409,
+    ReplayStatus.INVALID: 400,
+    ReplayStatus.ERROR: 500,
+}
+
+
+class ApiError(Exception):
+    """An error answered as `{"error": message}` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.message, self.extra = status, message, extra
+
+
+def _error(view: web.View, exc: ApiError) -> web.Response:
+    return view.json({"error": exc.message, **exc.extra}, status=exc.status)
+
+
+def handled(handler: Callable[..., Awaitable[web.Response]]) -> Callable[..., Awaitable[web.Response]]:
+    """Turn `ApiError` and `BadQuery` raised by a handler into JSON error responses."""
+
+    async def wrapper(self: web.View, request: web.Request, **kwargs: Any) -> web.Response:
+        try:
+            return await handler(self, request, **kwargs)
+        except ApiError as exc:
+            return _error(self, exc)
+        except BadQuery as exc:
+            return self.json({"error": str(exc)}, status=400)
+
+    wrapper.__name__ = handler.__name__
+    wrapper.__doc__ = handler.__doc__
+    return wrapper
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON, or ApiError 400 naming the problem."""
+    body = await request.read()
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+
+
+def actor_of(request: web.Request) -> str:
+    """Who asked: the X-DLQ-Actor header, else the client address."""
+    return (request.headers.get("X-DLQ-Actor") or f"api@{request.remote}")[:200]
+
+
+def _answer(view: web.View, result: dict[str, Any]) -> web.Response:
+    return view.json(result, status=STATUS_CODES.get(result.get("status", ReplayStatus.ERROR), 500))
+
+
+def _force(body: dict[str, Any]) -> bool:
+    force = body.get("force", False)
+    if not isinstance(force, bool):
+        raise ApiError(400, "force must be true or false")
+    return force
+
+
+class Api:
+    """What the routes do, over one worker's components (`dlqapp.worker.composition`)."""
+
+    def __init__(self, app: Any, parts: Any, operator_agent: Any) -> None:
+        self.app = app
+        self.parts = parts
+        self.settings = parts.settings
+        self.topology = parts.topology
+        self.operator_agent = operator_agent
+
+    # -- reaching other workers ---------------------------------------------------------
+
+    async def routed(self, view: web.View, request: web.Request, table_name: str, key: str) -> web.Response | None:
+        """The owning worker's answer for `key`, or None when this worker owns it."""
+        try:
+            return await self.app.router.route_req(table_name, owner_id(key).encode(), view.web, request)
+        except SameNode:
+            return None
+        except Exception as exc:  # the owner is unreachable (stopping, or mid-rebalance)
+            raise ApiError(503, f"the worker owning {key!r} did not answer ({type(exc).__name__}); try again") from None
+
+    async def ask(self, command: Command) -> dict[str, Any]:
+        """Run a command on the worker owning its request id and return its answer."""
+        partition = self.parts.io.owner(owner_id(command.request_id))
+        try:
+            return await asyncio.wait_for(
+                self.operator_agent.ask(value=command.to_dict(), key=command.request_id.encode(), partition=partition), ASK_TIMEOUT_S
+            )
+        except asyncio.TimeoutError:
+            return {"request_id": command.request_id, "status": ReplayStatus.ERROR, "reason": f"no answer within {ASK_TIMEOUT_S:.0f}s (is a rebalance running?)"}
+
+    def _is_self(self, url: str) -> bool:
+        return url.rstrip("/") == str(self.app.conf.canonical_url).rstrip("/")
+
+    async def fan_out(self, local: Callable[[], dict[str, Any]], path: str, params: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
+        """This worker's answer plus every other worker's answer to `path` (local routes)."""
+        hosts = [h for h in self.app.router.table_metadata(self.topology.dead_letters.name) if not self._is_self(h)]
+        answers = [local()]
+        errors: list[str] = []
+
+        async def remote(host: str) -> None:
+            url = f"{str(host).rstrip('/')}{path}"
+            try:
+                async with self.app.http_client.get(url, params=params, timeout=aiohttp.ClientTimeout(total=FANOUT_TIMEOUT_S)) as response:
+                    response.raise_for_status()
+                    answers.append(await response.json())
+            except Exception as exc:  # one unreachable worker must not hide the others
+                errors.append(f"{host}: {type(exc).__name__}: {exc}")
+
+        await asyncio.gather(*(remote(h) for h in hosts))
+        return answers, errors
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def local_dlq_page(self, flt: DlqFilter, top: int) -> dict[str, Any]:
+        return local_page(self.topology.dead_letters.values(), flt, top)
+
+    def local_stats(self) -> dict[str, Any]:
+        stats = local_stats(self.parts.counters.total_of(self.topology.stats), self.parts.oldest_dead_letter.get())
+        stats["breaker"] = {str(self.app.conf.canonical_url): self.parts.pipeline.breaker.snapshot()}
+        return stats
+
+    async def list_dead_letters(self, flt: DlqFilter, limit: int, offset: int) -> dict[str, Any]:
+        """One page of the whole DLQ, newest first."""
+        top = offset + limit
+        pages, errors = await self.fan_out(lambda: self.local_dlq_page(flt, top), "/dlq/_local/", {**flt.to_params(), "top": str(top)})
+        merged = merge_pages(pages, limit, offset)
+        if errors:
+            merged["incomplete"] = errors
+        return merged
+
+    async def stats(self) -> dict[str, Any]:
+        parts, errors = await self.fan_out(self.local_stats, "/dlq/_local_stats/", {})
+        stats = merge_stats(parts, self.parts.clock())
+        if errors:
+            stats["incomplete"] = errors
+        return stats
+
+    def dead_letter(self, request_id: str) -> dict[str, Any]:
+        """One entry of this worker, with its ledger; ApiError 404 when there is none."""
+        ledger = self.parts.operator.ledger_for(owner_id(request_id))
+        key = find_dead_letter(self.topology.dead_letters, request_id, self.settings.partitions)
+        if key is None:
+            raise ApiError(404, f"no dead letter with request id {request_id!r}", ledger=ledger)
+        return {**presented(json.loads(self.topology.dead_letters[key])), "ledger": ledger}
+
+    def request_status(self, request_id: str) -> dict[str, Any]:
+        """One request's state and history on this worker; ApiError 404 when unknown."""
+        blob = self.topology.requests.get(request_id.encode())
+        in_flight = request_id in self.parts.pipeline.in_flight
+        if blob is None and not in_flight:
+            raise ApiError(404, f"unknown request id {request_id!r}")
+        state = json.loads(blob) if blob else {"request_id": request_id, "history": []}
+        if in_flight:
+            state["state"] = RequestState.IN_FLIGHT
+        state["ledger"] = self.parts.operator.ledger_for(request_id)
+        return state
+
+    def status(self) -> dict[str, Any]:
+        """What this worker is and where to go next."""
+        app = self.app
+        return {
+            "app": "dlqapp",
+            "version": __version__,
+            "app_id": self.settings.app_id,
+            "ready": bool(app.assignor.assigned_actives()) and not app.rebalancing and not getattr(app, "in_recovery", False),
+            "url": str(app.conf.canonical_url),
+            "assigned_partitions": len(app.assignor.assigned_actives()),
+            "assignment": self._assignment(),
+            "topics": self.settings.all_topics(),
+            "inference": self.parts.backend.name,
+            "in_flight": len(self.parts.pipeline.in_flight),
+            "admin_page": "/ui/",
+        }
+
+    def _assignment(self) -> dict[str, list[int]]:
+        """Active partitions per topic on this worker (tables show as their changelog topics)."""
+        by_topic: dict[str, list[int]] = {}
+        for tp in self.app.assignor.assigned_actives():
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        return {topic: sorted(partitions) for topic, partitions in sorted(by_topic.items())}
+
+    # -- mutations ------------------------------------------------------------------------
+
+    async def bulk_keys(self, body: Any) -> tuple[list[str], float | None]:
+        if not isinstance(body, dict):
+            raise ApiError(400, 'body must be {"keys": [...]} or {"all": true, ...filters}')
+        rate = body.get("rate")
+        if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0):
+            raise ApiError(400, "rate must be a positive number of replays per second")
+        if "keys" in body:
+            keys = body["keys"]
+            if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
+                raise ApiError(400, "keys must be a non-empty list of request ids")
+            return list(dict.fromkeys(keys)), rate
+        if body.get("all") is True:
+            flt = DlqFilter.from_params({k: v for k, v in body.items() if k in ("error_class", "model", "since", "until", "q")})
+            page = await self.list_dead_letters(flt, limit=10**9, offset=0)
+            return [item.get("key") or item["request_id"] for item in page["items"]], rate
+        raise ApiError(400, 'body must name "keys" (a list) or "all": true')
+
+    async def bulk_replay(self, body: Any, actor: str) -> tuple[dict[str, Any], int]:
+        keys, rate = await self.bulk_keys(body)
+        force = _force(body)
+        jobs = self.parts.replay_jobs
+
+        def replay(rid: str) -> Awaitable[dict[str, Any]]:
+            return self.ask(Command(Action.REPLAY, rid, actor, force=force))
+
+        if rate:
+            job = jobs.start(keys, rate, replay)
+            return {"replay_id": job.id, "total": len(keys), "rate": rate, "status_url": f"/dlq/replays/{job.id}/"}, 202
+        return await jobs.run_now(keys, replay), 200
+
+    async def replay(self, request_id: str, body: Any, actor: str) -> dict[str, Any]:
+        payload, force = None, False
+        if body is not None:
+            if not isinstance(body, dict) or set(body) - {"payload", "force"}:
+                raise ApiError(400, 'body must be empty or {"payload": {...}, "force": true|false}')
+            payload = body.get("payload")
+            force = _force(body)
+        if payload is not None:
+            problems = check_edit(owner_id(request_id), payload)
+            if problems:
+                raise ApiError(400, "edited payload is not a valid request", reasons=problems)
+        return await self.ask(Command(Action.REPLAY, request_id, actor, payload, force))
+
+
+def register_views(app: Any, api: Api) -> None:
+    """Register every HTTP route on `app`."""
+
+    @app.page("/")
+    async def index(self: web.View, request: web.Request) -> web.Response:
+        """What this worker is and where to go next."""
+        return self.json(api.status())
+
+    @app.page("/dlq/")
+    @handled
+    async def dlq_list(self: web.View, request: web.Request) -> web.Response:
+        """`GET /dlq/?limit=&offset=&error_class=&model=&since=&until=&q=` → `{"total", "items"}`."""
+        limit, offset = page_params(request.query)
+        return self.json(await api.list_dead_letters(DlqFilter.from_params(request.query), limit, offset))
+
+    @app.page("/dlq/_local/")
+    @handled
+    async def dlq_local(self: web.View, request: web.Request) -> web.Response:
+        """This worker's share of a listing (used by the fan-out)."""
+        return self.json(api.local_dlq_page(DlqFilter.from_params(request.query), int(request.query.get("top", "50"))))
+
+    @app.page("/dlq/stats/")
+    @handled
+    async def dlq_stats(self: web.View, request: web.Request) -> web.Response:
+        """Counts across all workers: received, succeeded, retried per tier, DLQ by class, …"""
+        return self.json(await api.stats())
+
+    @app.page("/dlq/_local_stats/")
+    async def dlq_local_stats(self: web.View, request: web.Request) -> web.Response:
+        """This worker's share of the stats (used by the fan-out)."""
+        return self.json(api.local_stats())
+
+    @app.page("/dlq/reprocess/")
+    class BulkReprocess(web.View):
+        """`POST /dlq/reprocess/` with `{"keys": [...]}` or `{"all": true, <filters>}`, optional `"rate"`, `"force"`."""
+
+        @handled
+        async def post(self, request: web.Request) -> web.Response:
+            answer, status = await api.bulk_replay(await read_json(request), actor_of(request))
+            return self.json(answer, status=status)
+
+    @app.page("/dlq/replays/{replay_id}/")
+    @handled
+    async def replay_progress(self: web.View, request: web.Request, replay_id: str) -> web.Response:
+        """Progress of a rate-limited bulk replay started on this worker."""
+        job = api.parts.replay_jobs.get(replay_id)
+        if job is None:
+            raise ApiError(404, f"no bulk replay {replay_id!r} on this worker")
+        return self.json(job.progress())
+
+    @app.page("/dlq/{request_id}/reprocess/")
+    class Reprocess(web.View):
+        """`POST /dlq/{id}/reprocess/`, optionally `{"payload": {...}, "force": true}`."""
+
+        @handled
+        async def post(self, request: web.Request, request_id: str) -> web.Response:
+            return _answer(self, await api.replay(request_id, await read_json(request), actor_of(request)))
+
+    @app.page("/dlq/{request_id}/")
+    class DeadLetterView(web.View):
+        """`GET` one entry (payload, headers, history, ledger) or `DELETE` it (discard)."""
+
+        @handled
+        async def get(self, request: web.Request, request_id: str) -> web.Response:
+            answer = await api.routed(self, request, api.topology.dead_letters.name, request_id)
+            return answer if answer is not None else self.json(api.dead_letter(request_id))
+
+        @handled
+        async def delete(self, request: web.Request, request_id: str) -> web.Response:
+            return _answer(self, await api.ask(Command(Action.DISCARD, request_id, actor_of(request))))
+
+    @app.page("/requests/{request_id}/")
+    @handled
+    async def request_status(self: web.View, request: web.Request, request_id: str) -> web.Response:
+        """Current state and history of one request (answered by the worker that owns it)."""
+        answer = await api.routed(self, request, api.topology.requests.name, request_id)
+        return answer if answer is not None else self.json(api.request_status(request_id))
+
+    @app.page("/retries/")
+    async def retries(self: web.View, request: web.Request) -> web.Response:
+        """Retries parked on this worker's partitions, and those handed to the due agent."""
+        return self.json({"parked": await api.parts.parked.count(), "fired": len(api.parts.scheduler.fired)})
+
+    @app.page("/inference/calls/{request_id}/")
+    async def backend_calls(self: web.View, request: web.Request, request_id: str) -> web.Response:
+        """Backend calls this worker has made for a request id (for tests and audits)."""
+        return self.json({"request_id": request_id, "calls": api.parts.backend.calls_for(request_id)})
+
+    @app.page("/ui/")
+    async def admin_page(self: web.View, request: web.Request) -> web.Response:
+        """The admin page: one static HTML file, no build step."""
+        return self.html(UI_PAGE.read_text(encoding="utf-8"))

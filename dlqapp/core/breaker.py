@@ -1,0 +1,183 @@
+"""A circuit breaker for backend-wide failures: an outage is not N separate failures.
+
+Closed: calls flow; the latest outcome of each of the last `window` requests is kept
+(one request failing again and again counts once: an outage is many requests failing).
+When at least `min_calls` requests are known and `failure_ratio` of them failed
+backend-wide (connection, timeout, 5xx, auth, quota, rate limits), the breaker opens. Open: no calls for `open_ms` (doubling on each
+failed probe, up to `max_open_ms`). Half-open: `probes` calls may go; when they all
+succeed the breaker closes, when one fails backend-wide it opens again.
+
+Every caller has a *rank*: 0 for a request that has never failed, else how many times
+it has failed (counted attempts plus holds). Two rules keep the breaker from holding a
+request forever when its failure is its own (a prompt that crashes the model) rather than
+the backend's:
+
+- Half-open probes go to the lowest rank waiting: fresh requests probe first.
+- Only a fresh request's failure is evidence of an outage. It re-opens a half-open
+  breaker, and it is held (not counted as an attempt). A request that has failed before
+  is never held after a failure and never re-opens the breaker: its failure is an
+  attempt and moves it along its retry chain (next tier, then the DLQ).
+
+So during an outage with traffic, fresh requests keep the breaker honest and nothing
+burns attempts; when only failing requests are left, they probe, and each probe moves
+one of them on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
+from dlqapp.core.errors import ErrorClass, Failure
+from dlqapp.observability.logs import log_event
+
+log = logging.getLogger("dlqapp.core.breaker")
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+BACKEND_WIDE = frozenset(
+    {
+        ErrorClass.CONNECTION_ERROR,
+        ErrorClass.TIMEOUT,
+        ErrorClass.SERVER_ERROR,
+        ErrorClass.AUTH_ERROR,
+        ErrorClass.QUOTA_EXCEEDED,
+        ErrorClass.RATE_LIMITED,
+    }
+)
+
+
+def is_backend_wide(failure: Failure | None) -> bool:
+    return failure is not None and failure.error_class in BACKEND_WIDE
+
+
+@dataclass(frozen=True)
+class BreakerConfig:
+    window: int = 20
+    min_calls: int = 10
+    failure_ratio: float = 0.5
+    open_ms: int = 5_000
+    max_open_ms: int = 60_000
+    probes: int = 3
+    enabled: bool = True
+
+
+class CircuitBreaker:
+    """Closed → open → half-open → closed, driven by call outcomes and the clock."""
+
+    def __init__(self, config: BreakerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self._state = CLOSED
+        self._outcomes: OrderedDict[object, bool] = OrderedDict()  # request → backend-wide failure
+        self._open_ms = config.open_ms
+        self._reopen_at = 0.0
+        self._probing: Counter[object] = Counter()
+        self._probes_ok = 0
+        self._waiting: Counter[int] = Counter()
+        self.transitions: list[tuple[float, str, str]] = []
+        self.moves: Counter[str] = Counter()
+
+    @property
+    def state(self) -> str:
+        if self._state == OPEN and self.clock() >= self._reopen_at:
+            self._move(HALF_OPEN)
+            self._probing.clear()
+            self._probes_ok = 0
+        return self._state
+
+    @property
+    def tripped(self) -> bool:
+        """Open or half-open: the backend is considered down."""
+        return self.state != CLOSED
+
+    def allow(self, request_id: object = None, rank: int = 0) -> bool:
+        """May this call go now? In half-open each True is one probe, lowest rank first."""
+        state = self.state
+        if state == CLOSED:
+            return True
+        if state != HALF_OPEN or sum(self._probing.values()) >= self.config.probes:
+            return False
+        if any(count > 0 for waiting_rank, count in self._waiting.items() if waiting_rank < rank):
+            return False  # a request that has failed less is waiting: it probes first
+        self._probing[request_id] += 1
+        return True
+
+    async def wait_allowed(self, request_id: object = None, rank: int = 0, poll_s: float = 0.05) -> None:
+        """Wait until a call may go."""
+        if self.allow(request_id, rank):
+            return
+        self._waiting[rank] += 1
+        try:
+            while not self.allow(request_id, rank):
+                await asyncio.sleep(poll_s)
+        finally:
+            self._waiting[rank] -= 1
+
+    def record(self, failure: Failure | None, request_id: object = None, rank: int = 0) -> bool:
+        """The outcome of an allowed call. True: hold the request (the failure is not an attempt)."""
+        backend_down = is_backend_wide(failure)
+        was_probe = self._probing[request_id] > 0
+        if was_probe:
+            self._probing[request_id] -= 1
+            if not self._probing[request_id]:
+                del self._probing[request_id]
+        state = self.state
+        if state == HALF_OPEN and was_probe:
+            if not backend_down:
+                self._probes_ok += 1
+                if self._probes_ok >= self.config.probes:
+                    self._close()
+                return False
+            if rank > 0:
+                return False  # its own failure, not the backend's: an attempt, no re-open
+            self._open(min(self._open_ms * 2, self.config.max_open_ms))
+            return True
+        if state == CLOSED:
+            key = request_id if request_id is not None else object()
+            self._outcomes.pop(key, None)
+            self._outcomes[key] = backend_down
+            while len(self._outcomes) > self.config.window:
+                self._outcomes.popitem(last=False)
+            if self._should_open():
+                self._open(self.config.open_ms)
+        return backend_down and rank == 0 and self.state != CLOSED
+
+    def _should_open(self) -> bool:
+        calls = len(self._outcomes)
+        return self.config.enabled and calls >= self.config.min_calls and sum(self._outcomes.values()) / calls >= self.config.failure_ratio
+
+    def _open(self, open_ms: int) -> None:
+        self._open_ms = open_ms
+        self._reopen_at = self.clock() + open_ms / 1000
+        self._move(OPEN)
+
+    def _close(self) -> None:
+        self._outcomes.clear()
+        self._open_ms = self.config.open_ms
+        self._move(CLOSED)
+
+    def _move(self, new: str) -> None:
+        old, self._state = self._state, new
+        self.transitions.append((time.time(), old, new))
+        self.moves[f"{old}->{new}"] += 1
+        del self.transitions[:-50]
+        level = logging.WARNING if new == OPEN else logging.INFO
+        log_event(log, level, f"breaker_{new}", previous=old, open_ms=self._open_ms if new == OPEN else None)
+
+    def snapshot(self) -> dict[str, object]:
+        """State for /dlq/stats/ and metrics."""
+        state = self.state
+        calls = len(self._outcomes)
+        return {
+            "state": state,
+            "recent_calls": calls,
+            "recent_backend_failures": sum(self._outcomes.values()),
+            "waiting": sum(self._waiting.values()),
+            "reopens_in_ms": max(0, int((self._reopen_at - self.clock()) * 1000)) if state == OPEN else None,
+            "moves": dict(self.moves),
+            "transitions": [{"at": int(at * 1000), "from": a, "to": b} for at, a, b in self.transitions[-10:]],
+        }

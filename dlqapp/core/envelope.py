@@ -1,0 +1,143 @@
+"""A request on its way through the tiers: its original bytes plus what dlqapp learnt about it.
+
+Pure code. Everything travels in headers; the payload is carried unchanged from `input`
+to `results` or `dlq`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping
+
+from dlqapp.core.clock import now_ms
+from dlqapp.core.headers import (
+    H_ATTEMPTS,
+    H_ERROR_CLASS,
+    H_HISTORY,
+    H_LAST_ERROR,
+    H_ORIGINAL_TIMESTAMP,
+    H_REPLAY_COUNT,
+    H_REPLAY_OF,
+    H_REQUEST_ID,
+    H_RETRY_COUNT,
+    H_SCHEDULED_TIME,
+    H_SOURCE,
+    header_dict,
+    header_int,
+    header_json,
+)
+
+HISTORY_LIMIT = 50
+@dataclass
+class Attempt:
+    """One entry of a request's attempt history."""
+
+    attempt: int
+    at: int
+    topic: str
+    scheduled: int | None = None
+    duration_ms: int | None = None
+    error_class: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Envelope:
+    """A request in flight: its original bytes plus everything learnt about it so far.
+
+    Serialised as Kafka headers on the tier, due and dlq topics, and as one blob in the
+    parked-retry table. `attempts` counts attempts made so far; the `retry_count`
+    header is the number of the retry a tier message waits for (1, 2, 3), which is the same.
+    """
+
+    request_id: str
+    payload: bytes
+    original_timestamp: int
+    source: dict[str, Any]
+    attempts: int = 0
+    scheduled_time: int | None = None
+    error_class: str | None = None
+    last_error: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    lineage: dict[str, str] = field(default_factory=dict)
+
+    def record(self, attempt: Attempt) -> None:
+        """Append an attempt to the history (bounded) and update the last error."""
+        self.attempts = attempt.attempt
+        self.error_class = attempt.error_class
+        self.last_error = attempt.error
+        self.history.append(asdict(attempt))
+        del self.history[:-HISTORY_LIMIT]
+
+    def headers(self, **extra: str | int | None) -> list[tuple[str, bytes]]:
+        """Kafka headers for this envelope, plus any `extra` (None values are left out)."""
+        values: dict[str, Any] = {
+            H_REQUEST_ID: self.request_id,
+            H_RETRY_COUNT: self.attempts,
+            H_ATTEMPTS: self.attempts,
+            H_SCHEDULED_TIME: self.scheduled_time,
+            H_ORIGINAL_TIMESTAMP: self.original_timestamp,
+            H_ERROR_CLASS: self.error_class,
+            H_LAST_ERROR: self.last_error,
+            H_HISTORY: json.dumps(self.history, separators=(",", ":")),
+            H_SOURCE: json.dumps(self.source, separators=(",", ":")),
+            **self.lineage,
+            **extra,
+        }
+        return [(k, str(v).encode()) for k, v in values.items() if v is not None]
+
+    @classmethod
+    def from_headers(
+        cls, request_id: str, payload: bytes, headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None
+    ) -> "Envelope":
+        """Rebuild an envelope from Kafka headers written by `headers()`.
+
+        Never raises: a malformed value is read as absent.
+        """
+        h = header_dict(headers)
+        lineage = {H_REPLAY_OF: h[H_REPLAY_OF][:200]} if H_REPLAY_OF in h else {}
+        replay_count = header_int(h, H_REPLAY_COUNT)
+        if replay_count is not None:
+            lineage[H_REPLAY_COUNT] = str(replay_count)
+        return cls(
+            request_id=request_id,
+            payload=payload,
+            original_timestamp=header_int(h, H_ORIGINAL_TIMESTAMP) or now_ms(),
+            source=header_json(h, H_SOURCE, dict) or {},
+            attempts=header_int(h, H_ATTEMPTS) or header_int(h, H_RETRY_COUNT) or 0,
+            scheduled_time=header_int(h, H_SCHEDULED_TIME),
+            error_class=h.get(H_ERROR_CLASS),
+            last_error=h.get(H_LAST_ERROR),
+            history=[a for a in header_json(h, H_HISTORY, list) or [] if isinstance(a, dict)],
+            lineage=lineage,
+        )
+
+    def to_bytes(self) -> bytes:
+        """One blob for the parked-retry table: JSON headers, a newline, the payload."""
+        meta = {k: v for k, v in self.headers()}
+        return json.dumps({k: v.decode() for k, v in meta.items()}).encode() + b"\n" + self.payload
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> "Envelope":
+        meta_raw, _, payload = blob.partition(b"\n")
+        meta = json.loads(meta_raw)
+        return cls.from_headers(meta[H_REQUEST_ID], payload, meta)
+
+
+@dataclass
+class Result:
+    """A successful inference, published on `results` keyed by request id."""
+
+    request_id: str
+    model: str
+    output: str
+    attempts: int
+    latency_ms: int
+    completed_at: int
+    metadata: dict[str, Any]
+    usage: dict[str, Any] | None = None
+    history: list[dict[str, Any]] | None = None
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self), separators=(",", ":")).encode()

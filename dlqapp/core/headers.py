@@ -1,0 +1,83 @@
+"""Kafka header names dlqapp reads and writes (the public contract), and one tolerant way to read them.
+
+Every header value is read through `header_dict`, `header_int` and `header_json`: a
+malformed value is read as absent, never raised.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping
+
+H_RETRY_COUNT = "retry_count"
+H_ATTEMPTS = "attempts"
+H_SCHEDULED_TIME = "scheduled_time"
+H_ORIGINAL_TIMESTAMP = "original_timestamp"
+H_ERROR_CLASS = "error_class"
+H_LAST_ERROR = "last_error"
+H_FINAL_ERROR = "final_error"
+H_HISTORY = "attempt_history"
+H_REQUEST_ID = "request_id"
+H_SOURCE = "source"
+H_DEAD_AT = "dead_at"
+H_REPLAY_OF = "replay_of"
+H_REPLAY_COUNT = "replay_count"
+H_REPLAYED_BY = "replayed_by"
+H_REPLAYED_AT = "replayed_at"
+H_FIRST_SEEN = "first_seen"
+H_ORIGINAL_HEADERS = "original_headers"
+"""On an invalid or poison dead letter: the message's own headers, as a JSON object."""
+H_PAYLOAD_NULL = "payload_null"
+
+
+def header_dict(headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> dict[str, str]:
+    """Kafka headers (mapping or pairs, bytes or str values) as a str → str dict.
+
+    Never raises: undecodable bytes are replaced, a missing value is empty, and of a
+    repeated name the last value wins.
+    """
+    if headers is None:
+        return {}
+    try:
+        items = list(headers.items() if isinstance(headers, Mapping) else headers)
+    except (TypeError, ValueError):
+        return {}
+    out: dict[str, str] = {}
+    for item in items:
+        try:
+            key, value = item
+        except (TypeError, ValueError):
+            continue
+        if isinstance(key, (bytes, bytearray)):
+            key = bytes(key).decode("utf-8", "replace")
+        if isinstance(value, (bytes, bytearray)):
+            value = bytes(value).decode("utf-8", "replace")
+        out[str(key)] = "" if value is None else str(value)
+    return out
+
+
+MAX_HEADER_INT = 2**63 - 1
+
+
+def header_int(headers: Mapping[str, str], name: str) -> int | None:
+    """A non-negative integer header, or None when absent or malformed."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 19:
+        return None
+    number = int(text)
+    return number if number <= MAX_HEADER_INT else None
+
+
+def header_json(headers: Mapping[str, str], name: str, kind: type) -> Any:
+    """A JSON header of type `kind`, or None when absent or malformed."""
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        data = json.loads(value)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, kind) else None

@@ -1,0 +1,130 @@
+"""The request schema: decode and validate the bytes that arrive on `input`.
+
+Pure code: no Faust, no Kafka.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+MAX_REQUEST_ID_CHARS = 256
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+# Header names (public contract: retry_count, scheduled_time, original_timestamp,
+# error_class, last_error, final_error).
+class InvalidRequest(ValueError):
+    """A payload that is not a valid request. `request_id` is set when one could be read."""
+
+    def __init__(self, reasons: list[str], request_id: str | None = None):
+        super().__init__("; ".join(reasons))
+        self.reasons = reasons
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Request:
+    """A validated inference request."""
+
+    request_id: str
+    model: str | None
+    messages: list[dict[str, Any]] | None
+    prompt: str | None
+    params: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+def _valid_request_id(value: Any) -> str | None:
+    if isinstance(value, str) and value.strip() and len(value) <= MAX_REQUEST_ID_CHARS and _encodable(value):
+        return value
+    return None
+
+
+def _encodable(text: str) -> bool:
+    """False for strings JSON allows but UTF-8 cannot carry (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _check_messages(messages: Any) -> list[str]:
+    if not isinstance(messages, list) or not messages:
+        return ["messages must be a non-empty list"]
+    problems = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            problems.append(f"messages[{i}] must be an object")
+        elif message.get("role") not in CHAT_ROLES:
+            problems.append(f"messages[{i}].role must be one of {sorted(CHAT_ROLES)}")
+        elif not isinstance(message.get("content"), (str, list, type(None))):
+            problems.append(f"messages[{i}].content must be a string, a list of parts or null")
+    return problems
+
+
+def parse_request(payload: bytes | None, max_bytes: int) -> Request:
+    """Decode and validate a request payload, or raise `InvalidRequest` with every reason."""
+    if payload is None or len(payload) == 0:
+        raise InvalidRequest(["empty payload"])
+    if len(payload) > max_bytes:
+        raise InvalidRequest([f"payload is {len(payload)} bytes, over the {max_bytes}-byte limit"])
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequest(["payload is not valid UTF-8"]) from None
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InvalidRequest([f"payload is not valid JSON: {exc}"]) from None
+    if not isinstance(data, dict):
+        raise InvalidRequest([f"payload must be a JSON object, not {type(data).__name__}"])
+    return validate_request(data)
+
+
+def validate_request(data: dict[str, Any]) -> Request:
+    """Validate a decoded request object (also used for operator edits)."""
+    problems: list[str] = []
+    request_id = _valid_request_id(data.get("request_id"))
+    if request_id is None:
+        problems.append(
+            f"request_id must be a non-empty UTF-8 string of at most {MAX_REQUEST_ID_CHARS} characters"
+        )
+    messages, prompt = data.get("messages"), data.get("prompt")
+    if messages is None and prompt is None:
+        problems.append("either messages or prompt is required")
+    if messages is not None:
+        problems.extend(_check_messages(messages))
+    if prompt is not None and not (isinstance(prompt, str) and prompt):
+        problems.append("prompt must be a non-empty string")
+    for name, kind in (("model", str), ("params", dict), ("metadata", dict)):
+        if data.get(name) is not None and not isinstance(data[name], kind):
+            problems.append(f"{name} must be {'a string' if kind is str else 'an object'}")
+    if problems:
+        raise InvalidRequest(problems, request_id)
+    return Request(
+        request_id=request_id,  # type: ignore[arg-type]
+        model=data.get("model"),
+        messages=messages,
+        prompt=prompt,
+        params=data.get("params") or {},
+        metadata=data.get("metadata") or {},
+    )
+
+
+def salvage_request_id(payload: bytes | None) -> str | None:
+    """The request id of an invalid payload, when one can still be read."""
+    if not payload:
+        return None
+    try:
+        data = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    return _valid_request_id(data.get("request_id")) if isinstance(data, dict) else None
+
+
+def fallback_key(payload: bytes | None) -> str:
+    """A stable key for a payload without a readable request id: a digest of its bytes."""
+    return "invalid-" + hashlib.sha256(payload or b"").hexdigest()[:32]

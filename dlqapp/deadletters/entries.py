@@ -1,0 +1,139 @@
+"""DLQ entries: built from a `dlq` message, shown by the API, found by request id."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from typing import Any
+
+from faust.tables import Table
+
+from dlqapp.core.clock import now_ms
+from dlqapp.core.headers import (
+    H_ATTEMPTS,
+    H_DEAD_AT,
+    H_ERROR_CLASS,
+    H_FINAL_ERROR,
+    H_HISTORY,
+    H_LAST_ERROR,
+    H_ORIGINAL_TIMESTAMP,
+    H_REPLAY_COUNT,
+    H_REQUEST_ID,
+    H_RETRY_COUNT,
+    H_SOURCE,
+    header_int,
+    header_json,
+)
+from dlqapp.core.partitioning import owner_partition
+from dlqapp.worker.faust_compat import (
+    keys_with_prefix,
+    partition_db,
+)
+
+PREVIEW_BYTES = 65536
+_UNPROCESSABLE_KEY = re.compile(r"^(?P<request_id>.+)~(?:invalid_request|poison)~[0-9a-f]{12}$", re.DOTALL)
+
+
+def owner_id(key: str) -> str:
+    """The request id a DLQ key belongs to: itself, or the id in an unprocessable copy's key.
+
+    Invalid and poison messages are dead-lettered as `<request id>~<class>~<digest>`, on
+    the request id's partition, so they never replace the request's own dead letter.
+    """
+    match = _UNPROCESSABLE_KEY.match(key)
+    return match.group("request_id") if match else key
+
+
+def unprocessable_key(request_id: str, error_class: str, position: str) -> str:
+    """The DLQ key of an invalid or poison message that carries `request_id`."""
+    return f"{request_id}~{error_class}~{position}"
+
+
+def find_dead_letter(table: Table, key: str, partitions: int) -> bytes | None:
+    """The table key for `key`: itself, else its newest unprocessable copy (on this worker)."""
+    exact = key.encode()
+    if table.get(exact) is not None:
+        return exact
+    if owner_id(key) != key:
+        return None
+    prefix = exact + b"~"
+    db = partition_db(table, owner_partition(key, partitions))
+    newest: tuple[int, bytes] | None = None
+    for candidate in keys_with_prefix(db, prefix, limit=100):
+        blob = table.get(candidate)
+        if blob is None or owner_id(candidate.decode("utf-8", "replace")) != key:
+            continue
+        dead_at = json.loads(blob).get("dead_at") or 0
+        if newest is None or dead_at >= newest[0]:
+            newest = (dead_at, candidate)
+    return newest[1] if newest else None
+
+
+def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partition: int, offset: int, max_bytes: int | None = None) -> dict[str, Any]:
+    """A DLQ entry from a `dlq` topic message: exact payload, headers and attempt history.
+
+    A payload over `max_bytes` is kept only as a preview (`payload_truncated`); its exact
+    bytes stay in the `dlq` topic at `dlq.partition`/`dlq.offset`.
+    """
+    truncated = max_bytes is not None and len(payload) > max_bytes
+    size = len(payload)
+    if truncated:
+        payload = payload[:PREVIEW_BYTES]
+    try:
+        text: str | None = payload.decode("utf-8", "replace" if truncated else "strict")
+    except UnicodeDecodeError:
+        text = None
+    model = None
+    try:
+        parsed = json.loads(text) if text else None
+        model = parsed.get("model") if isinstance(parsed, dict) else None
+    except (ValueError, RecursionError):
+        pass
+    return {
+        "request_id": headers.get(H_REQUEST_ID) or request_id,
+        "key": request_id,
+        "error_class": headers.get(H_ERROR_CLASS) or "unknown",
+        "final_error": headers.get(H_FINAL_ERROR),
+        "last_error": headers.get(H_LAST_ERROR),
+        "retry_count": header_int(headers, H_RETRY_COUNT) or 0,
+        "attempts": header_int(headers, H_ATTEMPTS) or 0,
+        "history": [a for a in header_json(headers, H_HISTORY, list) or [] if isinstance(a, dict)],
+        "first_seen": header_int(headers, H_ORIGINAL_TIMESTAMP) or None,
+        "dead_at": header_int(headers, H_DEAD_AT) or now_ms(),
+        "source": header_json(headers, H_SOURCE, dict) or {},
+        "model": model if isinstance(model, str) else None,
+        "replay_count": header_int(headers, H_REPLAY_COUNT) or 0,
+        "payload_text": text,
+        "payload_b64": base64.b64encode(payload).decode() if text is None else None,
+        "payload_bytes": size,
+        "payload_truncated": truncated,
+        "headers": headers,
+        "dlq": {"partition": partition, "offset": offset},
+    }
+
+
+def original_payload(entry: dict[str, Any]) -> bytes:
+    """The dead letter's payload, byte for byte."""
+    if entry.get("payload_b64") is not None:
+        return base64.b64decode(entry["payload_b64"])
+    return (entry.get("payload_text") or "").encode("utf-8")
+
+
+def presented(entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry as the API shows it: `payload` is the parsed JSON when the bytes are JSON."""
+    shown = dict(entry)
+    text = entry.get("payload_text")
+    try:
+        shown["payload"] = json.loads(text) if text else None
+    except (ValueError, RecursionError):
+        shown["payload"] = text
+    return shown
+
+
+def summary(entry: dict[str, Any]) -> dict[str, Any]:
+    """The fields a list shows, with a short payload preview."""
+    text = entry.get("payload_text")
+    preview = text[:160] if text is not None else f"<{entry.get('payload_bytes', 0)} bytes, not UTF-8>"
+    keys = ("request_id", "key", "error_class", "final_error", "model", "attempts", "retry_count", "replay_count", "first_seen", "dead_at")
+    return {**{k: entry.get(k) for k in keys}, "payload_preview": preview}

@@ -1,0 +1,164 @@
+"""Operator actions on dead letters: replay (optionally edited) and discard, with a ledger.
+
+Every action runs on the worker that owns the request, inside the commands agent's
+stream: actions on one request are serialised (replaying an id twice, even at once,
+yields one replay), and they may write tables. Web views and the CLI reach them with
+`Agent.ask()`, which carries the answer back to whichever worker asked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from typing import Any, Awaitable, Callable
+
+from faust import TopicT
+from faust.tables import Table
+
+from dlqapp.core import states
+from dlqapp.core.clock import Clock
+from dlqapp.core.headers import (
+    H_FIRST_SEEN,
+    H_ORIGINAL_TIMESTAMP,
+    H_REPLAY_COUNT,
+    H_REPLAY_OF,
+    H_REPLAYED_AT,
+    H_REPLAYED_BY,
+)
+from dlqapp.deadletters.commands import Action, Command, ReplayStatus, check_edit
+from dlqapp.deadletters.entries import find_dead_letter, original_payload, owner_id
+from dlqapp.deadletters.recorder import DeadLetterRecorder
+from dlqapp.observability import metrics
+from dlqapp.observability.logs import log_event
+from dlqapp.worker.partition_io import PartitionIO
+from dlqapp.worker.retention import (
+    ledger_last_change,
+    request_last_change,
+    still_unchanged,
+)
+
+log = logging.getLogger("dlqapp.deadletters.operator")
+
+class Operator:
+    """Carries out commands on the owning worker."""
+
+    def __init__(
+        self, io: PartitionIO, recorder: DeadLetterRecorder, ledger: Table, *, input_topic: TopicT, dlq_topic: TopicT, max_replays: int, clock: Clock
+    ) -> None:
+        self.io = io
+        self.recorder = recorder
+        self.dead_letters = recorder.table
+        self.ledger = ledger
+        self.input_topic = input_topic
+        self.dlq_topic = dlq_topic
+        self.max_replays = max_replays
+        self.clock = clock
+
+    def ledger_for(self, request_id: str) -> list[dict[str, Any]]:
+        blob = self.ledger.get(request_id.encode())
+        return json.loads(blob) if blob else []
+
+    async def execute(self, raw: dict[str, Any]) -> dict[str, Any]:
+        """Run one command; answer with its status (`reprocessed`, `discarded`, `not_found`, …)."""
+        command = Command.from_dict(raw)
+        if command.action is Action.EXPIRE:
+            return self._expire(command)
+        key = find_dead_letter(self.dead_letters, command.request_id, self.io.partitions)
+        if key is None:
+            return {"request_id": command.request_id, "status": ReplayStatus.NOT_FOUND}
+        entry = json.loads(self.dead_letters[key])
+        command = replace(command, request_id=key.decode())
+        if command.action is Action.DISCARD:
+            return await self._discard(command, entry)
+        return await self._replay(command, entry)
+
+    async def _replay(self, command: Command, entry: dict[str, Any]) -> dict[str, Any]:
+        key = command.request_id
+        rid = owner_id(key)
+        ledger = self.ledger_for(rid)
+        replays = sum(1 for record in ledger if record["action"] == Action.REPLAY)
+        if replays >= self.max_replays:
+            reason = f"{rid} was replayed {replays} times already (DLQ_MAX_REPLAYS={self.max_replays})"
+            return {"request_id": key, "status": ReplayStatus.REFUSED, "reason": reason}
+        current = self.io.load_state(rid)
+        if not command.force and current is not None and current.get("state") == states.SUCCEEDED:
+            reason = f"{rid} has succeeded since it was dead-lettered (at {current.get('updated_at')}); replaying would call the model again: send force=true to replay anyway"
+            return {"request_id": key, "status": ReplayStatus.REFUSED, "reason": reason, "state": states.SUCCEEDED}
+        if command.payload is not None:
+            problems = check_edit(rid, command.payload)
+            if problems:
+                return {"request_id": key, "status": ReplayStatus.INVALID, "reasons": problems}
+            payload = json.dumps(command.payload).encode()
+        elif entry.get("payload_truncated"):
+            reason = f"the payload ({entry['payload_bytes']} bytes) is over DLQ_MAX_PAYLOAD_BYTES: replay it with an edited payload"
+            return {"request_id": key, "status": ReplayStatus.INVALID, "reasons": [reason]}
+        else:
+            payload = original_payload(entry)
+        at = self.clock()
+        dlq_position = f"{entry['dlq']['partition']}:{entry['dlq']['offset']}"
+        headers = {
+            H_REPLAY_OF: dlq_position,
+            H_REPLAY_COUNT: str(replays + 1),
+            H_REPLAYED_BY: command.actor,
+            H_REPLAYED_AT: str(at),
+            H_ORIGINAL_TIMESTAMP: str(at),  # a fresh TTL clock, a clean retry count
+            H_FIRST_SEEN: str(entry.get("first_seen") or ""),
+        }
+        # State first: the input agent may handle the replay the moment it is sent, and
+        # its outcome (a quick success, a new retry) must not be overwritten by this.
+        record = {"action": Action.REPLAY, "at": at, "by": command.actor, "edited": command.payload is not None, "replay_of": dlq_position, "error_class": entry.get("error_class"), "replay_count": replays + 1, "forced": command.force}
+        self._append_ledger(rid, ledger, record)
+        self.io.set_state(rid, states.REPROCESSED, at, replay_count=replays + 1, replayed_by=command.actor)
+        await self.io.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
+        await self._remove(key)
+        self.io.counters.add("reprocessed")
+        metrics.replays.inc()
+        log_event(log, logging.INFO, "replayed", request_id=rid, by=command.actor, replay_count=replays + 1, edited=command.payload is not None)
+        return {"request_id": key, "status": ReplayStatus.REPROCESSED, "replay_count": replays + 1}
+
+    async def _discard(self, command: Command, entry: dict[str, Any]) -> dict[str, Any]:
+        key = command.request_id
+        rid = owner_id(key)
+        at = self.clock()
+        await self._remove(key)
+        self._append_ledger(rid, self.ledger_for(rid), {"action": Action.DISCARD, "at": at, "by": command.actor, "error_class": entry.get("error_class"), "key": key})
+        state = self.io.load_state(rid)
+        if key == rid or state is None or state.get("dlq_key") == key:  # discarding an invalid copy leaves the request's state alone
+            self.io.set_state(rid, states.DISCARDED, at, discarded_by=command.actor)
+        metrics.discards.inc()
+        log_event(log, logging.INFO, "discarded", request_id=rid, key=key, by=command.actor)
+        return {"request_id": key, "status": ReplayStatus.DISCARDED}
+
+    def _expire(self, command: Command) -> dict[str, Any]:
+        """Delete settled records the sweeper found old, unless they changed since."""
+        tables = {self.io.requests.name: (self.io.requests, request_last_change), self.ledger.name: (self.ledger, ledger_last_change)}
+        if command.table not in tables or not isinstance(command.expired, list):
+            raise ValueError("expire needs a known table and a list of [key, last change] pairs")
+        table, last_change = tables[command.table]
+        removed = 0
+        for pair in command.expired:
+            key, at = pair
+            blob = table.get(str(key).encode())
+            if still_unchanged(blob, at, last_change):
+                del table[str(key).encode()]
+                removed += 1
+        log_event(log, logging.DEBUG, "expired", table=command.table, removed=removed, asked=len(command.expired))
+        return {"request_id": command.request_id, "status": ReplayStatus.EXPIRED, "removed": removed}
+
+    def send_expired(self, commands: TopicT) -> Callable[[str, int, list[tuple[str, int]]], Awaitable[None]]:
+        """How the retention sweep hands expired keys to this agent on their partition."""
+
+        async def send(table: str, partition: int, expired: list[tuple[str, int]]) -> None:
+            command = Command(Action.EXPIRE, expired[0][0], "retention", table=table, expired=[list(pair) for pair in expired])
+            await commands.send(key=expired[0][0].encode(), value=command.to_dict(), partition=partition)
+
+        return send
+
+    async def _remove(self, key: str) -> None:
+        """Tombstone the compacted `dlq` topic, then drop the table entry."""
+        await self.io.send(self.dlq_topic, key, None, [], partition=self.io.owner(owner_id(key)))
+        self.recorder.remove(key.encode())
+
+    def _append_ledger(self, request_id: str, ledger: list[dict[str, Any]], record: dict[str, Any]) -> None:
+        self.ledger[request_id.encode()] = json.dumps([*ledger, record][-100:]).encode()

@@ -1,0 +1,149 @@
+"""Read models over the tables: DLQ listing with filters, and the stats.
+
+Each worker answers for the partitions it actively owns (`local_*`); the web layer
+fans a request out to every worker and merges the answers (`merge_*`), so a read on
+any worker sees the whole DLQ. Counts are derived from per-request entries, never
+from running counters, so a crash and replay cannot double-count.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from dlqapp.deadletters.entries import summary
+from dlqapp.worker.counters import grouped
+
+
+class BadQuery(ValueError):
+    """A query parameter has the wrong type or value."""
+
+
+def _int_param(params: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int | None:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadQuery(f"{name} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise BadQuery(f"{name} must be >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class DlqFilter:
+    """Which dead letters a list, a bulk replay or a count refers to."""
+
+    error_class: str | None = None
+    model: str | None = None
+    since: int | None = None
+    until: int | None = None
+    text: str | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> "DlqFilter":
+        """From query parameters or a JSON body (`error_class`, `model`, `since`, `until`, `q`)."""
+        as_str = {k: (str(v) if v is not None else None) for k, v in params.items()}
+        return cls(
+            error_class=as_str.get("error_class") or None,
+            model=as_str.get("model") or None,
+            since=_int_param(as_str, "since", None),
+            until=_int_param(as_str, "until", None),
+            text=(as_str.get("q") or None),
+        )
+
+    def to_params(self) -> dict[str, str]:
+        values = {"error_class": self.error_class, "model": self.model, "since": self.since, "until": self.until, "q": self.text}
+        return {k: str(v) for k, v in values.items() if v is not None}
+
+    def matches(self, entry: Mapping[str, Any]) -> bool:
+        if self.error_class and entry.get("error_class") != self.error_class:
+            return False
+        if self.model and entry.get("model") != self.model:
+            return False
+        dead_at = entry.get("dead_at") or 0
+        if self.since is not None and dead_at < self.since:
+            return False
+        if self.until is not None and dead_at > self.until:
+            return False
+        if self.text:
+            haystack = " ".join(str(entry.get(k) or "") for k in ("final_error", "last_error", "request_id")).lower()
+            if self.text.lower() not in haystack:
+                return False
+        return True
+
+
+def page_params(params: Mapping[str, str]) -> tuple[int, int]:
+    """(limit, offset) from query parameters; limit defaults to 50, at most 1000."""
+    limit = _int_param(params, "limit", 50, minimum=1)
+    offset = _int_param(params, "offset", 0)
+    return min(limit or 50, 1000), offset or 0
+
+
+def local_page(blobs: Iterable[bytes], flt: DlqFilter, top: int) -> dict[str, Any]:
+    """Matching entries of this worker: total, newest `top` summaries, counts by class."""
+    matching = (e for e in (json.loads(b) for b in blobs) if flt.matches(e))
+    total = 0
+    counts: Counter[str] = Counter()
+    newest: list[tuple[int, str, dict[str, Any]]] = []
+    for entry in matching:
+        total += 1
+        counts[entry["error_class"]] += 1
+        item = (entry.get("dead_at") or 0, entry["request_id"], summary(entry))
+        if len(newest) < top:
+            heapq.heappush(newest, item)
+        elif item[:2] > newest[0][:2]:
+            heapq.heapreplace(newest, item)
+    items = [i[2] for i in sorted(newest, key=lambda i: i[:2], reverse=True)]
+    return {"total": total, "items": items, "counts": dict(counts)}
+
+
+def merge_pages(pages: Iterable[Mapping[str, Any]], limit: int, offset: int) -> dict[str, Any]:
+    """One page, newest first, from every worker's local page."""
+    pages = list(pages)
+    items = sorted((i for p in pages for i in p["items"]), key=lambda i: (i.get("dead_at") or 0, i["request_id"]), reverse=True)
+    counts: Counter[str] = Counter()
+    for page in pages:
+        counts.update(page.get("counts", {}))
+    return {"total": sum(p["total"] for p in pages), "items": items[offset : offset + limit], "counts": dict(counts)}
+
+
+def local_stats(total: Counter[str], oldest_dead_at: int | None) -> dict[str, Any]:
+    """This worker's share of the counts, from its running counters (dlqapp.worker.counters)."""
+    return {
+        "received": total["received"],
+        "succeeded": total["succeeded"],
+        "retried": grouped(total, "retried"),
+        "dead_lettered": grouped(total, "dead_lettered"),
+        "duplicates_skipped": total["duplicates_skipped"],
+        "reprocessed": total["reprocessed"],
+        "dlq_size": max(0, total["dlq_size"]),
+        "dlq_by_error_class": grouped(total, "dlq_class"),
+        "dlq_by_model": grouped(total, "dlq_model"),
+        "oldest_dead_at": oldest_dead_at,
+    }
+
+
+def merge_stats(parts: Iterable[Mapping[str, Any]], now: int) -> dict[str, Any]:
+    """Cluster-wide stats from every worker's share."""
+    merged: dict[str, Any] = {"received": 0, "succeeded": 0, "duplicates_skipped": 0, "reprocessed": 0, "dlq_size": 0}
+    counters = {k: Counter() for k in ("retried", "dead_lettered", "dlq_by_error_class", "dlq_by_model")}
+    oldest = None
+    breakers: dict[str, Any] = {}
+    for part in parts:
+        breakers.update(part.get("breaker", {}))
+        for key in merged:
+            merged[key] += part[key]
+        for key, counter in counters.items():
+            counter.update(part[key])
+        if part["oldest_dead_at"] is not None:
+            oldest = part["oldest_dead_at"] if oldest is None else min(oldest, part["oldest_dead_at"])
+    merged.update({k: dict(v) for k, v in counters.items()})
+    merged["oldest_entry_age_ms"] = (now - oldest) if oldest is not None else None
+    merged["breaker"] = breakers
+    return merged

@@ -1,0 +1,165 @@
+"""The `dlq` agent's work: mirror the topic into the DLQ table, the JSON-lines log and alerts.
+
+The `dlq` topic carries each dead letter's original bytes as its value and what dlqapp
+knows about it as headers; a null value (tombstone) removes the entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import Any
+
+from faust import EventT
+from faust.tables import Table
+
+from dlqapp.core.headers import (
+    header_dict,
+)
+from dlqapp.core.requests import fallback_key
+from dlqapp.deadletters.alerts import AlertBatcher
+from dlqapp.deadletters.entries import build_entry
+from dlqapp.observability import metrics
+from dlqapp.observability.logs import log_event
+from dlqapp.worker.counters import Counters
+from dlqapp.worker.faust_compat import (
+    active_partitions,
+    partition_db,
+    scan_chunk,
+)
+
+log = logging.getLogger("dlqapp.deadletters.recorder")
+
+
+def rotate(path: str, backups: int) -> None:
+    """`path` becomes `path.1`, `path.1` becomes `path.2`, …; the oldest beyond `backups` goes."""
+    for n in range(backups - 1, 0, -1):
+        if os.path.exists(f"{path}.{n}"):
+            os.replace(f"{path}.{n}", f"{path}.{n + 1}")
+    os.replace(path, f"{path}.1")
+
+
+class OldestDeadLetter:
+    """When the oldest dead letter on this worker died, from a background walk of the
+    DLQ table at most every `every_s` (a stats read never waits for it)."""
+
+    CHUNK = 1000
+
+    def __init__(self, table: Table, every_s: float = 30.0) -> None:
+        self.table = table
+        self.every_s = every_s
+        self.value: int | None = None
+        self._walked_at = float("-inf")
+        self._walk: asyncio.Task[None] | None = None
+
+    def get(self) -> int | None:
+        if time.monotonic() - self._walked_at >= self.every_s and (self._walk is None or self._walk.done()):
+            self._walk = asyncio.ensure_future(self._refresh())
+        return self.value
+
+    async def _refresh(self) -> None:
+        oldest: int | None = None
+        for partition in active_partitions(self.table):
+            db = partition_db(self.table, partition)
+            after: bytes | None = None
+            while True:
+                chunk = scan_chunk(db, after, self.CHUNK)
+                for _, blob in chunk:
+                    dead_at = _dead_at(blob)
+                    if dead_at is not None and (oldest is None or dead_at < oldest):
+                        oldest = dead_at
+                if len(chunk) < self.CHUNK:
+                    break
+                after = chunk[-1][0]
+                await asyncio.sleep(0)
+        self.value = oldest
+        self._walked_at = time.monotonic()
+
+
+def _dead_at(blob: bytes) -> int | None:
+    try:
+        entry = json.loads(blob)
+    except (ValueError, UnicodeDecodeError):
+        return None  # Faust's offset record, not an entry
+    value = entry.get("dead_at") if isinstance(entry, dict) else None
+    return value if isinstance(value, int) else None
+
+
+class DeadLetterRecorder:
+    """Mirrors the `dlq` topic into the DLQ table, the JSON-lines log and alert lines."""
+
+    def __init__(
+        self,
+        table: Table,
+        counters: Counters,
+        log_path: str,
+        alerts: "AlertBatcher | None" = None,
+        max_payload_bytes: int | None = None,
+        log_max_bytes: int = 64 * 1024 * 1024,
+        log_backups: int = 5,
+    ) -> None:
+        self.table = table
+        self.counters = counters
+        self.log_path = log_path
+        self.log_max_bytes = log_max_bytes
+        self.log_backups = log_backups
+        self.max_payload_bytes = max_payload_bytes
+        self.alerts = alerts
+
+    async def on_message(self, event: EventT) -> None:
+        raw_key = event.key if isinstance(event.key, (bytes, bytearray)) and event.key else fallback_key(event.value).encode()
+        request_id = bytes(raw_key).decode("utf-8", "replace")
+        key = request_id.encode()
+        if event.value is None:
+            self.remove(key)
+            return
+        message = event.message
+        previous = self.table.get(key)
+        if previous is not None and json.loads(previous).get("dlq") == {"partition": message.partition, "offset": message.offset}:
+            return  # redelivered after a crash: already recorded, logged and alerted
+        entry = build_entry(request_id, event.value, header_dict(event.headers), message.partition, message.offset, self.max_payload_bytes)
+        if previous is not None:
+            self._count(json.loads(previous), -1)
+        self.table[key] = json.dumps(entry, separators=(",", ":")).encode()
+        self._count(entry, +1)
+        self._append_to_log(entry)
+        log_event(
+            log,
+            logging.WARNING,
+            "dead_letter",
+            request_id=request_id,
+            topic=entry["source"].get("topic"),
+            attempt=entry["attempts"],
+            error_class=entry["error_class"],
+            retry_count=entry["retry_count"],
+            final_error=(entry["final_error"] or "")[:300],
+        )
+        metrics.dead_letters.labels(entry["error_class"]).inc()
+        metrics.requests.labels("dead_lettered").inc()
+        if self.alerts is not None:
+            self.alerts.add(request_id, entry["error_class"])
+
+    def remove(self, key: bytes) -> None:
+        """Drop an entry (a tombstone, a replay, a discard) and its counts."""
+        blob = self.table.get(key)
+        if blob is None:
+            return
+        del self.table[key]
+        self._count(json.loads(blob), -1)
+
+    def _count(self, entry: dict[str, Any], sign: int) -> None:
+        self.counters.add("dlq_size", sign)
+        self.counters.add(f"dlq_class|{entry.get('error_class') or 'unknown'}", sign)
+        self.counters.add(f"dlq_model|{entry.get('model') or '(none)'}", sign)
+
+    def _append_to_log(self, entry: dict[str, Any]) -> None:
+        line = json.dumps({k: v for k, v in entry.items() if k != "headers"}, separators=(",", ":"))
+        os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
+        with open(self.log_path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            size = f.tell()
+        if size >= self.log_max_bytes:
+            rotate(self.log_path, self.log_backups)

@@ -1,0 +1,57 @@
+"""Structured logging: `event key=value …` lines, or one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dlqapp.settings import Settings
+
+LOGGER_NAME = "dlqapp"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: time, level, logger, event, and the record's fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": getattr(record, "event", None) or record.getMessage(),
+            **getattr(record, "fields", {}),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def configure_logging(settings: Settings) -> None:
+    """Set the level of dlqapp's loggers (DLQ_LOG_LEVEL)."""
+    logging.getLogger(LOGGER_NAME).setLevel(settings.log_level.upper())
+
+
+def apply_log_format(settings: Settings) -> None:
+    """With DLQ_LOG_FORMAT=json, every handler of the root logger writes JSON lines.
+
+    Runs once the worker has set up logging (Faust's lines included).
+    """
+    if settings.log_format != "json":
+        return
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(JsonFormatter())
+
+
+def _render(value: Any) -> str:
+    text = str(value)
+    return json.dumps(text) if (not text or any(c in text for c in ' ="\n')) else text
+
+
+def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> None:
+    """Log `event` with fields: `event k=v …` in text, separate keys in JSON."""
+    if not logger.isEnabledFor(level):
+        return
+    line = " ".join([event, *(f"{k}={_render(v)}" for k, v in fields.items() if v is not None)])
+    logger.log(level, line, extra={"event": event, "fields": fields})

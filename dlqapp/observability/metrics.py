@@ -1,0 +1,78 @@
+"""Prometheus metrics: Faust's own sensor plus dlqapp's pipeline metrics, on `/metrics`.
+
+Counters and histograms are updated where things happen; gauges that describe state
+(DLQ entries, parked retries, consumer lag, breaker) are read when Prometheus scrapes.
+Tier labels are topic names without DLQ_TOPIC_PREFIX (`input`, `retry-1s`, `fallback`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator
+
+import prometheus_client
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+prometheus_client.disable_created_metrics()  # no `_created` series next to every counter
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
+
+requests = Counter("dlqapp_requests_total", "Requests by final outcome: succeeded, dead_lettered, duplicate_skipped.", ["outcome"])
+attempts = Counter("dlqapp_attempts_total", "Backend attempts by tier (input, retry tiers, fallback).", ["tier"])
+dead_letters = Counter("dlqapp_dead_letters_total", "Dead letters recorded, by error class.", ["error_class"])
+duplicates = Counter("dlqapp_duplicates_skipped_total", "Copies of a request that were skipped (already succeeded or in progress).")
+replays = Counter("dlqapp_replays_total", "Dead letters sent back to input by an operator.")
+discards = Counter("dlqapp_discards_total", "Dead letters discarded by an operator.")
+held = Counter("dlqapp_held_during_outage_total", "Backend-wide failures not counted as attempts because the breaker was open.")
+backend_latency = Histogram("dlqapp_backend_call_duration_seconds", "Backend call latency by outcome (ok or error class).", ["outcome"], buckets=LATENCY_BUCKETS)
+end_to_end = Histogram("dlqapp_end_to_end_latency_seconds", "From first receipt to the result.", buckets=E2E_BUCKETS)
+loop_lag = Gauge("dlqapp_event_loop_lag_seconds", "How late the event loop ran a 250 ms timer, worst of the last second: work that hogs the loop delays every retry.")
+lateness = Histogram("dlqapp_retry_lateness_seconds", "Actual attempt time minus scheduled_time, by tier.", ["tier"], buckets=LATENESS_BUCKETS)
+
+
+class StateCollector(Collector):
+    """Gauges computed at scrape time from callables supplied by the app."""
+
+    def __init__(
+        self,
+        dlq_entries: Callable[[], int],
+        parked_by_tier: Callable[[], dict[str, int]],
+        consumer_lag: Callable[[], Iterable[tuple[str, int, int]]],
+        breaker_state: Callable[[], str],
+        breaker_moves: Callable[[], dict[str, int]],
+    ) -> None:
+        self.dlq_entries = dlq_entries
+        self.parked_by_tier = parked_by_tier
+        self.consumer_lag = consumer_lag
+        self.breaker_state = breaker_state
+        self.breaker_moves = breaker_moves
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        entries = GaugeMetricFamily("dlqapp_dlq_entries", "DLQ entries on the partitions this worker owns.")
+        entries.add_metric([], self.dlq_entries())
+        yield entries
+        parked = GaugeMetricFamily("dlqapp_parked_retries", "Retries waiting for their due time on this worker, by tier.", labels=["tier"])
+        for tier, count in sorted(self.parked_by_tier().items()):
+            parked.add_metric([tier], count)
+        yield parked
+        lag = GaugeMetricFamily("dlqapp_consumer_lag", "Messages not yet committed, per topic and partition.", labels=["topic", "partition"])
+        for topic, partition, value in self.consumer_lag():
+            lag.add_metric([topic, str(partition)], value)
+        yield lag
+        breaker = GaugeMetricFamily("dlqapp_breaker_state", "1 for the circuit breaker's current state.", labels=["state"])
+        current = self.breaker_state()
+        for state in ("closed", "open", "half_open"):
+            breaker.add_metric([state], 1.0 if state == current else 0.0)
+        yield breaker
+        moves = CounterMetricFamily("dlqapp_breaker_transitions", "Circuit breaker transitions, e.g. closed->open.", labels=["transition"])
+        for move, count in sorted(self.breaker_moves().items()):
+            moves.add_metric([move], count)
+        yield moves
+
+
+def register_state_collector(collector: StateCollector) -> None:
+    """Add the scrape-time gauges to the default registry (which /metrics serves)."""
+    REGISTRY.register(collector)

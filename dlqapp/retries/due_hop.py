@@ -1,0 +1,39 @@
+"""The hop from the retry timer to the due agent: an internal topic on a producer of its own."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+
+class DueHop:
+    """Hands due keys to the due agent (the internal due topic) on a producer of its own.
+
+    A due message is a hint, not the record: the entry stays parked until the due agent
+    deletes it, and a hint lost to a crash is fired again after REFIRE_AFTER_MS. So it
+    needs neither acks=all nor idempotence; what it needs is not to queue behind the
+    results and changelog writes in Faust's producer, which under an input flood held
+    due retries back for a few hundred milliseconds.
+    """
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks=1, linger_ms=0, client_id="dlqapp-due-hop")
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+
+    async def send(self, key: bytes, value: bytes, partition: int) -> asyncio.Future[Any]:
+        """Queue one due message; the returned future resolves once the broker has it."""
+        if self._producer is None:
+            raise RuntimeError("DueHop.send before start()")
+        return await self._producer.send(self.topic, value=value, key=key, partition=partition)

@@ -1,0 +1,95 @@
+"""The due-time scan over one partition's parked retries (synchronous RocksDB walks)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from rocksdict import ReadOptions
+
+from dlqapp.retries.keys import due_upper_bound
+
+REFIRE_AFTER_MS = 120_000
+"""A fired entry still parked after this long (its due message was lost to a crash of
+the due agent's worker mid-flight) is fired again; the due agent ignores duplicates."""
+
+
+SCAN_CHUNK = 5000
+
+
+class ScanStarts:
+    """Where the timer's next scan of each partition may start.
+
+    Fired retries are deleted from the head of the table, and RocksDB keeps their
+    tombstones until compaction, so a scan from the first key would wade through every
+    retry fired lately. A start is a key no parked entry sorts before: a scan sets it,
+    parking an earlier key lowers it, and it is dropped when the partition's store
+    changes hands (after a rebalance, changelog restores may have added anything).
+    """
+
+    def __init__(self) -> None:
+        self._starts: dict[int, tuple[object, bytes]] = {}
+
+    def get(self, partition: int, db: object) -> bytes | None:
+        known = self._starts.get(partition)
+        return known[1] if known is not None and known[0] is db else None
+
+    def set(self, partition: int, db: object, start: bytes) -> None:
+        self._starts[partition] = (db, start)
+
+    def lower_to(self, key: bytes) -> None:
+        """A key was parked (on some partition): no start may lie above it."""
+        for partition, (db, start) in self._starts.items():
+            if key < start:
+                self._starts[partition] = (db, key)
+
+    def keep_only(self, partitions: Iterable[int]) -> None:
+        kept = set(partitions)
+        self._starts = {p: v for p, v in self._starts.items() if p in kept}
+
+    def clear(self) -> None:
+        self._starts.clear()
+
+
+def scan_due(db: object, now: int, start: bytes | None, fired: dict[bytes, int], batch: int) -> tuple[list[bytes], bytes]:
+    """One timer scan of a partition's parked retries (a synchronous RocksDB walk).
+
+    Returns the keys due at `now` that were not fired (or were fired more than
+    REFIRE_AFTER_MS ago), earliest first and at most `batch` of them, and where the next
+    scan may start: the first key still present, or "now" when nothing due is left (a key
+    parked later below that point lowers it again, see `RetryScheduler.store`).
+    """
+    upper = due_upper_bound(now)
+    options = ReadOptions()
+    options.set_iterate_upper_bound(upper)
+    it = db.iter(options)  # type: ignore[attr-defined]
+    if start is None:
+        it.seek_to_first()
+    else:
+        it.seek(start)
+    keys: list[bytes] = []
+    first_present: bytes | None = None
+    while it.valid() and len(keys) < batch:
+        key = it.key()
+        if first_present is None:
+            first_present = key
+        fired_at = fired.get(key)
+        if fired_at is None or now - fired_at > REFIRE_AFTER_MS:
+            keys.append(key)
+        it.next()
+    return keys, first_present if first_present is not None else upper
+
+
+def scan_chunk_of_parked(db: object, after: bytes | None, limit: int, values: bool) -> list[tuple[bytes, bytes | None]]:
+    """Up to `limit` (key, value or None) pairs after `after` (exclusive), in key order."""
+    it = db.iter(ReadOptions())  # type: ignore[attr-defined]
+    if after is None:
+        it.seek_to_first()
+    else:
+        it.seek(after)
+        if it.valid() and it.key() == after:
+            it.next()
+    chunk = []
+    while it.valid() and len(chunk) < limit:
+        chunk.append((it.key(), it.value() if values else None))
+        it.next()
+    return chunk

@@ -1,0 +1,161 @@
+"""Retry scheduling: park each retry in a due-time table, fire it when due.
+
+1. When the pipeline decides a retry, it parks the envelope in `parked_retries` under
+   `parked_key(due, request_id)` in the same stream step (on the partition that owns
+   the request), and publishes it on the tier topic. Each tier agent parks what others
+   put on its topic; its own retries are already there.
+2. The retry timer scans, for each partition this worker actively owns, the keys up to
+   "now" (byte order is time order) and hands each due key to the due agent through the
+   internal `due` topic, on the same partition.
+3. The due agent reads the parked entry, attempts the request, carries out the outcome,
+   and only then deletes the entry. A crash anywhere re-fires the entry, never loses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from faust import EventT, TopicT
+
+from dlqapp.core import states
+from dlqapp.core.clock import Clock
+from dlqapp.core.envelope import Envelope
+from dlqapp.core.errors import ErrorClass
+from dlqapp.core.headers import H_REPLAY_COUNT, header_int
+from dlqapp.core.outcomes import DeadLetter
+from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, parse_request
+from dlqapp.core.tiers import Tier
+from dlqapp.observability.logs import log_event
+from dlqapp.retries.due_hop import DueHop
+from dlqapp.retries.keys import decode_parked_key
+from dlqapp.retries.parked import ParkedRetries
+from dlqapp.retries.scan import scan_due
+from dlqapp.worker.flow import HIGH
+from dlqapp.worker.partition_io import PartitionIO
+from dlqapp.worker.pipeline import Pipeline
+
+log = logging.getLogger("dlqapp.retries.scheduler")
+
+class RetryScheduler:
+    """Parks retries from tier topics, fires due ones, and attempts them."""
+
+    def __init__(self, parked: ParkedRetries, pipeline: Pipeline, io: PartitionIO, due_hop: DueHop, *, batch: int, max_payload_bytes: int, clock: Clock) -> None:
+        self.parked = parked
+        self.pipeline = pipeline
+        self.io = io
+        self.due_hop = due_hop
+        self.batch = batch
+        self.max_payload_bytes = max_payload_bytes
+        self.clock = clock
+        self.fired: dict[bytes, int] = {}
+
+    # -- 1. park ----------------------------------------------------------------------
+
+    async def park(self, event: EventT, tier: Tier, topic: TopicT) -> None:
+        """Store one tier-topic message in the due-time table."""
+        request_id = _request_id(event)
+        if request_id is None:
+            await self.pipeline.dead_letter_invalid(event, InvalidRequest(["retry message key must be a UTF-8 request id"]))
+            return
+        if not self.io.owns(event, request_id):
+            await self.io.forward(event, topic, request_id)
+            return
+        envelope = Envelope.from_headers(request_id, event.value or b"", event.headers or {})
+        if envelope.scheduled_time is None:
+            envelope.scheduled_time = self.io.event_time_ms(event) + tier.delay_ms
+        self.parked.store(envelope, tier)
+
+    # -- 2. fire ----------------------------------------------------------------------
+
+    async def fire_due(self) -> int:
+        """Hand every due, not yet fired retry to the due agent. Returns how many."""
+        now = self.clock()
+        fired = 0
+        active = dict(self.parked.active_dbs())
+        self.parked.scan_starts.keep_only(active)
+        for partition, db in active.items():
+            keys = self._due_keys(partition, db, now)
+            if not keys:
+                continue
+            sends = []
+            for key in keys:
+                self.fired[key] = now
+                _, request_id = decode_parked_key(key)
+                sends.append(await self.due_hop.send(request_id.encode(), key, partition))
+            await asyncio.gather(*sends)
+            fired += len(keys)
+        return fired
+
+    def _due_keys(self, partition: int, db: object, now: int) -> list[bytes]:
+        """Due, not yet fired keys of one partition, earliest first, at most `batch`."""
+        starts = self.parked.scan_starts
+        keys, next_start = scan_due(db, now, starts.get(partition, db), self.fired, self.batch)
+        starts.set(partition, db, next_start)
+        return keys
+
+    def forget_fired(self) -> None:
+        """After a rebalance: entries may have moved; fire whatever is still parked."""
+        self.fired.clear()
+        self.parked.scan_starts.clear()
+
+    # -- 3. attempt -------------------------------------------------------------------
+
+    async def on_due(self, event: EventT) -> None:
+        """Attempt the parked retry named by a due message, then delete it."""
+        key = event.value
+        if not isinstance(key, bytes) or len(key) <= 8:
+            raise ValueError("a due message must carry a parked-retry key")
+        envelope = self.parked.get(key)
+        if envelope is None:
+            self.fired.pop(key, None)
+            return
+        request_id = envelope.request_id
+        if request_id in self.pipeline.in_flight:
+            return  # a re-fire while the first attempt is still running
+        superseded = superseded_by(self.io.load_state(request_id), envelope)
+        if superseded is None:
+            await self._attempt(envelope, self.parked.tier_of(envelope))
+        else:
+            log_event(log, logging.INFO, "retry_skipped", request_id=request_id, attempt=envelope.attempts + 1, reason=superseded)
+        self.parked.delete(key, envelope)
+        self.fired.pop(key, None)
+
+    async def _attempt(self, envelope: Envelope, tier: Tier) -> None:
+        try:
+            request = parse_request(envelope.payload, self.max_payload_bytes)
+        except InvalidRequest as exc:
+            await self.pipeline.carry_out(DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}"), envelope, None, None)
+            return
+        await self.pipeline.attempt(envelope, request, tier.topic, tier, priority=HIGH)
+
+
+def superseded_by(state: dict | None, envelope: Envelope) -> str | None:
+    """Why a parked retry should not run, or None when it should.
+
+    After a crash, at-least-once delivery can leave two copies of a request's retry
+    chain. The request's state (written in the same partition as every attempt) tells
+    which copy is current: a retry is stale once the request succeeded or once the
+    state has recorded more attempts than the retry carries.
+    """
+    if state is None:
+        return None
+    if state.get("state") == states.SUCCEEDED:
+        return "already succeeded"
+    replays = state.get("replay_count") or 0
+    if (header_int(envelope.lineage, H_REPLAY_COUNT) or 0) < replays:
+        return f"an operator replayed the request since (replay {replays})"
+    if state.get("state") != states.REPROCESSED and state.get("attempts", 0) > envelope.attempts:
+        return f"a newer attempt ({state['attempts']}) was already made"
+    return None
+
+
+def _request_id(event: EventT) -> str | None:
+    key = event.key
+    if isinstance(key, (bytes, bytearray)) and key:
+        try:
+            text = bytes(key).decode()
+        except UnicodeDecodeError:
+            return None
+        return text if text.strip() and len(text) <= MAX_REQUEST_ID_CHARS else None
+    return None

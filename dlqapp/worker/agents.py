@@ -1,0 +1,180 @@
+"""Faust wiring: one agent per topic. Logic lives in the components they call.
+
+- `input` and `due`: many handlers in flight at once (an in-flight window each), acked in
+  offset order; a handler that raises dead-letters its message as `poison`.
+- one agent per retry tier: parks what other producers put on the tier topic.
+- `dlq`: records every dead letter; `operator`: replays, discards, expiries, one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from aiokafka.errors import KafkaError
+from faust import EventT, StreamT
+from faust.types import AgentT
+
+from dlqapp.core.errors import ErrorClass
+from dlqapp.observability.logs import log_event
+from dlqapp.worker.crashguard import PoisonMessage
+from dlqapp.worker.durability import changelog_barrier
+from dlqapp.worker.faust_compat import crash, forget_unacked
+from dlqapp.worker.topology import TierTopic
+
+log = logging.getLogger("dlqapp.worker.agents")
+
+FATAL_EXIT_CODE = 70
+FATAL_GRACE_S = 15.0
+
+
+@dataclass(frozen=True)
+class Agents:
+    """The registered agents the rest of the worker talks to."""
+
+    operator: AgentT
+
+
+class WorkerLifecycle:
+    """Start-up and hand-back of a worker (DlqApp calls it; see dlqapp.worker.app)."""
+
+    def __init__(self, parts: Any) -> None:
+        self.parts = parts
+
+    def started(self) -> None:
+        self.parts.crash_guard.open()
+
+    async def release(self, reopen: bool) -> None:
+        """Hand back what the windows hold: a rebalance (`reopen`) or a shutdown."""
+        released = await self.parts.windows.release(reopen)
+        if reopen:
+            self.parts.counters.on_revoked()
+        else:
+            self.parts.crash_guard.close()
+        if released:
+            log_event(log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown")
+
+
+def register_agents(app: Any, parts: Any) -> Agents:
+    """Register every agent on `app`; `parts` are the worker's components."""
+    app.attach(WorkerLifecycle(parts), parts)
+    handlers = _Handlers(app, parts)
+    topology = parts.topology
+    app.agent(topology.input, name="input")(handlers.input_agent())
+    app.agent(topology.due, name="due")(handlers.due_agent())
+    for tier_topic in topology.tiers:
+        app.agent(tier_topic.topic, name=f"tier-{tier_topic.tier.index + 1}")(handlers.tier_agent(tier_topic))
+    app.agent(topology.dlq, name="dlq")(handlers.dlq_agent())
+    operator = app.agent(topology.commands, name="operator")(handlers.operator_agent())
+    return Agents(operator=operator)
+
+
+class _Handlers:
+    """The agent bodies, and what they do when a handler fails."""
+
+    def __init__(self, app: Any, parts: Any) -> None:
+        self.app = app
+        self.parts = parts
+
+    def fatal(self, exc: BaseException) -> None:
+        """The broker failed us: stop the worker without acking, so the event is redelivered.
+
+        Faust's crash path stops the services; should the process linger, it is ended
+        after a grace period (like kill -9, which at-least-once delivery already covers).
+        """
+        log.critical("fatal error, stopping the worker: %r", exc)
+        crash(self.app, exc)
+        asyncio.get_running_loop().call_later(FATAL_GRACE_S, os._exit, FATAL_EXIT_CODE)
+
+    async def poison(self, event: EventT, exc: BaseException) -> None:
+        """A handler failed on this message: dead-letter it as `poison` and move on.
+
+        Kafka errors are not the message's fault: they stop the worker (not acked).
+        """
+        if isinstance(exc, KafkaError):
+            raise exc
+        where = (event.message.topic, event.message.partition, event.message.offset)
+        log.error("handler failed on %s[%s]@%s; dead-lettering it as poison", *where, exc_info=None if isinstance(exc, PoisonMessage) else exc)
+        await self.parts.pipeline.dead_letter_unprocessable(event, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000])
+
+    def window(self) -> Any:
+        return self.parts.windows.new(self.poison, self.fatal, lambda event: forget_unacked(self.app, event), self.parts.crash_guard)
+
+    async def each_event(self, stream: StreamT, handle: Callable[[EventT], Awaitable[None]]) -> None:
+        """Handle events one at a time; a failing one is dead-lettered as poison, never fatal."""
+        async for event in stream.events():
+            try:
+                async with changelog_barrier():
+                    await handle(event)
+            except Exception as exc:
+                try:
+                    async with changelog_barrier():
+                        await self.poison(event, exc)
+                except Exception as fatal:
+                    self.fatal(fatal)
+                    raise
+
+    def input_agent(self) -> Callable[[StreamT], Awaitable[None]]:
+        pipeline, topic = self.parts.pipeline, self.parts.topology.input
+
+        async def input_requests(stream: StreamT) -> None:
+            """Fresh requests: many in flight at once, acked in offset order."""
+            window = self.window()
+            async for event in stream.noack().events():
+                await window.submit(event.message.partition, event, lambda event=event: pipeline.on_input(event, topic))
+
+        return input_requests
+
+    def due_agent(self) -> Callable[[StreamT], Awaitable[None]]:
+        scheduler = self.parts.scheduler
+
+        async def due(stream: StreamT) -> None:
+            """Due retries handed over by the timer: attempted ahead of fresh input."""
+            window = self.window()
+            async for event in stream.noack().events():
+                await window.submit(event.message.partition, event, lambda event=event: scheduler.on_due(event))
+
+        return due
+
+    def tier_agent(self, tier_topic: TierTopic) -> Callable[[StreamT], Awaitable[None]]:
+        scheduler = self.parts.scheduler
+
+        async def park(stream: StreamT) -> None:
+            await self.each_event(stream, lambda event: scheduler.park(event, tier_topic.tier, tier_topic.topic))
+
+        park.__doc__ = f"Parks retries of tier {tier_topic.tier.label} until their due time."
+        return park
+
+    def dlq_agent(self) -> Callable[[StreamT], Awaitable[None]]:
+        recorder = self.parts.recorder
+
+        async def dlq(stream: StreamT) -> None:
+            """Dead letters: the DLQ table, the JSON-lines log, the alert line."""
+            await self.each_event(stream, recorder.on_message)
+
+        return dlq
+
+    def operator_agent(self) -> Callable[[StreamT], AsyncIterator[dict[str, Any]]]:
+        operator, pipeline = self.parts.operator, self.parts.pipeline
+
+        async def operator_commands(stream: StreamT) -> AsyncIterator[dict[str, Any]]:
+            """Operator commands, one at a time, on the owning worker; answers `ask()`."""
+            async for command in stream:
+                try:
+                    async with changelog_barrier():
+                        answer = await operator.execute(command)
+                    yield answer
+                except ValueError as exc:  # not a command: dead-letter it (it was not an operator's)
+                    event = stream.current_event
+                    if event is not None:
+                        await pipeline.dead_letter_unprocessable(event, ErrorClass.INVALID_REQUEST, f"invalid operator command: {exc}"[:1000])
+                    yield {"status": "invalid", "reason": str(exc)}
+                except Exception as exc:  # answer the asker instead of leaving it to time out
+                    log.exception("operator command failed: %r", command)
+                    request_id = command.get("request_id") if isinstance(command, dict) else None
+                    yield {"request_id": request_id, "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+
+        return operator_commands

@@ -1,0 +1,140 @@
+"""The Faust app: built from settings, and little else.
+
+Agents, tables, views and commands live in their own modules and register on `app`.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import faust
+from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
+
+from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
+from dlqapp.observability.logs import apply_log_format, configure_logging
+from dlqapp.settings import Settings, SettingsError
+from dlqapp.worker.durability import ConfirmedTable
+from dlqapp.worker.kafka_admin import TopicMismatchError, ensure_topics
+
+log = logging.getLogger(__name__)
+
+
+def load_settings() -> Settings:
+    """Settings from the environment; exit with a message naming the bad variable."""
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        print(f"dlqapp: invalid setting: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class IdempotentProducer(AIOKafkaProducer):
+    """Faust's producer with acks=all and idempotence, so retried sends never duplicate."""
+
+    def _settings_extra(self) -> dict:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+
+class Lifecycle(Protocol):
+    """What the worker does at start and when it gives work back (dlqapp.worker.agents)."""
+
+    def started(self) -> None: ...
+
+    async def release(self, reopen: bool) -> None: ...
+
+
+class DlqApp(faust.App):
+    """A Faust app that ensures its topics before consuming, produces idempotently, and
+    hands unfinished work back on shutdown and rebalances (its `lifecycle`)."""
+
+    dlq_settings: Settings
+    lifecycle: Lifecycle | None = None
+    parts: Any = None
+    """The worker's components (dlqapp.worker.composition.Components), for views and commands."""
+
+    def attach(self, lifecycle: Lifecycle, parts: Any) -> None:
+        """Called once by the composition root."""
+        self.lifecycle = lifecycle
+        self.parts = parts
+
+    async def on_first_start(self) -> None:
+        await super().on_first_start()
+        apply_log_format(self.dlq_settings)
+        if self.lifecycle is not None:
+            self.lifecycle.started()
+        try:
+            created = await ensure_topics(self.dlq_settings)
+        except TopicMismatchError as exc:
+            log.critical("refusing to start: %s", exc)
+            print(f"dlqapp: refusing to start: {exc}", file=sys.stderr, flush=True)
+            raise SystemExit(3) from None
+        if created:
+            log.info("topics_created names=%s", ",".join(created))
+
+    async def on_stop(self) -> None:
+        # Before Faust's consumer waits for every event to be acked: events held by the
+        # breaker never would be, so they are handed back unacked first (Ctrl-C, SIGTERM).
+        if self.lifecycle is not None:
+            await self.lifecycle.release(reopen=False)
+        await super().on_stop()
+
+    async def _on_partitions_revoked(self, revoked: set) -> None:
+        # Same for a rebalance (Faust's hook waits for acks, then commits): bounded by
+        # DLQ_DRAIN_TIMEOUT, so held work never outlasts the rebalance timeout.
+        # (faust_compat: this private hook is the only one that runs before the wait.)
+        if not self.should_stop and self.lifecycle is not None:
+            await self.lifecycle.release(reopen=True)
+        await super()._on_partitions_revoked(revoked)
+
+    def _new_producer(self) -> IdempotentProducer:
+        # faust_compat: Faust has no setting for producer idempotence outside exactly-once.
+        return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
+
+
+def access_policy(settings: Settings) -> AccessPolicy:
+    """Who the HTTP server answers to: this machine's names, the advertised host, the extras."""
+    hosts = {settings.web_host.lower(), socket.gethostname().lower(), socket.getfqdn().lower(), *settings.allowed_hosts}
+    if settings.web_advertised_url:
+        hosts.add(host_name(urlsplit(settings.web_advertised_url).netloc))
+    return AccessPolicy(token=settings.admin_token, max_body_bytes=settings.max_body_bytes, hosts=frozenset(hosts), origins=frozenset(settings.allowed_origins))
+
+
+def create_app(settings: Settings) -> DlqApp:
+    """A configured, not yet started, dlqapp Faust app."""
+    configure_logging(settings)
+    brokers = ";".join(settings.kafka_bootstrap.split(","))
+    app = DlqApp(
+        settings.app_id,
+        broker=f"kafka://{brokers}",
+        store="rocksdb://",
+        datadir=settings.data_dir,
+        autodiscover=False,
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        broker_session_timeout=settings.session_timeout_ms / 1000,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_ms / 3000),
+        broker_max_poll_records=settings.max_poll_records,
+        producer_acks=-1,
+        producer_max_request_size=settings.max_message_bytes,
+        web_bind=settings.web_host,
+        web_host=settings.web_host,
+        web_port=settings.web_port,
+        web_tables_enabled=False,
+        web_application_options={
+            "client_max_size": settings.max_body_bytes,
+            "middlewares": [guard_middleware(access_policy(settings))],
+        },
+        reply_create_topic=True,
+        stream_wait_empty=True,
+        table_standby_replicas=1,
+        Table=ConfirmedTable,
+    )
+    if settings.web_advertised_url:
+        app.conf.canonical_url = settings.web_advertised_url
+    app.dlq_settings = settings
+    return app
+

@@ -1,0 +1,184 @@
+"""The composition root: the one place that builds dlqapp from its settings.
+
+`build_app()` creates the Faust app, declares its topics and tables, builds every
+component with its collaborators passed in (nothing optional, nothing set afterwards),
+registers the agents, services, web views and CLI commands, and returns the app.
+Importing any dlqapp module builds nothing; `faust -A dlqapp` calls this once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+
+from faust.sensors.prometheus import setup_prometheus_sensors
+
+from dlqapp.core.backoff import Backoff
+from dlqapp.core.breaker import CircuitBreaker
+from dlqapp.core.clock import Clock, now_ms
+from dlqapp.core.outcomes import RetryPolicy
+from dlqapp.deadletters.alerts import AlertBatcher
+from dlqapp.deadletters.operator import Operator
+from dlqapp.deadletters.recorder import DeadLetterRecorder, OldestDeadLetter
+from dlqapp.deadletters.replays import ReplayJobs
+from dlqapp.inference import InferenceBackend, create_backend
+from dlqapp.observability import metrics
+from dlqapp.retries.due_hop import DueHop
+from dlqapp.retries.parked import ParkedRetries
+from dlqapp.retries.scheduler import RetryScheduler
+from dlqapp.settings import Settings
+from dlqapp.worker.app import DlqApp, create_app, load_settings
+from dlqapp.worker.counters import Counters
+from dlqapp.worker.crashguard import CrashGuard
+from dlqapp.worker.durability import at_end_of_step
+from dlqapp.worker.faust_compat import consumer_lag
+from dlqapp.worker.flow import InFlightWindows, PriorityLimiter
+from dlqapp.worker.partition_io import PartitionIO
+from dlqapp.worker.pipeline import Outlets, Pipeline
+from dlqapp.worker.retention import (
+    Sweeper,
+    SweptTable,
+    ledger_last_change,
+    request_last_change,
+)
+from dlqapp.worker.services import (
+    AlertWebhook,
+    CrashJournal,
+    LoopLag,
+    RetentionSweep,
+    RetryTimer,
+)
+from dlqapp.worker.topology import Topology, declare, register_codecs
+
+
+@dataclass
+class Components:
+    """Everything a worker is made of, built once by `build_components`."""
+
+    settings: Settings
+    topology: Topology
+    clock: Clock
+    backend: InferenceBackend
+    counters: Counters
+    io: PartitionIO
+    parked: ParkedRetries
+    pipeline: Pipeline
+    scheduler: RetryScheduler
+    recorder: DeadLetterRecorder
+    operator: Operator
+    crash_guard: CrashGuard
+    windows: InFlightWindows
+    sweeper: Sweeper
+    alerts: AlertBatcher | None
+    replay_jobs: ReplayJobs
+    oldest_dead_letter: OldestDeadLetter
+
+
+def build_components(app: DlqApp, settings: Settings, topology: Topology, clock: Clock = now_ms) -> Components:
+    """Every component of a worker, wired from the settings."""
+    counters = Counters(topology.stats)
+    io = PartitionIO(settings.partitions, topology.requests, counters, clock)
+    parked = ParkedRetries(topology.parked_retries, settings.tiers)
+    backend = create_backend(settings)
+    policy = RetryPolicy(
+        backoff=Backoff(settings.retry_delays_ms, settings.backoff, settings.backoff_jitter),
+        retryable=settings.retryable,
+        max_age_ms=settings.max_age_ms,
+        fallback_model=settings.fallback_model,
+    )
+    pipeline = Pipeline(
+        backend,
+        policy,
+        CircuitBreaker(settings.breaker_config()),
+        PriorityLimiter(settings.concurrency),
+        io=io,
+        parked=parked,
+        outlets=Outlets(tuple((t.tier, t.topic) for t in topology.tiers), topology.dlq, topology.results),
+        max_payload_bytes=settings.max_payload_bytes,
+        timeout_ms=settings.inference_timeout_ms,
+        clock=clock,
+        rng=random.Random(),
+    )
+    due_hop = DueHop(settings.kafka_bootstrap, topology.due.get_topic_name())
+    scheduler = RetryScheduler(parked, pipeline, io, due_hop, batch=settings.timer_batch, max_payload_bytes=settings.max_payload_bytes, clock=clock)
+    alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None
+    recorder = DeadLetterRecorder(
+        topology.dead_letters, counters, settings.dead_letter_log, alerts, settings.max_payload_bytes, settings.dlq_log_max_bytes, settings.dlq_log_backups
+    )
+    operator = Operator(
+        io, recorder, topology.replay_ledger, input_topic=topology.input, dlq_topic=topology.dlq, max_replays=settings.max_replays, clock=clock
+    )
+    crash_guard = CrashGuard(os.path.join(settings.data_dir, "in-progress.json"), settings.poison_after_crashes)
+    sweeper = Sweeper(
+        [
+            SweptTable(topology.requests, request_last_change),
+            SweptTable(topology.replay_ledger, ledger_last_change, keep=lambda key: topology.dead_letters.get(key) is not None),
+        ],
+        settings.state_retention_ms,
+        expire=operator.send_expired(topology.commands),
+    )
+    return Components(
+        settings=settings,
+        topology=topology,
+        clock=clock,
+        backend=backend,
+        counters=counters,
+        io=io,
+        parked=parked,
+        pipeline=pipeline,
+        scheduler=scheduler,
+        recorder=recorder,
+        operator=operator,
+        crash_guard=crash_guard,
+        windows=InFlightWindows(settings.concurrency * 2, settings.drain_timeout_ms / 1000),
+        sweeper=sweeper,
+        alerts=alerts,
+        replay_jobs=ReplayJobs(),
+        oldest_dead_letter=OldestDeadLetter(topology.dead_letters),
+    )
+
+
+def build_app(settings: Settings | None = None) -> DlqApp:
+    """The dlqapp Faust app with every agent, service, view and command registered."""
+    from dlqapp.api.views import Api, register_views
+    from dlqapp.cli import register_commands
+    from dlqapp.worker.agents import register_agents
+
+    settings = settings or load_settings()
+    register_codecs()
+    app = create_app(settings)
+    topology = declare(app, settings)
+    parts = build_components(app, settings, topology)
+    app.parts = parts
+    at_end_of_step(parts.counters.flush_due)
+    agents = register_agents(app, parts)
+    _register_services(app, parts)
+    register_views(app, Api(app, parts, agents.operator))
+    register_commands(app)
+    _register_metrics(app, parts)
+    return app
+
+
+def _register_services(app: DlqApp, parts: Components) -> None:
+    settings = parts.settings
+    app.service(RetryTimer(app, parts.scheduler, settings.timer_interval_ms))
+    app.service(RetentionSweep(app, parts.sweeper, parts.clock))
+    app.service(CrashJournal(parts.crash_guard))
+    app.service(LoopLag())
+    if parts.alerts is not None:
+        app.service(AlertWebhook(parts.alerts))
+
+
+def _register_metrics(app: DlqApp, parts: Components) -> None:
+    setup_prometheus_sensors(app, name_prefix="faust")
+    stats = parts.topology.stats
+    metrics.register_state_collector(
+        metrics.StateCollector(
+            dlq_entries=lambda: max(0, parts.counters.total_of(stats)["dlq_size"]),
+            parked_by_tier=parts.parked.by_tier_label,
+            consumer_lag=lambda: consumer_lag(app, set(parts.settings.all_topics())),
+            breaker_state=lambda: parts.pipeline.breaker.state,
+            breaker_moves=lambda: dict(parts.pipeline.breaker.moves),
+        )
+    )

@@ -1,0 +1,108 @@
+"""The Faust and RocksDB internals dlqapp relies on, in one place.
+
+Each helper names the private member it touches and why. Checked against
+faust-streaming 0.15.3 and rocksdict 0.3; read these first after an upgrade.
+
+Elsewhere, three overrides of Faust hooks (dlqapp.worker.app): `_settings_extra` of the
+aiokafka producer (idempotence), `App._new_producer` (to use that producer) and
+`App._on_partitions_revoked` (to hand work back before Faust waits for acks); and the
+`_loads` of Faust's JSON codec (dlqapp.worker.topology).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from rocksdict import ReadOptions
+
+
+def forget_unacked(app: Any, event: Any) -> None:
+    """Hand an event back without acking it, so its offset is never committed.
+
+    `Consumer._unacked_messages` is what `wait_empty()` waits on during shutdown and
+    rebalances; an event dlqapp gave up on (held by the breaker when the worker stops)
+    must leave it, or the worker waits forever. Its offset stays uncommitted, so the
+    partition's next owner handles it again.
+    """
+    consumer = getattr(app, "_consumer", None)
+    if consumer is not None:
+        consumer._unacked_messages.discard(event.message)
+
+
+def partition_db(table: Any, partition: int) -> Any:
+    """The `rocksdict.Rdict` of one table partition (`Store._db_for_partition`): Faust has no range scan."""
+    return table.data._db_for_partition(partition)
+
+
+def is_offset_record(table: Any, key: bytes) -> bool:
+    """Faust keeps each partition's changelog offset inside the partition's RocksDB (`Store.offset_key`)."""
+    return key == table.data.offset_key
+
+
+def keys_with_prefix(db: Any, prefix: bytes, limit: int) -> Iterator[bytes]:
+    """Up to `limit` keys of `db` that start with `prefix`, in key order."""
+    it = db.iter(ReadOptions())
+    it.seek(prefix)
+    found = 0
+    while it.valid() and found < limit:
+        key = it.key()
+        if not key.startswith(prefix):
+            return
+        yield key
+        found += 1
+        it.next()
+
+
+def active_partitions(table: Any) -> list[int]:
+    """Partitions of `table` this worker actively owns (standbys excluded)."""
+    changelog = table.changelog_topic.get_topic_name()
+    return sorted(tp.partition for tp in table.app.assignor.assigned_actives() if tp.topic == changelog)
+
+
+def read_partition(table: Any, partition: int, key: bytes) -> bytes | None:
+    """One key of one table partition, read outside a stream (no stale standby copy)."""
+    return partition_db(table, partition).get(key)
+
+
+def scan_chunk(db: Any, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+    """Up to `limit` (key, value) pairs after `after` (exclusive), in key order."""
+    it = db.iter(ReadOptions())
+    if after is None:
+        it.seek_to_first()
+    else:
+        it.seek(after)
+        if it.valid() and it.key() == after:
+            it.next()
+    chunk = []
+    while it.valid() and len(chunk) < limit:
+        chunk.append((it.key(), it.value()))
+        it.next()
+    return chunk
+
+
+def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
+    """(topic, partition, log end offset minus committed offset) for `topics`.
+
+    Faust keeps the committed offsets it knows in `Consumer._committed_offset`.
+    """
+    consumer = app.consumer
+    lag: list[tuple[str, int, int]] = []
+    try:
+        assigned = consumer.assignment()
+    except Exception:  # the consumer has not started yet
+        return lag
+    for tp in assigned:
+        if tp.topic not in topics:
+            continue
+        try:
+            high = consumer.highwater(tp)
+        except Exception:  # not fetched yet
+            continue
+        if high is not None:
+            lag.append((tp.topic, tp.partition, max(0, high - (consumer._committed_offset.get(tp) or 0))))
+    return lag
+
+
+def crash(app: Any, exc: BaseException) -> None:
+    """Stop the app the way Faust stops it on an agent crash (`App._crash`), without acking."""
+    app._crash(exc)

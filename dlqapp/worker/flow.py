@@ -1,0 +1,233 @@
+"""Concurrency without losing at-least-once: an in-flight window and a priority limiter.
+
+`InFlightWindow` runs one handler task per event, many at once, but acks events of a
+partition strictly in offset order: an event is acked only once it and every earlier
+event of its partition are done. Faust therefore never sees an out-of-order ack, and
+its offset-commit bug with out-of-order acks (faust #606) cannot commit past a message
+whose outcome is not yet confirmed.
+
+`PriorityLimiter` bounds backend calls and serves due retries before fresh input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Awaitable, Callable, Hashable, Protocol
+
+from dlqapp.worker.crashguard import CrashGuard, PoisonMessage
+from dlqapp.worker.durability import changelog_barrier
+
+log = logging.getLogger(__name__)
+
+
+class Ackable(Protocol):
+    def ack(self) -> bool: ...
+
+
+OnError = Callable[[Any, BaseException], Awaitable[None]]
+"""Called with an event whose handler raised; must route it (e.g. to the DLQ) or raise."""
+
+
+class InFlightWindow:
+    """At most `limit` handlers in flight; acks per partition in arrival order.
+
+    A handler that raises is not a reason to stop: `on_error` routes its event (the
+    pipeline dead-letters it as `poison`) and the event is acked like any other. Only
+    when `on_error` itself fails (the broker is gone) does `on_fatal` stop the worker,
+    leaving the event unacked for redelivery.
+    """
+
+    def __init__(
+        self,
+        limit: int,
+        on_error: OnError,
+        on_fatal: Callable[[BaseException], None],
+        forget: Callable[[Any], None] = lambda event: None,
+        guard: CrashGuard | None = None,
+    ) -> None:
+        self._slots = asyncio.Semaphore(limit)
+        self._pending: dict[Hashable, deque[list[Any]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._on_error = on_error
+        self._on_fatal = on_fatal
+        self._forget = forget
+        self._guard = guard
+        self._accepting = asyncio.Event()
+        self._accepting.set()
+        self._generation = 0
+
+    @property
+    def in_flight(self) -> int:
+        """Handlers running now."""
+        return len(self._tasks)
+
+    async def submit(self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]]) -> None:
+        """Start `handler()` for `event`; waits while the window is full.
+
+        The task inherits the caller's context, so Faust's `current_event()` (and with
+        it table writes) refers to `event` inside the handler. An event submitted while
+        the window is being released (or after a shutdown) is given back unacked at once.
+        """
+        generation = self._generation
+        if self._accepting.is_set():
+            await self._slots.acquire()
+            if generation == self._generation and self._accepting.is_set():
+                self._start(partition, event, handler)
+                return
+            self._slots.release()
+        self._forget(event)
+
+    def _start(self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]]) -> None:
+        entry = [event, False]
+        self._pending.setdefault(partition, deque()).append(entry)
+        task = asyncio.create_task(self._run(partition, entry, handler))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, partition: Hashable, entry: list[Any], handler: Callable[[], Awaitable[None]]) -> None:
+        try:
+            try:
+                async with changelog_barrier():
+                    await self._handle(entry[0], handler)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # one message's failure: route it, move on
+                async with changelog_barrier():
+                    await self._on_error(entry[0], exc)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # routing failed too: never ack, stop the worker
+            log.exception("handler failed and its event could not be routed; the worker stops")
+            self._on_fatal(exc)
+            return
+        finally:
+            self._slots.release()
+        entry[1] = True
+        self._ack_ready(partition)
+
+    async def _handle(self, event: Any, handler: Callable[[], Awaitable[None]]) -> None:
+        """The handler, unless the crash-loop guard names the event poison; alone when it asks for care."""
+        if self._guard is None:
+            await handler()
+            return
+        message = event.message
+        position = (message.topic, message.partition, message.offset)
+        if self._guard.is_poison(position):
+            raise PoisonMessage(f"the worker died {self._guard.crashes(position)} times in a row while handling this message (DLQ_POISON_AFTER_CRASHES)")
+        self._guard.seen(position)
+        if self._guard.needs_care(position):
+            async with self._guard.careful(position):
+                await handler()
+        else:
+            await handler()
+
+    def _ack_ready(self, partition: Hashable) -> None:
+        queue = self._pending.get(partition)
+        while queue and queue[0][1]:
+            queue.popleft()[0].ack()
+
+    async def join(self) -> None:
+        """Wait for every handler started so far."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def release(self, grace_s: float, reopen: bool = True) -> int:
+        """Give back every event not yet acked (shutdown, rebalance). Returns how many.
+
+        Running handlers get `grace_s` to finish; the rest (held by the breaker, waiting
+        for a slot, or in a long call) are cancelled. Events not acked are handed back
+        unacked (`forget`): their offsets are never committed, so the next owner of the
+        partition handles them again. New events wait until then (for good unless `reopen`).
+        """
+        self._accepting.clear()
+        self._generation += 1
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace_s)
+        pending = list(self._tasks)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        released = 0
+        for queue in self._pending.values():
+            for event, _ in queue:
+                self._forget(event)
+                released += 1
+        self._pending.clear()
+        if reopen:
+            self._accepting.set()
+        return released
+
+
+class InFlightWindows:
+    """The worker's in-flight windows (input, due), created and released together."""
+
+    def __init__(self, limit: int, drain_timeout_s: float) -> None:
+        self.limit = limit
+        self.drain_timeout_s = drain_timeout_s
+        self._windows: list[InFlightWindow] = []
+
+    def new(self, on_error: OnError, on_fatal: Callable[[BaseException], None], forget: Callable[[Any], None], guard: CrashGuard | None) -> InFlightWindow:
+        window = InFlightWindow(self.limit, on_error=on_error, on_fatal=on_fatal, forget=forget, guard=guard)
+        self._windows.append(window)
+        return window
+
+    @property
+    def in_flight(self) -> int:
+        return sum(window.in_flight for window in self._windows)
+
+    async def release(self, reopen: bool) -> int:
+        """Hand back what every window holds (see InFlightWindow.release)."""
+        released = 0
+        for window in self._windows:
+            released += await window.release(self.drain_timeout_s, reopen=reopen)
+        return released
+
+
+HIGH, LOW = 0, 1
+
+
+class PriorityLimiter:
+    """A counting semaphore whose high-priority waiters are always served first."""
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+        self._waiters: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (deque(), deque())
+
+    @property
+    def high_waiting(self) -> int:
+        """High-priority callers waiting for a slot."""
+        return sum(1 for f in self._waiters[HIGH] if not f.done())
+
+    @asynccontextmanager
+    async def slot(self, priority: int) -> AsyncIterator[None]:
+        """Hold one slot for the duration of the block."""
+        await self._acquire(priority)
+        try:
+            yield
+        finally:
+            self._release()
+
+    async def _acquire(self, priority: int) -> None:
+        if self._free > 0 and not any(self._waiters):
+            self._free -= 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters[priority].append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._release()  # the slot was handed over just as we were cancelled
+            raise
+
+    def _release(self) -> None:
+        for queue in self._waiters:
+            while queue:
+                future = queue.popleft()
+                if not future.done():
+                    future.set_result(None)  # hand the slot over directly
+                    return
+        self._free += 1

@@ -1,0 +1,92 @@
+"""What every stream step does with Kafka and the tables, for the request it handles.
+
+dlqapp sends every message about a request to the partition that owns its id, and keeps
+the request's state on that partition, so dedup, state, parked retries and dead letters
+of one request live on one worker. The pipeline, the retry scheduler and the operator all
+go through this one component.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Mapping
+
+from faust import EventT, TopicT
+from faust.tables import Table
+
+from dlqapp.core import states
+from dlqapp.core.clock import Clock
+from dlqapp.core.headers import H_ORIGINAL_TIMESTAMP, H_SOURCE, header_dict
+from dlqapp.core.partitioning import owner_partition
+from dlqapp.core.states import RequestState
+from dlqapp.observability.logs import log_event
+from dlqapp.worker.counters import Counters
+
+log = logging.getLogger("dlqapp.worker.partition_io")
+
+
+class PartitionIO:
+    """Sends confirmed by the broker, ownership, and request state on the owning partition."""
+
+    def __init__(self, partitions: int, requests: Table, counters: Counters, clock: Clock) -> None:
+        self.partitions = partitions
+        self.requests = requests
+        self.counters = counters
+        self.clock = clock
+
+    def owner(self, request_id: str) -> int:
+        """The partition that owns `request_id` on every topic and table."""
+        return owner_partition(request_id, self.partitions)
+
+    def owns(self, event: EventT, request_id: str) -> bool:
+        """Whether `event` sits on the partition that owns `request_id`."""
+        return event.message.partition == self.owner(request_id)
+
+    async def send(self, topic: TopicT, key: str, value: bytes | None, headers: list[tuple[str, bytes]], partition: int | None = None) -> None:
+        """Send to `key`'s owner partition (or `partition`) and wait until the broker confirms.
+
+        A None value is a tombstone (used on the compacted `dlq` topic)."""
+        pending = await topic.send(key=key.encode(), value=value, headers=headers, partition=self.owner(key) if partition is None else partition)
+        await pending
+
+    async def forward(self, event: EventT, topic: TopicT, request_id: str) -> None:
+        """Re-send a message keyed by its request id to the partition that owns it.
+
+        Producers need not key by request id: this hop makes dedup and state local.
+        """
+        headers = dict(header_dict(event.headers))
+        headers.setdefault(H_ORIGINAL_TIMESTAMP, str(self.event_time_ms(event)))
+        headers.setdefault(H_SOURCE, json.dumps(source_of(event), separators=(",", ":")))
+        await self.send(topic, request_id, event.value or b"", as_header_pairs(headers))
+        log_event(log, logging.DEBUG, "rerouted", request_id=request_id, topic=event.message.topic)
+
+    def load_state(self, request_id: str) -> dict[str, Any] | None:
+        return states.load(self.requests.get(request_id.encode()))
+
+    def store_state(self, request_id: str, record: dict[str, Any]) -> None:
+        """Write a state record as it is (inside the owning partition's stream)."""
+        self.requests[request_id.encode()] = states.dump(record)
+
+    def set_state(self, request_id: str, state: RequestState, at: int, **detail: Any) -> None:
+        """Move a request to `state` (inside the owning partition's stream), and count it."""
+        previous = self.load_state(request_id)
+        new = states.transition(previous, request_id, state, at, **detail)
+        self.store_state(request_id, new)
+        for name in states.counted(previous, new):
+            self.counters.add(name)
+
+    def event_time_ms(self, event: EventT) -> int:
+        timestamp = event.message.timestamp
+        return int(timestamp * 1000) if timestamp else self.clock()
+
+
+def source_of(event: EventT) -> dict[str, Any]:
+    """Where a message was read: topic, partition, offset."""
+    message = event.message
+    return {"topic": message.topic, "partition": message.partition, "offset": message.offset}
+
+
+def as_header_pairs(headers: Mapping[str, str]) -> list[tuple[str, bytes]]:
+    """str → str headers as Kafka header pairs."""
+    return [(k, v.encode()) for k, v in headers.items()]

@@ -1,0 +1,321 @@
+"""The request path: validate, dedup, attempt, and carry out the outcome.
+
+`Pipeline.attempt` calls the backend once and asks `outcomes.decide` what follows;
+`Pipeline.carry_out` is the one place an outcome becomes a Kafka send
+(results, a retry tier, or the DLQ) and a state change. Every send is confirmed by the
+broker before the handler returns, so the event is acked only after its outcome is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+from dataclasses import dataclass
+from typing import assert_never
+
+from faust import EventT, TopicT
+
+from dlqapp.core import states
+from dlqapp.core.breaker import CircuitBreaker
+from dlqapp.core.clock import Clock
+from dlqapp.core.envelope import Attempt, Envelope, Result
+from dlqapp.core.errors import ErrorClass, Failure, classify_exception
+from dlqapp.core.headers import (
+    H_ORIGINAL_HEADERS,
+    H_ORIGINAL_TIMESTAMP,
+    H_PAYLOAD_NULL,
+    header_dict,
+    header_int,
+)
+from dlqapp.core.outcomes import (
+    DeadLetter,
+    RetryAt,
+    RetryPolicy,
+    Succeeded,
+    TryFallback,
+    decide,
+    decide_after_fallback,
+    expiry,
+)
+from dlqapp.core.requests import (
+    InvalidRequest,
+    Request,
+    fallback_key,
+    parse_request,
+    salvage_request_id,
+)
+from dlqapp.core.tiers import Tier
+from dlqapp.deadletters.entries import unprocessable_key
+from dlqapp.inference import InferenceBackend, InferenceOutput
+from dlqapp.observability import metrics
+from dlqapp.observability.logs import log_event
+from dlqapp.retries.parked import ParkedRetries
+from dlqapp.worker.flow import LOW, PriorityLimiter
+from dlqapp.worker.partition_io import PartitionIO, as_header_pairs, source_of
+
+log = logging.getLogger("dlqapp.worker.pipeline")
+
+MAX_ORIGINAL_HEADERS_CHARS = 65536
+FALLBACK_LABEL = "fallback"
+INPUT_LABEL = "input"
+"""Metric label of first attempts (retries are labelled by their tier)."""
+
+
+@dataclass(frozen=True)
+class Outlets:
+    """Where outcomes go: one topic per retry tier, `dlq`, `results`."""
+
+    tiers: tuple[tuple[Tier, TopicT], ...]
+    dlq: TopicT
+    results: TopicT
+
+
+class Pipeline:
+    """Request handling shared by the input agent and the due-retry agent."""
+
+    def __init__(
+        self,
+        backend: InferenceBackend,
+        policy: RetryPolicy,
+        breaker: CircuitBreaker,
+        limiter: PriorityLimiter,
+        *,
+        io: PartitionIO,
+        parked: ParkedRetries,
+        outlets: Outlets,
+        max_payload_bytes: int,
+        timeout_ms: int,
+        clock: Clock,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.backend = backend
+        self.policy = policy
+        self.breaker = breaker
+        self.limiter = limiter
+        self.io = io
+        self.parked = parked
+        self.outlets = outlets
+        self.max_payload_bytes = max_payload_bytes
+        self.clock = clock
+        self.in_flight: set[str] = set()
+        self._rng = rng or random.Random()
+        self._timeout_s = timeout_ms / 1000
+
+    # -- entry points -----------------------------------------------------------------
+
+    async def on_input(self, event: EventT, topic: TopicT) -> None:
+        """Handle one message from `input`."""
+        payload: bytes | None = event.value
+        try:
+            request = parse_request(payload, self.max_payload_bytes)
+        except InvalidRequest as exc:
+            await self.dead_letter_invalid(event, exc)
+            return
+        request_id = request.request_id
+        if not self.io.owns(event, request_id):
+            await self.io.forward(event, topic, request_id)
+            return
+        if self.is_duplicate(request_id, event.message.topic):
+            return
+        envelope = self.new_envelope(event, request_id, payload or b"")
+        await self.attempt(envelope, request, event.message.topic, None, priority=LOW)
+
+    def is_duplicate(self, request_id: str, source: str) -> bool:
+        """True (and counted) when the request is in flight, being retried or succeeded."""
+        previous = self.io.load_state(request_id)
+        if request_id in self.in_flight:
+            if previous is None:  # first seen moments ago: count it now, its outcome will find this record
+                previous = states.transition(None, request_id, states.IN_FLIGHT, self.clock())
+                self.io.counters.add("received")
+        elif previous is None or previous["state"] not in states.SETTLED_FOR_DEDUP:
+            return False
+        self.io.store_state(request_id, states.count_duplicate(previous, self.clock(), source))
+        self.io.counters.add("duplicates_skipped")
+        metrics.duplicates.inc()
+        metrics.requests.labels("duplicate_skipped").inc()
+        log_event(log, logging.INFO, "duplicate_skipped", request_id=request_id, topic=source, state=previous["state"])
+        return True
+
+    def new_envelope(self, event: EventT, request_id: str, payload: bytes) -> Envelope:
+        """A fresh envelope for a request first seen in `event` (keeps replay lineage)."""
+        envelope = Envelope.from_headers(request_id, payload, event.headers or {})
+        envelope.attempts = 0
+        envelope.scheduled_time = None
+        envelope.error_class = envelope.last_error = None
+        envelope.history = []
+        envelope.original_timestamp = header_int(header_dict(event.headers), H_ORIGINAL_TIMESTAMP) or self.io.event_time_ms(event)
+        if not envelope.source:
+            envelope.source = source_of(event)
+        return envelope
+
+    # -- one attempt ------------------------------------------------------------------
+
+    async def attempt(self, envelope: Envelope, request: Request, topic: str, tier: Tier | None, priority: int) -> None:
+        """Attempt the request (unless expired), once more on the fallback if due, and carry out the outcome.
+
+        `topic` is where the attempt came from (for the history); `tier` the retry tier, None for input.
+        """
+        expired = expiry(self.policy, envelope.original_timestamp, self.clock())
+        if expired is not None:
+            await self.carry_out(expired, envelope, request, None)
+            return
+        self.in_flight.add(request.request_id)
+        try:
+            number = envelope.attempts + 1
+            label = tier.label if tier else INPUT_LABEL
+            record, output, failure = await self.call(request, number, topic, label, envelope.scheduled_time, priority)
+            outcome = decide(self.policy, number, failure, output, self.clock(), self._rng)
+            if isinstance(outcome, TryFallback):
+                envelope.record(record)
+                record, output, failure = await self.call(request, number + 1, f"fallback:{outcome.model}", FALLBACK_LABEL, None, priority, outcome.model)
+                outcome = decide_after_fallback(outcome.model, failure, output, number + 1)
+            await self.carry_out(outcome, envelope, request, record)
+        finally:
+            self.in_flight.discard(request.request_id)
+
+    async def call(
+        self, request: Request, number: int, topic: str, label: str, scheduled: int | None, priority: int, model: str | None = None
+    ) -> tuple[Attempt, InferenceOutput | None, Failure | None]:
+        """One attempt through the breaker and the priority limiter.
+
+        During an outage a fresh request's backend-wide failure is not an attempt: the
+        request is held and tried again when the breaker lets it. A request that has
+        failed before is never held (see dlqapp.core.breaker), so holds cannot last forever.
+        """
+        held = False
+        while True:
+            rank = number - 1 + int(held)
+            await self.breaker.wait_allowed(request.request_id, rank)
+            async with self.limiter.slot(priority):
+                started = self.clock()
+                if scheduled is not None:
+                    metrics.lateness.labels(label).observe(max(0, started - scheduled) / 1000)
+                output, failure = await self.call_backend(request, number, model)
+            metrics.backend_latency.labels(failure.error_class.value if failure else "ok").observe((self.clock() - started) / 1000)
+            if not self.breaker.record(failure, request.request_id, rank):
+                break
+            held = True
+            metrics.held.inc()
+            log_event(log, logging.DEBUG, "held_during_outage", request_id=request.request_id, topic=topic, attempt=number)
+        metrics.attempts.labels(label).inc()
+        record = Attempt(
+            attempt=number,
+            at=started,
+            topic=topic,
+            scheduled=scheduled,
+            duration_ms=self.clock() - started,
+            error_class=failure.error_class.value if failure else None,
+            error=failure.message if failure else None,
+        )
+        return record, output, failure
+
+    async def call_backend(self, request: Request, attempt: int, model: str | None = None) -> tuple[InferenceOutput | None, Failure | None]:
+        """One backend call, bounded by DLQ_INFERENCE_TIMEOUT; never raises."""
+        try:
+            output = await asyncio.wait_for(self.backend.complete(request, attempt, model), self._timeout_s)
+        except Exception as exc:  # every failure is classified, nothing escapes
+            return None, classify_exception(exc)
+        return output, None
+
+    # -- outcomes ---------------------------------------------------------------------
+
+    async def carry_out(self, outcome: Succeeded | RetryAt | DeadLetter, envelope: Envelope, request: Request | None, record: Attempt | None) -> None:
+        """Send the outcome to its topic, wait for the broker, then record the state."""
+        if record is not None:
+            envelope.record(record)
+        match outcome:
+            case Succeeded():
+                await self._publish_result(outcome, envelope, request)
+            case RetryAt():
+                await self._schedule_retry(outcome, envelope)
+            case DeadLetter():
+                await self._dead_letter(outcome, envelope)
+            case _:
+                assert_never(outcome)
+
+    async def _publish_result(self, outcome: Succeeded, envelope: Envelope, request: Request | None) -> None:
+        at = self.clock()
+        output = outcome.output
+        result = Result(
+            request_id=envelope.request_id,
+            model=output.model,
+            output=output.text,
+            attempts=envelope.attempts,
+            latency_ms=at - envelope.original_timestamp,
+            completed_at=at,
+            metadata=request.metadata if request else {},
+            usage=output.usage or None,
+            history=envelope.history,
+        )
+        await self.io.send(self.outlets.results, envelope.request_id, result.to_bytes(), as_header_pairs(envelope.lineage))
+        self.io.set_state(envelope.request_id, states.SUCCEEDED, at, attempts=envelope.attempts, model=output.model)
+        metrics.requests.labels("succeeded").inc()
+        metrics.end_to_end.observe(max(0, at - envelope.original_timestamp) / 1000)
+        log_event(log, logging.DEBUG, "succeeded", request_id=envelope.request_id, attempt=envelope.attempts, model=output.model)
+
+    async def _schedule_retry(self, outcome: RetryAt, envelope: Envelope) -> None:
+        envelope.scheduled_time = outcome.due_ms
+        tier, topic = self.outlets.tiers[outcome.tier]
+        await self.io.send(topic, envelope.request_id, envelope.payload, envelope.headers())
+        self.parked.store(envelope, tier)
+        failure = outcome.failure
+        self.io.set_state(
+            envelope.request_id,
+            states.RETRY_SCHEDULED,
+            self.clock(),
+            attempts=envelope.attempts,
+            tier=tier.topic,
+            due=outcome.due_ms,
+            error_class=failure.error_class.value,
+            last_error=failure.message,
+        )
+        log_event(log, logging.DEBUG, "retry_scheduled", request_id=envelope.request_id, attempt=envelope.attempts, tier=tier.label, due=outcome.due_ms, error_class=failure.error_class.value)
+
+    async def _dead_letter(
+        self, outcome: DeadLetter, envelope: Envelope, record_state: bool = True, key: str | None = None, partition: int | None = None, **extra: str
+    ) -> None:
+        at = self.clock()
+        envelope.error_class = outcome.error_class.value
+        envelope.last_error = envelope.last_error or outcome.reason
+        # In the DLQ, retry_count is the number of retries made: attempts - 1.
+        headers = envelope.headers(final_error=outcome.reason, dead_at=at, retry_count=max(envelope.attempts - 1, 0), **extra)
+        await self.io.send(self.outlets.dlq, key or envelope.request_id, envelope.payload, headers, partition=partition)
+        if record_state:
+            self.io.set_state(envelope.request_id, states.DEAD_LETTERED, at, attempts=envelope.attempts, error_class=outcome.error_class.value, final_error=outcome.reason)
+
+    async def dead_letter_invalid(self, event: EventT, exc: InvalidRequest) -> None:
+        """Send an invalid message to the DLQ at once, with its original bytes and headers."""
+        await self.dead_letter_unprocessable(event, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", exc.request_id)
+
+    async def dead_letter_unprocessable(self, event: EventT, error_class: ErrorClass, reason: str, request_id: str | None = None) -> None:
+        """Dead-letter a message dlqapp cannot handle (invalid, or `poison`: its handler failed).
+
+        Its DLQ key is its own (`<request id>~<class>~<digest of its position>`), so it
+        never replaces another dead letter of the same request id on the compacted
+        `dlq` topic; it sits on that id's partition and `GET /dlq/<request id>/` finds
+        it. It changes a request's state only when the id was never seen before: an
+        invalid copy of a request that succeeded, is being retried or is in flight
+        leaves it as it is.
+        """
+        message = event.message
+        payload = message.value if isinstance(message.value, (bytes, type(None))) else None  # the bytes as they came
+        request_id = request_id or salvage_request_id(payload)
+        position = hashlib.sha256(f"{message.topic}:{message.partition}:{message.offset}".encode()).hexdigest()[:12]
+        if request_id:
+            key, owner = unprocessable_key(request_id, error_class.value, position), request_id
+        else:
+            key = fallback_key(payload) if error_class is ErrorClass.INVALID_REQUEST else f"{error_class.value}-{position}"
+            owner = key
+        envelope = Envelope(request_id=request_id or key, payload=payload or b"", original_timestamp=self.io.event_time_ms(event), source=source_of(event))
+        envelope.last_error = reason
+        extra = {H_ORIGINAL_HEADERS: json.dumps(header_dict(event.headers), separators=(",", ":"))[:MAX_ORIGINAL_HEADERS_CHARS]}
+        if payload is None:
+            extra[H_PAYLOAD_NULL] = "true"
+        partition = self.io.owner(owner)
+        await self._dead_letter(DeadLetter(error_class, reason), envelope, record_state=False, key=key, partition=partition, **extra)
+        if request_id and partition == message.partition and self.io.load_state(request_id) is None and request_id not in self.in_flight:
+            self.io.set_state(request_id, states.DEAD_LETTERED, self.clock(), error_class=error_class.value, final_error=reason[:500], dlq_key=key)
+        log_event(log, logging.INFO, "unprocessable", request_id=request_id, key=key, error_class=error_class.value, reason=reason[:200])

@@ -1,0 +1,138 @@
+"""Background work that lives as long as the worker: Faust (mode) services.
+
+Each starts after table recovery and stops with the app: the retry timer (and its due-hop
+producer), the retention sweep, the crash-loop guard's journal, the alert webhook, and
+the event-loop lag gauge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from mode import Service
+
+from dlqapp.core.clock import Clock
+from dlqapp.deadletters.alerts import AlertBatcher
+from dlqapp.observability import metrics
+from dlqapp.retries.scheduler import RetryScheduler
+from dlqapp.worker.crashguard import CrashGuard
+from dlqapp.worker.retention import Sweeper
+
+log = logging.getLogger("dlqapp.worker.services")
+
+SWEEP_INTERVAL_S = 1.0
+JOURNAL_INTERVAL_S = 1.0
+
+
+class _Loop(Service):
+    """A service that runs `tick()` every `interval_s`, skipping rebalances."""
+
+    interval_s: float = 1.0
+
+    def __init__(self, app: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.app = app
+
+    async def tick(self) -> None:
+        raise NotImplementedError
+
+    def on_rebalancing(self) -> None:
+        """Called instead of `tick` while partitions move."""
+
+    @Service.task
+    async def _run(self) -> None:
+        while not self.should_stop:
+            await self.sleep(self.interval_s)
+            if self.app.rebalancing or self.app.in_recovery:
+                self.on_rebalancing()
+                continue
+            try:
+                await self.tick()
+            except Exception:  # a failed tick must not stop the loop; the next one retries
+                log.exception("%s tick failed", type(self).__name__)
+
+
+class RetryTimer(_Loop):
+    """Every DLQ_TIMER_INTERVAL, hand due retries to the due agent."""
+
+    def __init__(self, app: Any, scheduler: RetryScheduler, interval_ms: int, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.scheduler = scheduler
+        self.interval_s = interval_ms / 1000
+
+    async def on_start(self) -> None:
+        await self.scheduler.due_hop.start()
+
+    async def on_stop(self) -> None:
+        await self.scheduler.due_hop.stop()
+
+    def on_rebalancing(self) -> None:
+        self.scheduler.forget_fired()
+
+    async def tick(self) -> None:
+        await self.scheduler.fire_due()
+        await self.scheduler.recount_if_reassigned()
+
+
+class RetentionSweep(_Loop):
+    """Forget settled states and old ledgers after DLQ_STATE_RETENTION (dlqapp.worker.retention)."""
+
+    interval_s = SWEEP_INTERVAL_S
+
+    def __init__(self, app: Any, sweeper: Sweeper, clock: Clock, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.sweeper = sweeper
+        self.clock = clock
+
+    def on_rebalancing(self) -> None:
+        self.sweeper.forget_cursors()
+
+    async def tick(self) -> None:
+        await self.sweeper.sweep(self.clock())
+
+
+class LoopLag(Service):
+    """Measures event-loop lag (`dlqapp_event_loop_lag_seconds`): how late a short sleep wakes up."""
+
+    tick_s = 0.25
+    window = 4
+
+    @Service.task
+    async def _run(self) -> None:
+        worst: list[float] = []
+        while not self.should_stop:
+            started = time.monotonic()
+            await asyncio.sleep(self.tick_s)
+            worst.append(max(0.0, time.monotonic() - started - self.tick_s))
+            if len(worst) >= self.window:
+                metrics.loop_lag.set(max(worst))
+                worst.clear()
+
+
+class CrashJournal(Service):
+    """Keeps the crash-loop guard's journal about a second behind (dlqapp.worker.crashguard)."""
+
+    def __init__(self, guard: CrashGuard, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.guard = guard
+
+    @Service.task
+    async def _run(self) -> None:
+        while not self.should_stop:
+            await self.sleep(JOURNAL_INTERVAL_S)
+            self.guard.snapshot()
+
+
+class AlertWebhook(Service):
+    """Posts batched dead-letter alerts (DLQ_ALERT_WEBHOOK_URL)."""
+
+    def __init__(self, alerts: AlertBatcher, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.alerts = alerts
+
+    @Service.task
+    async def _run(self) -> None:
+        await self.alerts.run(lambda: self.should_stop)

@@ -1,0 +1,118 @@
+"""dlqapp's topics and tables, declared once on the app.
+
+Every topic and table carries raw bytes keyed by the request id (UTF-8), so topic keys
+and table keys route alike; dlqapp encodes values itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from faust import TopicT
+from faust.serializers import codecs
+from faust.tables import Table
+
+from dlqapp.core.tiers import Tier
+from dlqapp.deadletters.commands import UNDECODABLE
+from dlqapp.settings import Settings
+
+TOLERANT_JSON = "dlqapp-json"
+
+
+class TolerantJson(codecs.json):
+    """Faust's JSON codec, except that bytes that are not JSON decode to a marker
+    (`{UNDECODABLE: reason}`) instead of crashing the agent: the operator agent then
+    dead-letters the message with its original bytes."""
+
+    def _loads(self, s: bytes) -> Any:
+        try:
+            return super()._loads(s)
+        except (ValueError, RecursionError) as exc:
+            return {UNDECODABLE: f"not JSON: {exc}"[:300]}
+
+
+def register_codecs() -> None:
+    """Make the tolerant JSON codec known to Faust (idempotent)."""
+    codecs.register(TOLERANT_JSON, TolerantJson())
+
+
+def _raw() -> faust.Schema:
+    """A fresh raw-bytes schema (tables update their schema in place, so never share one)."""
+    return faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
+
+
+@dataclass(frozen=True)
+class TierTopic:
+    """A retry tier and the topic its retries are published on."""
+
+    tier: Tier
+    topic: TopicT
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Every topic and table dlqapp declares on its app."""
+
+    input: TopicT
+    tiers: tuple[TierTopic, ...]
+    due: TopicT
+    dlq: TopicT
+    results: TopicT
+    commands: TopicT
+    parked_retries: Table
+    requests: Table
+    dead_letters: Table
+    replay_ledger: Table
+    stats: Table
+
+    def tier(self, index: int) -> TierTopic:
+        return self.tiers[index]
+
+
+def declare(app: faust.App, settings: Settings) -> Topology:
+    """Declare dlqapp's topics and tables on `app` (once, from the composition root)."""
+
+    def topic(name: str) -> TopicT:
+        return app.topic(name, partitions=settings.partitions, schema=_raw())
+
+    def table(name: str, help: str) -> Table:
+        return app.Table(
+            name,
+            partitions=settings.partitions,
+            help=help,
+            key_type=bytes,
+            value_type=bytes,
+            extra_topic_configs={"max.message.bytes": str(settings.max_message_bytes)},
+            options=_rocksdb_options(settings),
+        )
+
+    return Topology(
+        input=topic(settings.input),
+        tiers=tuple(TierTopic(tier, topic(tier.topic)) for tier in settings.tiers),
+        due=topic(settings.due),
+        dlq=topic(settings.dlq),
+        results=topic(settings.results),
+        commands=app.topic(
+            settings.commands,
+            partitions=settings.partitions,
+            schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer=TOLERANT_JSON),
+        ),
+        parked_retries=table("parked-retries", "Retries waiting for their due time: key = due_ms (u64 BE) ‖ request id."),
+        requests=table("requests", "Each request's settled state and bounded history."),
+        dead_letters=table("dead-letters", "DLQ entries keyed by request id."),
+        replay_ledger=table("replay-ledger", "Operator actions per request id: who replayed or discarded what, and when."),
+        stats=table("stats", "Running counts, one blob per partition (dlqapp.worker.counters)."),
+    )
+
+
+def _rocksdb_options(settings: Settings) -> dict[str, int]:
+    """Bounded RocksDB memory per table partition (Faust's defaults allow 192 MiB of write
+    buffers and a 2 GiB block cache for each, so resident memory grew with the tables)."""
+    return {
+        "write_buffer_size": settings.table_write_buffer_bytes,
+        "max_write_buffer_number": 2,
+        "block_cache_size": settings.table_cache_bytes,
+        "block_cache_compressed_size": settings.table_cache_bytes,
+    }

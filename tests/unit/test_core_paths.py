@@ -1,0 +1,142 @@
+"""The core paths over in-memory fakes: input, outcomes, due retries, replays, the recorder."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from dlqapp.core.errors import ErrorClass
+from dlqapp.retries.keys import parked_key
+from tests.unit.fakes import (
+    FakeEvent,
+    FakeMessage,
+    ScriptedBackend,
+    request,
+    state_of,
+    worker,
+)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def input_event(request_id: str, value: bytes | None = None, offset: int = 0) -> FakeEvent:
+    return FakeEvent(request_id.encode(), value if value is not None else request(request_id), message=FakeMessage("input", 0, offset))
+
+
+def test_a_request_that_succeeds_is_published_once_and_a_duplicate_is_skipped(tmp_path):
+    w = worker(tmp_path)
+    run(w.pipeline.on_input(input_event("r1"), w.input))
+    assert w.results.keys() == ["r1"] and state_of(w, "r1")["state"] == "succeeded"
+    run(w.pipeline.on_input(input_event("r1", offset=1), w.input))
+    assert w.results.keys() == ["r1"] and w.backend.calls_for("r1") == 1
+    assert state_of(w, "r1")["duplicates"] == 1
+    assert w.counters.counts["received"] == 1 and w.counters.counts["succeeded"] == 1 and w.counters.counts["duplicates_skipped"] == 1
+
+
+def test_a_retryable_failure_is_published_on_the_tier_parked_and_recorded(tmp_path):
+    w = worker(tmp_path, ScriptedBackend({"r2": 1}))
+    run(w.pipeline.on_input(input_event("r2"), w.input))
+    key, _, headers, _ = w.tiers[0].sent[0]
+    assert key == b"r2" and headers["retry_count"] == "1" and headers["error_class"] == "server_error"
+    due = w.clock.now + 1000
+    assert int(headers["scheduled_time"]) == due
+    assert parked_key(due, "r2") in w.parked_table
+    assert state_of(w, "r2")["state"] == "retry_scheduled" and w.parked.by_tier[0] == 1
+
+
+def test_an_invalid_copy_changes_no_state_and_gets_a_dlq_key_of_its_own(tmp_path):
+    w = worker(tmp_path)
+    run(w.pipeline.on_input(input_event("r3"), w.input))
+    run(w.pipeline.on_input(input_event("r3", json.dumps({"request_id": "r3"}).encode(), offset=1), w.input))
+    (dlq_key, value, headers, _), = w.dlq.sent
+    assert dlq_key.decode().startswith("r3~invalid_request~") and value == b'{"request_id": "r3"}'
+    assert headers["error_class"] == "invalid_request" and "either messages or prompt" in headers["final_error"]
+    assert state_of(w, "r3")["state"] == "succeeded"
+
+
+def test_a_due_retry_is_attempted_then_deleted_and_a_stale_one_only_deleted(tmp_path):
+    w = worker(tmp_path, ScriptedBackend({"r4": 1}))
+    run(w.pipeline.on_input(input_event("r4"), w.input))
+    key = next(iter(w.parked_table))
+    w.clock.now += 1000
+    run(w.scheduler.on_due(FakeEvent(b"r4", key, message=FakeMessage("due"))))
+    assert w.results.keys() == ["r4"] and key not in w.parked_table and w.backend.calls_for("r4") == 2
+    assert json.loads(w.results.sent[0][1])["attempts"] == 2
+    # a copy of the same retry (left by a crash) finds the request succeeded: no call
+    w.parked_table[key] = _envelope_blob(w, "r4")
+    run(w.scheduler.on_due(FakeEvent(b"r4", key, message=FakeMessage("due"))))
+    assert w.backend.calls_for("r4") == 2 and key not in w.parked_table
+
+
+def _envelope_blob(w, request_id: str) -> bytes:
+    from dlqapp.core.envelope import Envelope
+
+    envelope = Envelope(request_id, request(request_id), w.clock.now, {}, attempts=1, scheduled_time=w.clock.now)
+    return envelope.to_bytes()
+
+
+def test_a_non_retryable_failure_is_dead_lettered_at_once_and_recorded(tmp_path):
+    w = worker(tmp_path, ScriptedBackend({"r5": 9}, error=ErrorClass.AUTH_ERROR))
+    run(w.pipeline.on_input(input_event("r5"), w.input))
+    (key, value, headers, partition), = w.dlq.sent
+    assert key == b"r5" and headers["error_class"] == "auth_error" and state_of(w, "r5")["state"] == "dead_lettered"
+    run(w.recorder.on_message(FakeEvent(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("dlq", partition, 7))))
+    entry = json.loads(w.dead_letters[b"r5"])
+    assert entry["error_class"] == "auth_error" and entry["dlq"] == {"partition": 0, "offset": 7}
+    assert w.counters.counts["dlq_size"] == 1 and w.counters.counts["dlq_class|auth_error"] == 1
+    assert (tmp_path / "dead-letters.jsonl").read_text().count("\n") == 1
+
+
+def _dead(w, request_id: str) -> None:
+    run(w.pipeline.on_input(input_event(request_id), w.input))
+    key, value, headers, partition = w.dlq.sent[-1]
+    run(w.recorder.on_message(FakeEvent(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("dlq", partition, len(w.dlq.sent)))))
+
+
+def test_replay_sends_the_payload_back_removes_the_entry_and_writes_state_first(tmp_path):
+    w = worker(tmp_path, ScriptedBackend({"r6": 1}, error=ErrorClass.AUTH_ERROR))
+    _dead(w, "r6")
+    answer = run(w.operator.execute({"action": "replay", "request_id": "r6", "actor": "test"}))
+    assert answer["status"] == "reprocessed" and answer["replay_count"] == 1
+    (key, value, headers, _), = w.input.sent
+    assert key == b"r6" and value == request("r6") and headers["replay_count"] == "1" and headers["replayed_by"] == "test"
+    assert b"r6" not in w.dead_letters and w.dlq.sent[-1][1] is None  # tombstone
+    assert state_of(w, "r6")["state"] == "reprocessed" and json.loads(w.ledger[b"r6"])[0]["action"] == "replay"
+    assert w.counters.counts["dlq_size"] == 0 and w.counters.counts["reprocessed"] == 1
+
+
+def test_replay_of_a_request_that_succeeded_since_is_refused_unless_forced(tmp_path):
+    w = worker(tmp_path, ScriptedBackend({"r7": 1}, error=ErrorClass.AUTH_ERROR))
+    _dead(w, "r7")
+    run(w.pipeline.on_input(input_event("r7", offset=5), w.input))  # re-sent; the second call succeeds
+    assert state_of(w, "r7")["state"] == "succeeded"
+    refused = run(w.operator.execute({"action": "replay", "request_id": "r7", "actor": "test"}))
+    assert refused["status"] == "refused" and "force" in refused["reason"] and w.input.sent == []
+    forced = run(w.operator.execute({"action": "replay", "request_id": "r7", "actor": "test", "force": True}))
+    assert forced["status"] == "reprocessed" and len(w.input.sent) == 1
+
+
+def test_discard_and_unknown_commands(tmp_path):
+    w = worker(tmp_path, ScriptedBackend({"r8": 1}, error=ErrorClass.AUTH_ERROR))
+    _dead(w, "r8")
+    assert run(w.operator.execute({"action": "discard", "request_id": "r8", "actor": "t"}))["status"] == "discarded"
+    assert state_of(w, "r8")["state"] == "discarded" and b"r8" not in w.dead_letters
+    assert run(w.operator.execute({"action": "discard", "request_id": "r8", "actor": "t"}))["status"] == "not_found"
+    for bad in (["x"], {"action": "explode", "request_id": "r8", "actor": "t"}, {"request_id": "r8"}):
+        try:
+            run(w.operator.execute(bad))
+        except ValueError:
+            continue
+        raise AssertionError(f"{bad!r} must be refused as not a command")
+
+
+def test_expire_deletes_only_what_did_not_change(tmp_path):
+    w = worker(tmp_path)
+    run(w.pipeline.on_input(input_event("old"), w.input))
+    at = state_of(w, "old")["updated_at"]
+    answer = run(w.operator.execute({"action": "expire", "request_id": "old", "actor": "retention", "table": "requests", "expired": [["old", at - 1]]}))
+    assert answer["removed"] == 0 and state_of(w, "old") is not None  # changed since the sweep read it
+    answer = run(w.operator.execute({"action": "expire", "request_id": "old", "actor": "retention", "table": "requests", "expired": [["old", at]]}))
+    assert answer["removed"] == 1 and state_of(w, "old") is None
