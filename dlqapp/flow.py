@@ -57,6 +57,7 @@ class InFlightWindow:
         self._guard = guard
         self._accepting = asyncio.Event()
         self._accepting.set()
+        self._generation = 0
 
     @property
     def in_flight(self) -> int:
@@ -67,10 +68,19 @@ class InFlightWindow:
         """Start `handler()` for `event`; waits while the window is full.
 
         The task inherits the caller's context, so Faust's `current_event()` (and with
-        it table writes) refers to `event` inside the handler.
+        it table writes) refers to `event` inside the handler. An event submitted while
+        the window is being released (or after a shutdown) is given back unacked at once.
         """
-        await self._accepting.wait()
-        await self._slots.acquire()
+        generation = self._generation
+        if self._accepting.is_set():
+            await self._slots.acquire()
+            if generation == self._generation and self._accepting.is_set():
+                self._start(partition, event, handler)
+                return
+            self._slots.release()
+        self._forget(event)
+
+    def _start(self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]]) -> None:
         entry = [event, False]
         self._pending.setdefault(partition, deque()).append(entry)
         task = asyncio.create_task(self._run(partition, entry, handler))
@@ -133,6 +143,7 @@ class InFlightWindow:
         partition handles them again. New events wait until then (for good unless `reopen`).
         """
         self._accepting.clear()
+        self._generation += 1
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace_s)
         pending = list(self._tasks)

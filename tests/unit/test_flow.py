@@ -181,3 +181,26 @@ def test_limiter_never_exceeds_its_limit_and_survives_cancellation():
 
     asyncio.run(run())
 
+
+
+def test_an_event_submitted_during_or_after_a_release_is_given_back_at_once():
+    async def run():
+        acked, forgotten = [], []
+        window = InFlightWindow(1, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+        gate = asyncio.Event()
+
+        async def blocked():
+            await gate.wait()
+
+        async def quick():
+            return None
+
+        await window.submit("p0", FakeEvent(0, acked), blocked)
+        waiting = asyncio.create_task(window.submit("p0", FakeEvent(1, acked), quick))  # waits for the only slot
+        await asyncio.sleep(0.01)
+        await window.release(grace_s=0.05, reopen=False)  # shutdown: 0 is cancelled and handed back
+        await asyncio.wait_for(waiting, 1)  # 1 did not start: handed back too
+        await asyncio.wait_for(window.submit("p0", FakeEvent(2, acked), quick), 1)  # after the shutdown
+        assert acked == [] and sorted(forgotten) == [0, 1, 2]
+
+    asyncio.run(run())
