@@ -15,6 +15,7 @@ Refinements: `insufficient_quota` / `budget_exceeded` (or HTTP 402) is a quota p
 from __future__ import annotations
 
 import email.utils
+import math
 import re
 import time
 from datetime import datetime
@@ -57,7 +58,8 @@ REMAINING_PREFIX = "x-ratelimit-remaining-"
 DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
 DURATION_UNIT_MS = {"h": 3_600_000.0, "m": 60_000.0, "s": 1000.0, "ms": 1.0, "us": 0.001, "µs": 0.001, "ns": 0.000001}
 RETRY_HINT = re.compile(
-    r"(?:try again in|retry after|retry in)\s+((?:\d+(?:\.\d+)?(?:ms|h|m|s))+|\d+(?:\.\d+)?)\s*(seconds?|secs?|milliseconds?)?\b"
+    r"(?:try again in|retry after|retry in)\s+((?:\d+(?:\.\d+)?(?:ms|h|m|s))+|\d+(?:\.\d+)?)\s*(seconds?|secs?|milliseconds?)?\b",
+    re.IGNORECASE,
 )
 """`Please try again in 6ms.` (OpenAI), `Please retry after 7 seconds.` (Azure)."""
 
@@ -130,7 +132,7 @@ def message_retry_ms(message: str) -> int | None:
     match = RETRY_HINT.search(message)
     if match is None:
         return None
-    amount, unit = match.group(1), match.group(2) or ""
+    amount, unit = match.group(1).lower(), (match.group(2) or "").lower()
     duration = duration_ms(amount)
     if duration is not None:
         return duration
@@ -141,9 +143,10 @@ def _number(value: str | None) -> float | None:
     if value is None:
         return None
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         return None
+    return number if math.isfinite(number) else None
 
 
 def _until_ms(value: str, now: float | None) -> int | None:

@@ -58,3 +58,21 @@ def test_x_should_retry_overrides():
     assert classify_response(503, {"x-should-retry": "false"}, error()).retryable is False
     assert classify_response(400, {"x-should-retry": "true"}, error()).retryable is True
     assert classify_response(503, {}, error()).retryable is None
+
+
+def test_litellm_context_window_exceeded_is_context_length():
+    """Issue 20: LiteLLM's ContextWindowExceededError was read as invalid_request."""
+    body = {
+        "error": {
+            "message": "litellm.ContextWindowExceededError: litellm.BadRequestError: this is a mock context window exceeded error",
+            "type": "invalid_request_error",
+            "code": "400",
+        }
+    }
+    assert classify_response(400, {}, body).error_class is ErrorClass.CONTEXT_LENGTH
+
+
+def test_retry_after_on_an_overloaded_server_is_kept():
+    failure = classify_response(503, {"retry-after": "4"}, error("", "overloaded"))
+    assert failure.error_class is ErrorClass.SERVER_ERROR and failure.retry_after_ms == 4000
+    assert classify_response(400, {"retry-after": "4"}, error()).retry_after_ms is None  # not retried: no delay
