@@ -27,8 +27,11 @@ from dlqapp.deadletters.queries import (
     local_stats,
     merge_pages,
     merge_stats,
+    newest_first,
     page_params,
 )
+from dlqapp.worker.counters import grouped
+from dlqapp.worker.faust_compat import active_partitions, values_newest_first
 
 log = logging.getLogger("dlqapp.api.views")
 
@@ -156,7 +159,11 @@ class Api:
     # -- reads ----------------------------------------------------------------------------
 
     def local_dlq_page(self, flt: DlqFilter, top: int) -> dict[str, Any]:
-        return local_page(self.topology.dead_letters.values(), flt, top)
+        """This worker's share of a listing, read newest first from the DLQ time index."""
+        index = self.topology.dead_letters_by_time
+        walks = [values_newest_first(index, partition) for partition in active_partitions(index)]
+        by_class = grouped(self.parts.counters.total_of(self.topology.stats), "dlq_class")
+        return local_page(newest_first(walks), flt, top, by_class)
 
     def local_stats(self) -> dict[str, Any]:
         stats = local_stats(self.parts.counters.total_of(self.topology.stats), self.parts.oldest_dead_letter.get())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import struct
 from typing import Any
 
 from faust.tables import Table
@@ -43,6 +44,14 @@ def owner_id(key: str) -> str:
     """
     match = _UNPROCESSABLE_KEY.match(key)
     return match.group("request_id") if match else key
+
+
+_DEAD_AT = struct.Struct(">Q")
+
+
+def time_key(dead_at: int, key: bytes) -> bytes:
+    """Key of an entry in the DLQ time index: `u64 BE dead_at ‖ DLQ key`, so byte order is time order."""
+    return _DEAD_AT.pack(max(0, dead_at)) + key
 
 
 def unprocessable_key(request_id: str, error_class: str, position: str) -> str:
@@ -135,5 +144,5 @@ def summary(entry: dict[str, Any]) -> dict[str, Any]:
     """The fields a list shows, with a short payload preview."""
     text = entry.get("payload_text")
     preview = text[:160] if text is not None else f"<{entry.get('payload_bytes', 0)} bytes, not UTF-8>"
-    keys = ("request_id", "key", "error_class", "final_error", "model", "attempts", "retry_count", "replay_count", "first_seen", "dead_at")
+    keys = ("request_id", "key", "error_class", "final_error", "last_error", "model", "attempts", "retry_count", "replay_count", "first_seen", "dead_at")
     return {**{k: entry.get(k) for k in keys}, "payload_preview": preview}

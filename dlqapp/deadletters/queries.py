@@ -12,9 +12,8 @@ import heapq
 import json
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
-from dlqapp.deadletters.entries import summary
 from dlqapp.worker.counters import grouped
 
 
@@ -57,6 +56,11 @@ class DlqFilter:
             text=(as_str.get("q") or None),
         )
 
+    @property
+    def counted_by_class(self) -> bool:
+        """True when the running counters know how many entries match (no filter but the class)."""
+        return not (self.model or self.since is not None or self.until is not None or self.text)
+
     def to_params(self) -> dict[str, str]:
         values = {"error_class": self.error_class, "model": self.model, "since": self.since, "until": self.until, "q": self.text}
         return {k: str(v) for k, v in values.items() if v is not None}
@@ -85,28 +89,43 @@ def page_params(params: Mapping[str, str]) -> tuple[int, int]:
     return min(limit or 50, 1000), offset or 0
 
 
-def local_page(blobs: Iterable[bytes], flt: DlqFilter, top: int) -> dict[str, Any]:
-    """Matching entries of this worker: total, newest `top` summaries, counts by class."""
-    matching = (e for e in (json.loads(b) for b in blobs) if flt.matches(e))
+def local_page(summaries_newest_first: Iterable[dict[str, Any]], flt: DlqFilter, top: int, by_class: Mapping[str, int]) -> dict[str, Any]:
+    """Matching entries of this worker: total, newest `top` summaries, counts by class.
+
+    With no filter but the error class, the total and counts come from the running
+    counters (`by_class`) and only the first `top` matches are read; other filters
+    walk the summaries to count what matches.
+    """
+    items: list[dict[str, Any]] = []
+    if flt.counted_by_class:
+        counts = {flt.error_class: by_class.get(flt.error_class, 0)} if flt.error_class else {k: v for k, v in by_class.items() if v > 0}
+        for item in summaries_newest_first:
+            if len(items) >= top:
+                break
+            if flt.matches(item):
+                items.append(item)
+        return {"total": sum(counts.values()), "items": items, "counts": counts}
     total = 0
-    counts: Counter[str] = Counter()
-    newest: list[tuple[int, str, dict[str, Any]]] = []
-    for entry in matching:
-        total += 1
-        counts[entry["error_class"]] += 1
-        item = (entry.get("dead_at") or 0, entry["request_id"], summary(entry))
-        if len(newest) < top:
-            heapq.heappush(newest, item)
-        elif item[:2] > newest[0][:2]:
-            heapq.heapreplace(newest, item)
-    items = [i[2] for i in sorted(newest, key=lambda i: i[:2], reverse=True)]
-    return {"total": total, "items": items, "counts": dict(counts)}
+    counted: Counter[str] = Counter()
+    for item in summaries_newest_first:
+        if flt.matches(item):
+            total += 1
+            counted[item["error_class"]] += 1
+            if len(items) < top:
+                items.append(item)
+    return {"total": total, "items": items, "counts": dict(counted)}
+
+
+def newest_first(walks: Iterable[Iterable[bytes]]) -> Iterator[dict[str, Any]]:
+    """Summaries from several partitions' time indexes (each newest first), merged newest first."""
+    decoded = [(json.loads(blob) for blob in walk) for walk in walks]
+    return heapq.merge(*decoded, key=lambda item: (item.get("dead_at") or 0, item.get("key") or item["request_id"]), reverse=True)
 
 
 def merge_pages(pages: Iterable[Mapping[str, Any]], limit: int, offset: int) -> dict[str, Any]:
     """One page, newest first, from every worker's local page."""
     pages = list(pages)
-    items = sorted((i for p in pages for i in p["items"]), key=lambda i: (i.get("dead_at") or 0, i["request_id"]), reverse=True)
+    items = sorted((i for p in pages for i in p["items"]), key=lambda i: (i.get("dead_at") or 0, i.get("key") or i["request_id"]), reverse=True)
     counts: Counter[str] = Counter()
     for page in pages:
         counts.update(page.get("counts", {}))

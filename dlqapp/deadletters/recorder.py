@@ -21,7 +21,7 @@ from dlqapp.core.headers import (
 )
 from dlqapp.core.requests import fallback_key
 from dlqapp.deadletters.alerts import AlertBatcher
-from dlqapp.deadletters.entries import build_entry
+from dlqapp.deadletters.entries import build_entry, summary, time_key
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.worker.counters import Counters
@@ -94,6 +94,7 @@ class DeadLetterRecorder:
     def __init__(
         self,
         table: Table,
+        by_time: Table,
         counters: Counters,
         log_path: str,
         alerts: "AlertBatcher | None" = None,
@@ -102,6 +103,7 @@ class DeadLetterRecorder:
         log_backups: int = 5,
     ) -> None:
         self.table = table
+        self.by_time = by_time
         self.counters = counters
         self.log_path = log_path
         self.log_max_bytes = log_max_bytes
@@ -122,9 +124,9 @@ class DeadLetterRecorder:
             return  # redelivered after a crash: already recorded, logged and alerted
         entry = build_entry(request_id, event.value, header_dict(event.headers), message.partition, message.offset, self.max_payload_bytes)
         if previous is not None:
-            self._count(json.loads(previous), -1)
+            self._unindex(key, json.loads(previous))
         self.table[key] = json.dumps(entry, separators=(",", ":")).encode()
-        self._count(entry, +1)
+        self._index(key, entry)
         self._append_to_log(entry)
         log_event(
             log,
@@ -148,7 +150,16 @@ class DeadLetterRecorder:
         if blob is None:
             return
         del self.table[key]
-        self._count(json.loads(blob), -1)
+        self._unindex(key, json.loads(blob))
+
+    def _index(self, key: bytes, entry: dict[str, Any]) -> None:
+        """Count an entry and list it in the time index (newest-first pages read only that)."""
+        self.by_time[time_key(entry.get("dead_at") or 0, key)] = json.dumps(summary(entry), separators=(",", ":")).encode()
+        self._count(entry, +1)
+
+    def _unindex(self, key: bytes, entry: dict[str, Any]) -> None:
+        self.by_time.pop(time_key(entry.get("dead_at") or 0, key), None)
+        self._count(entry, -1)
 
     def _count(self, entry: dict[str, Any], sign: int) -> None:
         self.counters.add("dlq_size", sign)

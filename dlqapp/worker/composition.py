@@ -104,7 +104,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
     scheduler = RetryScheduler(parked, pipeline, io, due_hop, batch=settings.timer_batch, max_payload_bytes=settings.max_payload_bytes, clock=clock)
     alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None
     recorder = DeadLetterRecorder(
-        topology.dead_letters, counters, settings.dead_letter_log, alerts, settings.max_payload_bytes, settings.dlq_log_max_bytes, settings.dlq_log_backups
+        topology.dead_letters, topology.dead_letters_by_time, counters, settings.dead_letter_log, alerts, settings.max_payload_bytes, settings.dlq_log_max_bytes, settings.dlq_log_backups
     )
     operator = Operator(
         io, recorder, topology.replay_ledger, input_topic=topology.input, dlq_topic=topology.dlq, max_replays=settings.max_replays, clock=clock

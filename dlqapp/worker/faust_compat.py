@@ -106,3 +106,13 @@ def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
 def crash(app: Any, exc: BaseException) -> None:
     """Stop the app the way Faust stops it on an agent crash (`App._crash`), without acking."""
     app._crash(exc)
+
+
+def values_newest_first(table: Any, partition: int) -> Iterator[bytes]:
+    """The values of one table partition in descending key order (a lazy RocksDB walk)."""
+    it = partition_db(table, partition).iter(ReadOptions())
+    it.seek_to_last()
+    while it.valid():
+        if not is_offset_record(table, it.key()):
+            yield it.value()
+        it.prev()

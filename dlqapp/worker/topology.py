@@ -64,6 +64,7 @@ class Topology:
     parked_retries: Table
     requests: Table
     dead_letters: Table
+    dead_letters_by_time: Table
     replay_ledger: Table
     stats: Table
 
@@ -102,6 +103,7 @@ def declare(app: faust.App, settings: Settings) -> Topology:
         parked_retries=table("parked-retries", "Retries waiting for their due time: key = due_ms (u64 BE) ‖ request id."),
         requests=table("requests", "Each request's settled state and bounded history."),
         dead_letters=table("dead-letters", "DLQ entries keyed by request id."),
+        dead_letters_by_time=table("dead-letters-by-time", "DLQ list index: key = dead_at (u64 BE) ‖ DLQ key, value = the entry's summary."),
         replay_ledger=table("replay-ledger", "Operator actions per request id: who replayed or discarded what, and when."),
         stats=table("stats", "Running counts, one blob per partition (dlqapp.worker.counters)."),
     )
