@@ -65,6 +65,7 @@ def test_metrics_count_a_known_run_and_json_logs_carry_the_fields(make_worker):
     assert value(m, "dlqapp_retry_lateness_seconds_count", tier="retry-200ms") == 1
     assert value(m, "dlqapp_parked_retries", tier="retry-200ms") == 0
     assert value(m, "dlqapp_breaker_state", state="closed") == 1
+    assert value(m, "dlqapp_event_loop_lag_seconds") >= 0
     assert any(name == "dlqapp_consumer_lag" and dict(labels)["topic"] == worker.topic("input") for name, labels in m)
     assert any(name.startswith("faust_") for name, _ in m)
 
