@@ -24,6 +24,7 @@ from dlqapp.worker.retention import Sweeper
 log = logging.getLogger("dlqapp.worker.services")
 
 SWEEP_INTERVAL_S = 1.0
+ERROR_LOG_INTERVAL_S = 60.0
 JOURNAL_INTERVAL_S = 1.0
 
 
@@ -44,6 +45,7 @@ class _Loop(Service):
 
     @Service.task
     async def _run(self) -> None:
+        last_logged = float("-inf")
         while not self.should_stop:
             await self.sleep(self.interval_s)
             if self.app.rebalancing or self.app.in_recovery:
@@ -52,7 +54,9 @@ class _Loop(Service):
             try:
                 await self.tick()
             except Exception:  # a failed tick must not stop the loop; the next one retries
-                log.exception("%s tick failed", type(self).__name__)
+                if time.monotonic() - last_logged >= ERROR_LOG_INTERVAL_S:  # at most one traceback a minute
+                    log.exception("%s tick failed", type(self).__name__)
+                    last_logged = time.monotonic()
 
 
 class RetryTimer(_Loop):
@@ -74,7 +78,7 @@ class RetryTimer(_Loop):
 
     async def tick(self) -> None:
         await self.scheduler.fire_due()
-        await self.scheduler.recount_if_reassigned()
+        await self.scheduler.parked.recount_if_reassigned()
 
 
 class RetentionSweep(_Loop):

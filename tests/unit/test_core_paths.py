@@ -140,3 +140,23 @@ def test_expire_deletes_only_what_did_not_change(tmp_path):
     assert answer["removed"] == 0 and state_of(w, "old") is not None  # changed since the sweep read it
     answer = run(w.operator.execute({"action": "expire", "request_id": "old", "actor": "retention", "table": "requests", "expired": [["old", at]]}))
     assert answer["removed"] == 1 and state_of(w, "old") is None
+
+
+def test_the_retry_timer_tick_fires_due_retries_and_recounts(tmp_path):
+    from dlqapp.worker.services import RetryTimer
+
+    w = worker(tmp_path)
+    calls = []
+
+    async def fire_due():
+        calls.append("fire")
+        return 0
+
+    async def recount():
+        calls.append("recount")
+
+    w.scheduler.fire_due = fire_due
+    w.parked.recount_if_reassigned = recount
+    timer = RetryTimer(app=None, scheduler=w.scheduler, interval_ms=20)
+    run(timer.tick())
+    assert calls == ["fire", "recount"]
