@@ -3,9 +3,11 @@
 Closed: calls flow; the latest outcome of each of the last `window` requests is kept
 (one request failing again and again counts once: an outage is many requests failing).
 When at least `min_calls` requests are known and `failure_ratio` of them failed
-backend-wide (connection, timeout, 5xx, auth, quota, rate limits), the breaker opens. Open: no calls for `open_ms` (doubling on each
-failed probe, up to `max_open_ms`). Half-open: `probes` calls may go; when they all
-succeed the breaker closes, when one fails backend-wide it opens again.
+backend-wide (connection, timeout, 5xx, auth, quota, rate limits), the breaker opens.
+Open: no calls for `open_ms` (doubling on each re-open, up to `max_open_ms`). Half-open:
+`probes` calls may go; once `failure_ratio` of them failed backend-wide it re-opens,
+once that can no longer happen it closes (a random failure among healthy calls does not
+keep an open breaker open).
 
 Every caller has a *rank*: 0 for a request that has never failed, else how many times
 it has failed (counted attempts plus holds). Two rules keep the breaker from holding a
@@ -13,8 +15,8 @@ request forever when its failure is its own (a prompt that crashes the model) ra
 the backend's:
 
 - Half-open probes go to the lowest rank waiting: fresh requests probe first.
-- Only a fresh request's failure is evidence of an outage. It re-opens a half-open
-  breaker, and it is held (not counted as an attempt). A request that has failed before
+- Only a fresh request's failure is evidence of an outage: it counts toward opening the
+  breaker, it re-opens a half-open one, and it is held (not counted as an attempt). A request that has failed before
   is never held after a failure and never re-opens the breaker: its failure is an
   attempt and moves it along its retry chain (next tier, then the DLQ).
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
@@ -77,6 +80,7 @@ class CircuitBreaker:
         self._reopen_at = 0.0
         self._probing: Counter[object] = Counter()
         self._probes_ok = 0
+        self._probes_failed = 0
         self._waiting: Counter[int] = Counter()
         self.transitions: list[tuple[float, str, str]] = []
         self.moves: Counter[str] = Counter()
@@ -86,7 +90,7 @@ class CircuitBreaker:
         if self._state == OPEN and self.clock() >= self._reopen_at:
             self._move(HALF_OPEN)
             self._probing.clear()
-            self._probes_ok = 0
+            self._probes_ok = self._probes_failed = 0
         return self._state
 
     @property
@@ -127,16 +131,10 @@ class CircuitBreaker:
                 del self._probing[request_id]
         state = self.state
         if state == HALF_OPEN and was_probe:
-            if not backend_down:
-                self._probes_ok += 1
-                if self._probes_ok >= self.config.probes:
-                    self._close()
-                return False
-            if rank > 0:
+            if backend_down and rank > 0:
                 return False  # its own failure, not the backend's: an attempt, no re-open
-            self._open(min(self._open_ms * 2, self.config.max_open_ms))
-            return True
-        if state == CLOSED:
+            return self._judge_probe(backend_down)
+        if state == CLOSED and not (backend_down and rank > 0):  # a repeat failure is no evidence either way
             key = request_id if request_id is not None else object()
             self._outcomes.pop(key, None)
             self._outcomes[key] = backend_down
@@ -145,6 +143,20 @@ class CircuitBreaker:
             if self._should_open():
                 self._open(self.config.open_ms)
         return backend_down and rank == 0 and self.state != CLOSED
+
+    def _judge_probe(self, backend_down: bool) -> bool:
+        """Half-open: re-open once `failure_ratio` of the probes failed, close once that can
+        no longer happen. True when the probe's request is held."""
+        needed = max(1, math.ceil(self.config.failure_ratio * self.config.probes))
+        if backend_down:
+            self._probes_failed += 1
+            if self._probes_failed >= needed:
+                self._open(min(self._open_ms * 2, self.config.max_open_ms))
+            return True
+        self._probes_ok += 1
+        if self._probes_ok > self.config.probes - needed:
+            self._close()
+        return False
 
     def _should_open(self) -> bool:
         calls = len(self._outcomes)

@@ -145,3 +145,13 @@ def test_always_failing_requests_alone_drain_through_half_open():
             assert b.record(DOWN, f"bad-{n}", rank=attempt) is False
             moved += 1
     assert moved == 60 and b.state == HALF_OPEN
+
+
+def test_requests_failing_again_do_not_open_the_breaker():
+    b = breaker(Clock())
+    for n in range(20):
+        b.record(DOWN, f"retry-{n}", rank=1)  # retries of requests that failed before
+    assert b.state == CLOSED
+    for n in range(4):
+        b.record(DOWN, f"fresh-{n}", rank=0)
+    assert b.state == OPEN
