@@ -7,9 +7,11 @@ processing-exception handler and Karafka's poison-pill handling, but for the pro
 1. A journal in the data dir says whether the last run stopped cleanly and, about once a
    second, the highest offset handed to a handler on each partition.
 2. After an unclean stop, the messages up to those offsets (plus a margin for the last
-   second, doubled after each stop that named no message) are handled *carefully*: one
-   at a time, each named in the journal before it runs. Whatever kills the worker in
-   careful mode is therefore named at the next start.
+   second) are handled *carefully*: one at a time, each named in the journal before it
+   runs. Whatever kills the worker in careful mode is therefore named at the next start.
+   A run that died within seconds of its first message, naming none (a crash loop whose
+   culprit lies past the margin), doubles the margin for the next; any other unclean
+   stop (a kill -9, an OOM kill after hours) resets it.
 3. A message named at the last `DLQ_POISON_AFTER_CRASHES` unclean stops in a row is not
    handled again: it is dead-lettered as `poison`, with that count as its error.
 
@@ -23,6 +25,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator
 
@@ -32,12 +35,18 @@ log = logging.getLogger("dlqapp.worker.crashguard")
 
 CAREFUL_TIMEOUT_S = 5.0
 MARGIN = 128
-MAX_MARGIN = 65536
+MAX_MARGIN = 8192
+QUICK_DEATH_MS = 5000
+"""A run that died this soon after its first message is treated as a crash loop."""
 Position = tuple[str, int, int]
 
 
 class PoisonMessage(Exception):
     """The worker died while handling this message at its last unclean stops."""
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def _key(position: Position) -> str:
@@ -59,6 +68,7 @@ class CrashGuard:
         self._closed = False
         self._margin = 0
         self._previous_highs: dict[str, int] = {}
+        self._first_handled_at: int | None = None
         self._lock = asyncio.Lock()
 
     def open(self) -> None:
@@ -68,11 +78,16 @@ class CrashGuard:
             current = previous.get("current")
             counts = previous.get("crashes", {})
             margin = int(previous.get("margin", 0))
+            first, last = previous.get("first_handled_at"), previous.get("written_at")
+            quick = isinstance(first, int) and isinstance(last, int) and last - first < QUICK_DEATH_MS
             if current:
                 key = _key(tuple(current))  # type: ignore[arg-type]
                 self._crashes = {key: int(counts.get(key, 0)) + 1}
-            else:  # the culprit ran past the last snapshot: look further this time
+                margin = max(MARGIN, margin)
+            elif quick:  # a crash loop whose culprit ran past the last snapshot: look further
                 margin = min(max(MARGIN, margin * 2), MAX_MARGIN)
+            else:
+                margin = MARGIN
             self._margin = margin
             self._previous_highs = {tp: int(offset) for tp, offset in previous.get("highs", {}).items()}
             self._careful_until = {tp: offset + margin for tp, offset in self._previous_highs.items()}
@@ -96,6 +111,8 @@ class CrashGuard:
         topic, partition, offset = position
         tp = f"{topic}:{partition}"
         first = tp not in self._highs
+        if self._first_handled_at is None:
+            self._first_handled_at = _now_ms()
         if offset > self._highs.get(tp, -1):
             self._highs[tp] = offset
         if first:
@@ -146,6 +163,8 @@ class CrashGuard:
             "current": list(self._current) if self._current else None,
             "crashes": self._crashes,
             "margin": self._margin,
+            "first_handled_at": self._first_handled_at,
+            "written_at": _now_ms(),
         }
         self._written_highs = dict(self._highs)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)

@@ -85,3 +85,21 @@ def test_careful_mode_runs_messages_one_at_a_time():
     with tempfile.TemporaryDirectory() as d:
         order = asyncio.run(run(os.path.join(d, "j.json")))
     assert order == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]
+
+
+def test_the_careful_margin_grows_only_for_quick_deaths(tmp_path):
+    import json as _json
+
+    journal = tmp_path / "in-progress.json"
+    for quick in (True, True, False):
+        guard = CrashGuard(str(journal), 3)
+        guard.open()
+        guard.seen(P)
+        guard.snapshot()
+        state = _json.loads(journal.read_text())
+        if not quick:  # lived long after its first message (a kill -9 in the middle of a run)
+            state["first_handled_at"] -= 60_000
+            journal.write_text(_json.dumps(state))
+    guard = CrashGuard(str(journal), 3)
+    guard.open()
+    assert guard._margin == 128  # reset by the long run
