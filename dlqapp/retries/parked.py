@@ -45,10 +45,10 @@ class ParkedRetries:
         blob = self.table.get(key)
         return Envelope.from_bytes(blob) if blob is not None else None
 
-    def delete(self, key: bytes, envelope: Envelope) -> None:
-        """Remove a parked retry (inside the owning partition's stream)."""
+    def delete(self, key: bytes, tier: Tier) -> None:
+        """Remove a parked retry that waited in `tier` (inside the owning partition's stream)."""
         del self.table[key]
-        self.by_tier[self.tier_of(envelope).index] -= 1
+        self.by_tier[tier.index] -= 1
 
     def tier_of(self, envelope: Envelope) -> Tier:
         """The tier a parked envelope waits in: the one after its last failed attempt."""

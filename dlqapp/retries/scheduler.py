@@ -113,12 +113,13 @@ class RetryScheduler:
         request_id = envelope.request_id
         if request_id in self.pipeline.in_flight:
             return  # a re-fire while the first attempt is still running
+        tier = self.parked.tier_of(envelope)  # before the attempt adds to the envelope's count
         superseded = superseded_by(self.io.load_state(request_id), envelope)
         if superseded is None:
-            await self._attempt(envelope, self.parked.tier_of(envelope))
+            await self._attempt(envelope, tier)
         else:
             log_event(log, logging.INFO, "retry_skipped", request_id=request_id, attempt=envelope.attempts + 1, reason=superseded)
-        self.parked.delete(key, envelope)
+        self.parked.delete(key, tier)
         self.fired.pop(key, None)
 
     async def _attempt(self, envelope: Envelope, tier: Tier) -> None:

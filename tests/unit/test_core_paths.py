@@ -63,6 +63,7 @@ def test_a_due_retry_is_attempted_then_deleted_and_a_stale_one_only_deleted(tmp_
     w.clock.now += 1000
     run(w.scheduler.on_due(FakeEvent(b"r4", key, message=FakeMessage("due"))))
     assert w.results.keys() == ["r4"] and key not in w.parked_table and w.backend.calls_for("r4") == 2
+    assert w.parked.by_tier_label() == {"retry-1s": 0, "retry-10s": 0, "retry-1m": 0}
     assert json.loads(w.results.sent[0][1])["attempts"] == 2
     # a copy of the same retry (left by a crash) finds the request succeeded: no call
     w.parked_table[key] = _envelope_blob(w, "r4")
