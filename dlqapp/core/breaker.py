@@ -121,6 +121,14 @@ class CircuitBreaker:
         finally:
             self._waiting[rank] -= 1
 
+    def abandon(self, request_id: object = None) -> None:
+        """An allowed call that will never be recorded (cancelled on shutdown or a rebalance):
+        give its probe back, or a half-open breaker could run out of probes for good."""
+        if self._probing[request_id] > 0:
+            self._probing[request_id] -= 1
+            if not self._probing[request_id]:
+                del self._probing[request_id]
+
     def record(self, failure: Failure | None, request_id: object = None, rank: int = 0) -> bool:
         """The outcome of an allowed call. True: hold the request (the failure is not an attempt)."""
         backend_down = is_backend_wide(failure)

@@ -189,11 +189,15 @@ class Pipeline:
         while True:
             rank = number - 1 + int(held)
             await self.breaker.wait_allowed(request.request_id, rank)
-            async with self.limiter.slot(priority):
-                started = self.clock()
-                if scheduled is not None:
-                    metrics.lateness.labels(label).observe(max(0, started - scheduled) / 1000)
-                output, failure = await self.call_backend(request, number, model)
+            try:
+                async with self.limiter.slot(priority):
+                    started = self.clock()
+                    if scheduled is not None:
+                        metrics.lateness.labels(label).observe(max(0, started - scheduled) / 1000)
+                    output, failure = await self.call_backend(request, number, model)
+            except BaseException:  # cancelled: the breaker must get its probe back
+                self.breaker.abandon(request.request_id)
+                raise
             metrics.backend_latency.labels(failure.error_class.value if failure else "ok").observe((self.clock() - started) / 1000)
             if not self.breaker.record(failure, request.request_id, rank):
                 break

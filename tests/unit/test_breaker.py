@@ -155,3 +155,17 @@ def test_requests_failing_again_do_not_open_the_breaker():
     for n in range(4):
         b.record(DOWN, f"fresh-{n}", rank=0)
     assert b.state == OPEN
+
+
+def test_a_probe_cancelled_before_its_outcome_is_given_back():
+    """A rebalance cancels held calls; leaked probes would leave the breaker half-open for good."""
+    clock = Clock()
+    b = breaker(clock)
+    _open_then_half_open(clock, b)
+    assert b.allow("a", rank=0) and b.allow("b", rank=0) and not b.allow("c", rank=0)  # probes=2
+    b.abandon("a")
+    b.abandon("b")
+    assert b.allow("c", rank=0) and b.allow("d", rank=0)
+    b.record(None, "c")
+    b.record(None, "d")
+    assert b.state == CLOSED
