@@ -322,4 +322,6 @@ class Pipeline:
         await self._dead_letter(DeadLetter(error_class, reason), envelope, record_state=False, key=key, partition=partition, **extra)
         if request_id and partition == message.partition and self.io.load_state(request_id) is None and request_id not in self.in_flight:
             self.io.set_state(request_id, states.DEAD_LETTERED, self.clock(), error_class=error_class.value, final_error=reason[:500], dlq_key=key)
+        elif not request_id:
+            self.io.counters.add("received")  # no id to keep a state under, but it did arrive
         log_event(log, logging.INFO, "unprocessable", request_id=request_id, key=key, error_class=error_class.value, reason=reason[:200])
