@@ -1,7 +1,7 @@
 """A real LiteLLM proxy for the interop tests: installed once into its own virtualenv, run on loopback.
 
-LiteLLM is pinned: a few of its releases on PyPI were compromised and pulled, so an
-upgrade is a deliberate change of LITELLM_SPEC (or INTEROP_LITELLM_SPEC for one run).
+LiteLLM is pinned to the version these tests were written against: an upgrade is a
+deliberate change of LITELLM_SPEC (or INTEROP_LITELLM_SPEC for one run).
 """
 
 from __future__ import annotations
