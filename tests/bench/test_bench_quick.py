@@ -37,6 +37,8 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
         assert scale[level]["parked"] == int(level)  # exact count from the worker, not the gauge used to wait
         assert scale[level]["rss_bytes"] > 0 and scale[level]["lateness_min_ms"] >= 0  # never early
     assert results["recovery"]["parked_after_restart"] == results["recovery"]["parked"]
+    cost = results["stats_cost"]["1000"]
+    assert cost["stats_p99_ms"]["median"] > 0 and cost["metrics_p99_ms"]["median"] > 0 and cost["rss_mib"]["median"] > 0
     report = (out / "latest.md").read_text()
     assert "dlqapp / A" in report and "1,000 parked" in report
     for plot in ("throughput.png", "lateness_cdf.png"):
