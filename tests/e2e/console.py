@@ -6,7 +6,7 @@ import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from tests.support import ROOT
 
@@ -16,18 +16,6 @@ SCREENSHOTS = Path(os.environ.get("DLQ_SCREENSHOTS_DIR") or ROOT / "build" / "sc
 """Where the tests save PNGs of the console's main states (README: Admin page)."""
 
 SCRIPT_PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
-
-
-def browser_page(width: int = 1280, height: int = 900) -> Iterator[Any]:
-    """A headless Chromium page at `width` × `height` CSS pixels."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(viewport={"width": width, "height": height})
-        page.set_default_timeout(20_000)
-        yield page
-        browser.close()
 
 
 def off_loop(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -47,7 +35,10 @@ def screenshot(page: Any, name: str) -> Path:
 
 CLIPPED = """() => {
   const problems = [];
-  if (document.documentElement.scrollWidth > window.innerWidth + 1) problems.push('page scrolls sideways: ' + document.documentElement.scrollWidth);
+  if (document.documentElement.scrollWidth > window.innerWidth + 1) {
+    const wide = [...document.querySelectorAll('body *')].filter((n) => n.getBoundingClientRect().right > window.innerWidth + 1);
+    problems.push('page scrolls sideways: ' + document.documentElement.scrollWidth + ' px, past the edge: ' + wide.slice(0, 5).map((n) => n.tagName + '#' + n.id + '.' + n.className).join(', '));
+  }
   for (const node of document.querySelectorAll('body *')) {
     if (!node.offsetParent && getComputedStyle(node).position !== 'fixed') continue;
     const style = getComputedStyle(node);

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.e2e.console import CLIPPED, browser_page, off_loop, screenshot
+from tests.e2e.console import CLIPPED, off_loop, screenshot
 from tests.support import FAUST, MockLLM, Worker, http_json, produce, request_bytes, unique, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (installed by .ci/run)")
@@ -158,11 +158,6 @@ def test_health_counts_per_minute_and_names_parked_tiers(worker, mock):
 # -- the page ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def page():
-    yield from browser_page(1280, 900)
-
-
 def test_retries_tab_runs_now_and_dead_letters_selected_without_running_scripts(worker, mock, page):
     xss_id = f"xss-<img src=x onerror=window.__pwned=5>-{uuid.uuid4().hex[:8]}"
     ids = park(worker, mock, "page", 3, message=XSS_ERROR)
@@ -216,8 +211,9 @@ def test_lookup_shows_the_attempt_timeline_scheduled_vs_actual(worker, mock, pag
     assert "run now by api@" in page.inner_text("#lookup-result .ledger")
     attempts = page.eval_on_selector_all("#lookup-attempts tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
     assert [a[0] for a in attempts] == ["1", "2"]
-    assert attempts[0][6] == "unknown" and "teapot" in attempts[0][7] and attempts[1][6] == "ok"
-    assert attempts[1][5].endswith("s early")  # run now: before its scheduled time
+    assert attempts[0][4].startswith("unknown") and "teapot" in attempts[0][4] and attempts[1][4] == "ok"
+    assert attempts[0][2] == "input" and attempts[1][2] == "retry-10m"
+    assert attempts[1][1].endswith("s early")  # run now: before its scheduled time
     screenshot(page, "lookup")
     page.fill("#lookup-id", "no-such-" + uuid.uuid4().hex)
     page.press("#lookup-id", "Enter")
@@ -225,20 +221,20 @@ def test_lookup_shows_the_attempt_timeline_scheduled_vs_actual(worker, mock, pag
 
 
 @pytest.mark.parametrize("width", [1280, 800])
-def test_health_panel_and_nothing_clipped(worker, mock, width):
-    for page in browser_page(width, 900):
-        page.goto(worker.url + "/ui/")
-        page.wait_for_selector("#health-total .tile")
-        page.wait_for_selector("#workers tbody tr")
-        assert int(page.inner_text("#health-total [data-metric=parked] .v")) == listed(worker)["total"]
-        assert page.eval_on_selector_all("#chart polyline", "ls => ls.map(l => l.dataset.series)") == ["received", "succeeded", "retried", "dead_lettered"]
-        assert page.is_hidden("#banner")
-        assert page.evaluate(CLIPPED) == []
-        screenshot(page, f"health-{width}")
-        page.click("#tab-retries")
-        page.wait_for_selector("#r-rows tr.row")
-        assert page.evaluate(CLIPPED) == []
-        screenshot(page, f"retries-{width}")
+def test_health_panel_and_nothing_clipped(worker, mock, new_page, width):
+    page = new_page(width, 900)
+    page.goto(worker.url + "/ui/")
+    page.wait_for_selector("#health-total .tile")
+    page.wait_for_selector("#workers tbody tr")
+    assert int(page.inner_text("#health-total [data-metric=parked] .v")) == listed(worker)["total"]
+    assert page.eval_on_selector_all("#chart polyline", "ls => ls.map(l => l.dataset.series)") == ["received", "succeeded", "retried", "dead_lettered"]
+    assert page.is_hidden("#banner")
+    assert page.evaluate(CLIPPED) == []
+    screenshot(page, f"health-{width}")
+    page.click("#tab-retries")
+    page.wait_for_selector("#r-rows tr.row")
+    assert page.evaluate(CLIPPED) == []
+    screenshot(page, f"retries-{width}")
 
 
 def test_a_stalled_worker_raises_the_banner_and_recovery_clears_it(worker, mock, page):
