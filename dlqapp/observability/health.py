@@ -134,7 +134,7 @@ def worker_alerts(worker: Mapping[str, Any], now_ms: int) -> list[str]:
         words.append(f"{held} requests held")
         lag = worker.get("consumer_lag", 0)
         if lag:
-            words.append(f"{lag} waiting in Kafka")
+            words.append(f"consumer lag {lag}")
         alerts.append(", ".join(words))
     overdue = worker.get("oldest_overdue_ms")
     if overdue is not None and overdue > OVERDUE_ALERT_MS:

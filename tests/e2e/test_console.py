@@ -2,7 +2,9 @@
 
 One worker for the module (openai backend on dlqapp-mock-llm, breaker on, retries parked
 for ten minutes so they wait for an operator). The stalled case runs last: a mock outage
-must raise the banner and recovery must clear it.
+must raise the banner and recovery must clear it. The breaker stays open 8 s, long enough
+for the page (it polls every 3 s) to see requests held; a held request that probes and fails
+moves on to a retry tier (dlqapp.core.breaker), so with shorter pauses the stall is brief.
 """
 
 from __future__ import annotations
@@ -40,8 +42,8 @@ def worker(kafka_bootstrap, tmp_path_factory, mock):
         "DLQ_BREAKER": "true",
         "DLQ_BREAKER_WINDOW": "4",
         "DLQ_BREAKER_MIN_CALLS": "4",
-        "DLQ_BREAKER_OPEN": "1s",
-        "DLQ_BREAKER_MAX_OPEN": "2s",
+        "DLQ_BREAKER_OPEN": "8s",
+        "DLQ_BREAKER_MAX_OPEN": "8s",
         "DLQ_BREAKER_PROBES": "1",
     }
     w = Worker(kafka_bootstrap, tmp_path_factory.mktemp("console"), env_extra=env)
@@ -245,7 +247,10 @@ def test_a_stalled_worker_raises_the_banner_and_recovery_clears_it(worker, mock,
     try:
         ids = [unique("stall") for _ in range(8)]
         off_loop(produce, worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in ids])
-        page.wait_for_selector("#banner .alert", state="visible", timeout=60_000)
+        try:
+            page.wait_for_selector("#banner .alert", state="visible", timeout=60_000)
+        except Exception as exc:
+            raise AssertionError(f"no banner; /health/ says {worker.get('/health/')[1]}; states {[worker.get(f'/requests/{rid}/')[1].get('state') for rid in ids]}") from exc
         text = page.inner_text("#banner")
         assert "Stalled" in text and "circuit breaker" in text and "requests held" in text
         screenshot(page, "stalled")
