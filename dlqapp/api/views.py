@@ -226,7 +226,10 @@ class Api:
         state["ledger"] = self.parts.operator.ledger_for(request_id)
         parked = self.parts.parked
         hint = state.get("due") if isinstance(state.get("due"), int) else None
-        keys = await parked.keys_of(request_id, self.parts.io.owner(request_id), hint)
+        # a walk only when a retry is due by the state (or there is no state): a lookup of a
+        # settled request costs one read, not a walk of its partition's parked retries
+        walk = state.get("state") in (None, states.RETRY_SCHEDULED)
+        keys = await parked.keys_of(request_id, self.parts.io.owner(request_id), hint, walk=walk)
         logs: dict[str, list[dict[str, Any]]] = {states.SUCCEEDED: state.pop("attempt_log", None) or []}
         state["parked"] = []
         for key in keys:
@@ -398,6 +401,17 @@ class Api:
         return await self.ask(Command(Action.REPLAY, request_id, actor, payload, force))
 
 
+def _top(params: Any) -> int:
+    """The `top` of a fan-out's local read (how many items each worker sends)."""
+    try:
+        top = int(params.get("top", "50"))
+    except ValueError:
+        raise BadQuery("top must be an integer") from None
+    if top < 0:
+        raise BadQuery("top must be >= 0")
+    return top
+
+
 def register_views(app: Any, api: Api) -> None:
     """Register every HTTP route on `app`."""
 
@@ -494,7 +508,7 @@ def register_views(app: Any, api: Api) -> None:
     @handled
     async def retries_local(self: web.View, request: web.Request) -> web.Response:
         """This worker's share of the retries view (used by the fan-out)."""
-        top = int(request.query.get("top", "50"))
+        top = _top(request.query)
         return self.json(await api.local_retries(RetryFilter.from_params(request.query), top))
 
     @app.page("/retries/{request_id}/run-now/")

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 CHARS_PER_TOKEN = 4
-METHOD = "prompt characters / 4 (rule of thumb, no tokenizer)"
+METHOD = "prompt characters / 4, a rule of thumb (no tokenizer)"
 
 
 def prompt_text(request: Any) -> str | None:

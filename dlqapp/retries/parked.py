@@ -11,7 +11,7 @@ from faust.tables import Table
 from dlqapp.core.envelope import Envelope
 from dlqapp.core.tiers import Tier, tier_after
 from dlqapp.retries.keys import decode_parked_key, parked_key
-from dlqapp.retries.scan import SCAN_CHUNK, ScanStarts, scan_chunk_of_parked
+from dlqapp.retries.scan import SCAN_CHUNK, ScanStarts, head_of_parked, scan_chunk_of_parked
 from dlqapp.worker.faust_compat import active_partitions, is_offset_record, partition_db
 
 
@@ -100,14 +100,17 @@ class ParkedRetries:
                 after = chunk[-1][0]
                 await asyncio.sleep(0)
 
-    async def keys_of(self, request_id: str, partition: int, hint_due_ms: int | None = None) -> list[bytes]:
+    async def keys_of(self, request_id: str, partition: int, hint_due_ms: int | None = None, walk: bool = True) -> list[bytes]:
         """Parked keys of `request_id` on `partition` (an owned one), earliest first.
 
         `hint_due_ms` (the due time the request's state recorded) finds the usual single
-        entry without a walk; otherwise the partition is walked in chunks.
+        entry without a walk; otherwise, unless `walk` is False, the partition is walked
+        in chunks (keys only).
         """
         if hint_due_ms is not None and self.table.get(parked_key(hint_due_ms, request_id)) is not None:
             return [parked_key(hint_due_ms, request_id)]
+        if not walk:
+            return []
         db = dict(self.active_dbs()).get(partition)
         if db is None:
             return []
@@ -121,15 +124,15 @@ class ParkedRetries:
             after = chunk[-1][0]
             await asyncio.sleep(0)
 
-    def next_due(self, budget: int = 2000) -> tuple[dict[str, int], int | None]:
+    def next_due(self, budget: int = 500) -> tuple[dict[str, int], int | None]:
         """(earliest due time per tier label, earliest due time of all), from the head of each
         partition: keys sort by due time, so the first entry of a tier is its next due. At most
         `budget` entries are read per partition; a tier not met within it is left out."""
         by_tier: dict[str, int] = {}
         earliest: int | None = None
-        for _, db in self.active_dbs():
+        for partition, db in self.active_dbs():
             seen: set[str] = set()
-            for key, value in scan_chunk_of_parked(db, None, budget, True):
+            for key, value in head_of_parked(db, self.scan_starts.get(partition, db), budget):
                 if is_offset_record(self.table, key):
                     continue
                 due_ms, _ = decode_parked_key(key)

@@ -93,3 +93,18 @@ def scan_chunk_of_parked(db: object, after: bytes | None, limit: int, values: bo
         chunk.append((it.key(), it.value() if values else None))
         it.next()
     return chunk
+
+
+def head_of_parked(db: object, start: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+    """Up to `limit` (key, value) pairs from `start` (inclusive; a key no entry sorts
+    before, see `ScanStarts`) or the first key, in key order: the earliest due first."""
+    it = db.iter(ReadOptions())  # type: ignore[attr-defined]
+    if start is None:
+        it.seek_to_first()
+    else:
+        it.seek(start)
+    head = []
+    while it.valid() and len(head) < limit:
+        head.append((it.key(), it.value()))
+        it.next()
+    return head
