@@ -2,7 +2,7 @@
 
 One worker for the module (openai backend on dlqapp-mock-llm, breaker on, retries parked
 for ten minutes so they wait for an operator). The stalled case runs last: a mock outage
-must raise the banner and recovery must clear it. The breaker stays open 8 s, long enough
+must raise the banner and recovery must clear it. The breaker stays open 6 s, long enough
 for the page (it polls every 3 s) to see requests held; a held request that probes and fails
 moves on to a retry tier (dlqapp.core.breaker), so with shorter pauses the stall is brief.
 """
@@ -42,8 +42,8 @@ def worker(kafka_bootstrap, tmp_path_factory, mock):
         "DLQ_BREAKER": "true",
         "DLQ_BREAKER_WINDOW": "4",
         "DLQ_BREAKER_MIN_CALLS": "4",
-        "DLQ_BREAKER_OPEN": "8s",
-        "DLQ_BREAKER_MAX_OPEN": "8s",
+        "DLQ_BREAKER_OPEN": "6s",
+        "DLQ_BREAKER_MAX_OPEN": "6s",
         "DLQ_BREAKER_PROBES": "1",
     }
     w = Worker(kafka_bootstrap, tmp_path_factory.mktemp("console"), env_extra=env)
@@ -98,11 +98,9 @@ def test_retries_list_filters_pages_and_counts_exactly(worker, mock):
     assert dues == sorted(dues)  # earliest due first
     assert listed(worker, limit=1, offset=1)["items"][0] == listed(worker, limit=2)["items"][1]
     assert worker.get("/retries/?limit=x")[0] == 400
-    shown = cli(worker, "dlq-retries", "--json", "--tier", "retry-10m", "--limit", "1000")
+    shown = cli(worker, "dlq-retries", "--tier", "retry-10m", "--limit", "1000")
     assert shown.returncode == 0, shown.stderr
-    assert {i["request_id"] for i in json.loads(shown.stdout)["items"]} >= set(ids)
-    human = cli(worker, "dlq-retries", "--limit", "1000")
-    assert ids[0] in human.stdout and "parked retries" in human.stdout
+    assert all(rid in shown.stdout for rid in ids) and f"of {total} parked retries" in shown.stdout
 
 
 def test_run_now_attempts_early_like_the_timer_and_is_in_the_ledger(worker, mock):
@@ -215,7 +213,7 @@ def test_lookup_shows_the_attempt_timeline_scheduled_vs_actual(worker, mock, pag
     assert [a[0] for a in attempts] == ["1", "2"]
     assert attempts[0][4].startswith("unknown") and "teapot" in attempts[0][4] and attempts[1][4] == "ok"
     assert attempts[0][2] == "input" and attempts[1][2] == "retry-10m"
-    assert attempts[1][1].endswith("s early")  # run now: before its scheduled time
+    assert attempts[1][1].endswith(" early")  # run now: before its scheduled time
     screenshot(page, "lookup")
     page.fill("#lookup-id", "no-such-" + uuid.uuid4().hex)
     page.press("#lookup-id", "Enter")
