@@ -199,7 +199,7 @@ def test_retries_tab_runs_now_and_dead_letters_selected_without_running_scripts(
 
 def test_lookup_shows_the_attempt_timeline_scheduled_vs_actual(worker, mock, page):
     rid = park(worker, mock, "lookup", 1)[0]
-    assert post(worker, f"/retries/{rid}/run-now/")[1]["status"] == "fired"
+    assert post(worker, f"/retries/{rid}/run-now/", headers={"X-DLQ-Actor": XSS_ERROR})[1]["status"] == "fired"  # the actor is shown too
     wait_until(lambda: worker.get(f"/requests/{rid}/")[1].get("state") == "succeeded", 30, "the early retry")
     page.goto(worker.url + "/ui/")
     page.fill("#lookup-id", rid)
@@ -208,12 +208,13 @@ def test_lookup_shows_the_attempt_timeline_scheduled_vs_actual(worker, mock, pag
     assert page.inner_text("#lookup-state") == "succeeded"
     states = page.inner_text("#lookup-states")
     assert "retry_scheduled" in states and "succeeded" in states
-    assert "run now by api@" in page.inner_text("#lookup-result .ledger")
+    assert f"run now by {XSS_ERROR}" in page.inner_text("#lookup-result .ledger")
     attempts = page.eval_on_selector_all("#lookup-attempts tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
     assert [a[0] for a in attempts] == ["1", "2"]
     assert attempts[0][4].startswith("unknown") and "teapot" in attempts[0][4] and attempts[1][4] == "ok"
     assert attempts[0][2] == "input" and attempts[1][2] == "retry-10m"
     assert attempts[1][1].endswith(" early")  # run now: before its scheduled time
+    assert page.evaluate("window.__pwned") is None and page.query_selector("#lookup-result img, #lookup-result script") is None
     screenshot(page, "lookup")
     page.fill("#lookup-id", "no-such-" + uuid.uuid4().hex)
     page.press("#lookup-id", "Enter")
