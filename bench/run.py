@@ -144,7 +144,7 @@ def probe_lateness(bootstrap: str, worker: Worker, probes: int, flood_size: int 
     else:
         produce(bootstrap, worker.topic("input"), requests)
     if flood_size:
-        wait_until(lambda: worker.get("/retries/")[1]["parked"] >= probes * 0.9, 120, "probes parked")
+        wait_until(lambda: worker.get("/retries/?limit=1")[1]["total"] >= probes * 0.9, 120, "probes parked")
         produce_in_batches(bootstrap, worker.topic("input"), requests_for(unique_ids("flood", flood_size)), 5000)
     per_tier: dict[str, list[float]] = {}
     for record in wait_results(bootstrap, worker.topic("results"), ids, timeout=600):
@@ -526,7 +526,7 @@ class Bench:
                 # The tier agents still read the retries' tier messages: measure a settled worker.
                 wait_until(lambda: metric_sum(worker, "dlqapp_consumer_lag") == 0, 600, "the worker to catch up", interval=1.0)
                 previous_level, parked = parked, level
-                exact = worker.get("/retries/")[1]["parked"]
+                exact = worker.get("/retries/?limit=1")[1]["total"]
                 memory = process_memory(worker.process.pid)
                 per_tier = probe_lateness(self.bootstrap, worker, probes, per_second=PROBES_PER_S)
                 all_tiers = [x for v in per_tier.values() for x in v]
@@ -573,7 +573,7 @@ class Bench:
             produce(self.bootstrap, worker.topic("input"), [(probe.encode(), request_bytes(probe))])
             wait_results(self.bootstrap, worker.topic("results"), [probe], timeout=300)
             processing_s = time.monotonic() - killed
-            survived = worker.get("/retries/")[1]["parked"]
+            survived = worker.get("/retries/?limit=1")[1]["total"]
             out = {"parked": parked, "load_s": round(load_s, 1), "kill_to_ready_s": round(ready_s, 1), "kill_to_processing_s": round(processing_s, 1), "parked_after_restart": survived}
             print(f"  recovery: {out}", flush=True)
             return out

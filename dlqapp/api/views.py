@@ -7,6 +7,7 @@ worker and merge; mutations become commands for the owning worker (`dlqapp.deadl
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 from pathlib import Path
@@ -17,9 +18,12 @@ from faust import web
 from faust.exceptions import SameNode
 
 from dlqapp import __version__
+from dlqapp.core import states
 from dlqapp.core.states import RequestState
 from dlqapp.deadletters.commands import Action, Command, ReplayStatus, check_edit
-from dlqapp.deadletters.entries import find_dead_letter, owner_id, presented
+from dlqapp.deadletters.entries import find_dead_letter, owner_id, presented, summary
+from dlqapp.deadletters.estimate import METHOD as ESTIMATE_METHOD
+from dlqapp.deadletters.estimate import estimated_tokens
 from dlqapp.deadletters.queries import (
     BadQuery,
     DlqFilter,
@@ -30,17 +34,25 @@ from dlqapp.deadletters.queries import (
     newest_first,
     page_params,
 )
+from dlqapp.observability import metrics
+from dlqapp.observability.health import lateness_buckets, merge_health, quantile_from_buckets
+from dlqapp.retries.listing import RetryFilter, local_retries, merge_retries
 from dlqapp.worker.counters import grouped
-from dlqapp.worker.faust_compat import active_partitions, values_newest_first
+from dlqapp.worker.faust_compat import active_partitions, consumer_lag, values_newest_first
 
 log = logging.getLogger("dlqapp.api.views")
 
 ASK_TIMEOUT_S = 30.0
 FANOUT_TIMEOUT_S = 10.0
 UI_PAGE = Path(__file__).parent / "ui" / "index.html"
+DRY_RUN_SAMPLE = 10
+ESTIMATE_KEYS_MAX = 200
+"""A dry run of a replay by keys estimates tokens over at most this many of them (scaled)."""
 STATUS_CODES: dict[str, int] = {
     ReplayStatus.REPROCESSED: 200,
     ReplayStatus.DISCARDED: 200,
+    ReplayStatus.FIRED: 200,
+    ReplayStatus.DEAD_LETTERED: 200,
     ReplayStatus.EXPIRED: 200,
     ReplayStatus.NOT_FOUND: 404,
     ReplayStatus.REFUSED: 409,
@@ -138,10 +150,13 @@ class Api:
     def _is_self(self, url: str) -> bool:
         return url.rstrip("/") == str(self.app.conf.canonical_url).rstrip("/")
 
-    async def fan_out(self, local: Callable[[], dict[str, Any]], path: str, params: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
-        """This worker's answer plus every other worker's answer to `path` (local routes)."""
+    async def fan_out(self, local: Callable[[], Any], path: str, params: Any) -> tuple[list[dict[str, Any]], list[str]]:
+        """This worker's answer plus every other worker's answer to `path` (local routes).
+
+        `local()` may return the answer or an awaitable of it; `params` is a dict or (name, value) pairs."""
         hosts = [h for h in self.app.router.table_metadata(self.topology.dead_letters.name) if not self._is_self(h)]
-        answers = [local()]
+        mine = local()
+        answers = [await mine if inspect.isawaitable(mine) else mine]
         errors: list[str] = []
 
         async def remote(host: str) -> None:
@@ -194,8 +209,13 @@ class Api:
             raise ApiError(404, f"no dead letter with request id {request_id!r}", ledger=ledger)
         return {**presented(json.loads(self.topology.dead_letters[key])), "ledger": ledger}
 
-    def request_status(self, request_id: str) -> dict[str, Any]:
-        """One request's state and history on this worker; ApiError 404 when unknown."""
+    async def request_status(self, request_id: str) -> dict[str, Any]:
+        """One request's state and history on this worker; ApiError 404 when unknown.
+
+        Adds what the request lookup shows: its parked retries (`parked`), its dead letter
+        (`dead_letter`, a summary) and its attempt timeline (`attempts`, from the parked
+        envelope or the dead letter, whichever knows more).
+        """
         blob = self.topology.requests.get(request_id.encode())
         in_flight = request_id in self.parts.pipeline.in_flight
         if blob is None and not in_flight:
@@ -204,6 +224,27 @@ class Api:
         if in_flight:
             state["state"] = RequestState.IN_FLIGHT
         state["ledger"] = self.parts.operator.ledger_for(request_id)
+        parked = self.parts.parked
+        hint = state.get("due") if isinstance(state.get("due"), int) else None
+        # a walk only when a retry is due by the state (or there is no state): a lookup of a
+        # settled request costs one read, not a walk of its partition's parked retries
+        walk = state.get("state") in (None, states.RETRY_SCHEDULED)
+        keys = await parked.keys_of(request_id, self.parts.io.owner(request_id), hint, walk=walk)
+        logs: dict[str, list[dict[str, Any]]] = {states.SUCCEEDED: state.pop("attempt_log", None) or []}
+        state["parked"] = []
+        for key in keys:
+            envelope = parked.get(key)
+            if envelope is not None:
+                state["parked"].append({"tier": parked.tier_of(envelope).label, "due_at": envelope.scheduled_time, "attempt": envelope.attempts + 1, "firing": self.parts.scheduler.is_firing(key)})
+                logs[states.RETRY_SCHEDULED] = envelope.history
+        key = find_dead_letter(self.topology.dead_letters, request_id, self.settings.partitions)
+        state["dead_letter"] = None
+        if key is not None:
+            entry = json.loads(self.topology.dead_letters[key])
+            state["dead_letter"] = summary(entry)
+            logs[states.DEAD_LETTERED] = entry.get("history") or []
+        # the attempt history of the request's current state; else the longest one known
+        state["attempts"] = logs.get(state.get("state")) or max(logs.values(), key=len)
         return state
 
     def status(self) -> dict[str, Any]:
@@ -252,6 +293,11 @@ class Api:
     async def bulk_replay(self, body: Any, actor: str) -> tuple[dict[str, Any], int]:
         keys, rate = await self.bulk_keys(body)
         force = _force(body)
+        dry_run = body.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            raise ApiError(400, "dry_run must be true or false")
+        if dry_run:
+            return await self.dry_run(body, keys), 200
         jobs = self.parts.replay_jobs
 
         def replay(rid: str) -> Awaitable[dict[str, Any]]:
@@ -261,6 +307,85 @@ class Api:
             job = jobs.start(keys, rate, replay)
             return {"replay_id": job.id, "total": len(keys), "rate": rate, "status_url": f"/dlq/replays/{job.id}/"}, 202
         return await jobs.run_now(keys, replay), 200
+
+    async def dry_run(self, body: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+        """What a bulk replay would send: exact count, sample ids, estimated prompt tokens."""
+        answer: dict[str, Any] = {"dry_run": True, "total": len(keys), "sample": keys[:DRY_RUN_SAMPLE], "estimate": ESTIMATE_METHOD}
+        if "keys" in body:
+            sampled = keys[:ESTIMATE_KEYS_MAX]
+            parts, errors = await self.fan_out(lambda: self.local_estimate(sampled, None), "/dlq/_local_estimate/", [("key", k) for k in sampled])
+            counted = sum(p["entries"] for p in parts)
+            tokens = sum(p["tokens"] for p in parts)
+            if len(keys) > len(sampled) and counted:
+                tokens = round(tokens / counted * len(keys))
+                answer["estimate"] += f", scaled from the first {len(sampled)} keys"
+        else:
+            flt = DlqFilter.from_params({k: v for k, v in body.items() if k in ("error_class", "model", "since", "until", "q")})
+            parts, errors = await self.fan_out(lambda: self.local_estimate(None, flt), "/dlq/_local_estimate/", flt.to_params())
+            tokens = sum(p["tokens"] for p in parts)
+        answer["estimated_prompt_tokens"] = tokens
+        if errors:
+            answer["incomplete"] = errors
+        return answer
+
+    def local_estimate(self, keys: list[str] | None, flt: DlqFilter | None) -> dict[str, int]:
+        """Estimated prompt tokens of this worker's dead letters among `keys`, or matching `flt`."""
+        table = self.topology.dead_letters
+        if keys is None:
+            index = self.topology.dead_letters_by_time
+            walks = [values_newest_first(index, partition) for partition in active_partitions(index)]
+            keys = [item.get("key") or item["request_id"] for item in newest_first(walks) if flt is None or flt.matches(item)]
+        tokens = entries = 0
+        for key in keys:
+            found = find_dead_letter(table, key, self.settings.partitions)
+            if found is not None:
+                tokens += estimated_tokens(json.loads(table[found]))
+                entries += 1
+        return {"tokens": tokens, "entries": entries}
+
+    # -- retries ----------------------------------------------------------------------
+
+    def _firing(self, key: bytes, request_id: str) -> bool:
+        return self.parts.scheduler.is_firing(key) or request_id in self.parts.pipeline.in_flight
+
+    async def local_retries(self, flt: RetryFilter, top: int) -> dict[str, Any]:
+        return await local_retries(self.parts.parked, self._firing, flt, top)
+
+    async def list_retries(self, flt: RetryFilter, limit: int, offset: int) -> dict[str, Any]:
+        """One page of the parked retries of every worker, earliest due first."""
+        top = offset + limit
+        pages, errors = await self.fan_out(lambda: self.local_retries(flt, top), "/retries/_local/", {**flt.to_params(), "top": str(top)})
+        merged = merge_retries(pages, limit, offset)
+        if errors:
+            merged["incomplete"] = errors
+        return merged
+
+    # -- health -----------------------------------------------------------------------
+
+    def local_health(self) -> dict[str, Any]:
+        """This worker's share of the health panel."""
+        parts, now = self.parts, self.parts.clock()
+        bounds, cumulative = lateness_buckets()
+        parts.rates.mark_lateness(cumulative, now)
+        next_due, earliest = parts.parked.next_due()
+        breaker = parts.pipeline.breaker.snapshot()
+        breaker.pop("transitions", None)
+        return {
+            "url": str(self.app.conf.canonical_url),
+            "series": parts.rates.series(now),
+            "in_flight": len(parts.pipeline.in_flight),
+            "breaker": breaker,
+            "parked_by_tier": parts.parked.by_tier_label(),
+            "next_due_by_tier": next_due,
+            "oldest_overdue_ms": (now - earliest) if earliest is not None and earliest < now else None,
+            "consumer_lag": sum(lag for _, _, lag in consumer_lag(self.app, set(self.settings.all_topics()))),
+            "retry_lateness_p99_s": quantile_from_buckets(bounds, parts.rates.lateness_window(cumulative), 0.99),
+            "event_loop_lag_s": metrics.loop_lag._value.get(),
+        }
+
+    async def health(self) -> dict[str, Any]:
+        parts, errors = await self.fan_out(self.local_health, "/health/_local/", {})
+        return merge_health(parts, errors, self.parts.clock())
 
     async def replay(self, request_id: str, body: Any, actor: str) -> dict[str, Any]:
         payload, force = None, False
@@ -274,6 +399,17 @@ class Api:
             if problems:
                 raise ApiError(400, "edited payload is not a valid request", reasons=problems)
         return await self.ask(Command(Action.REPLAY, request_id, actor, payload, force))
+
+
+def _top(params: Any) -> int:
+    """The `top` of a fan-out's local read (how many items each worker sends)."""
+    try:
+        top = int(params.get("top", "50"))
+    except ValueError:
+        raise BadQuery("top must be an integer") from None
+    if top < 0:
+        raise BadQuery("top must be >= 0")
+    return top
 
 
 def register_views(app: Any, api: Api) -> None:
@@ -307,6 +443,13 @@ def register_views(app: Any, api: Api) -> None:
     async def dlq_local_stats(self: web.View, request: web.Request) -> web.Response:
         """This worker's share of the stats (used by the fan-out)."""
         return self.json(api.local_stats())
+
+    @app.page("/dlq/_local_estimate/")
+    @handled
+    async def dlq_local_estimate(self: web.View, request: web.Request) -> web.Response:
+        """Estimated prompt tokens of this worker's dead letters (`key=` repeated, or filters)."""
+        keys = request.query.getall("key", [])
+        return self.json(api.local_estimate(keys, None) if keys else api.local_estimate(None, DlqFilter.from_params(request.query)))
 
     @app.page("/dlq/reprocess/")
     class BulkReprocess(web.View):
@@ -352,12 +495,51 @@ def register_views(app: Any, api: Api) -> None:
     async def request_status(self: web.View, request: web.Request, request_id: str) -> web.Response:
         """Current state and history of one request (answered by the worker that owns it)."""
         answer = await api.routed(self, request, api.topology.requests.name, request_id)
-        return answer if answer is not None else self.json(api.request_status(request_id))
+        return answer if answer is not None else self.json(await api.request_status(request_id))
 
     @app.page("/retries/")
+    @handled
     async def retries(self: web.View, request: web.Request) -> web.Response:
-        """Retries parked on this worker's partitions, and those handed to the due agent."""
-        return self.json({"parked": await api.parts.parked.count(), "fired": len(api.parts.scheduler.fired)})
+        """`GET /retries/?limit=&offset=&tier=&error_class=` → `{"total", "items", "by_tier", "by_error_class"}`."""
+        limit, offset = page_params(request.query)
+        return self.json(await api.list_retries(RetryFilter.from_params(request.query), limit, offset))
+
+    @app.page("/retries/_local/")
+    @handled
+    async def retries_local(self: web.View, request: web.Request) -> web.Response:
+        """This worker's share of the retries view (used by the fan-out)."""
+        top = _top(request.query)
+        return self.json(await api.local_retries(RetryFilter.from_params(request.query), top))
+
+    @app.page("/retries/{request_id}/run-now/")
+    class RunNow(web.View):
+        """`POST /retries/{id}/run-now/`: attempt a parked retry now (on the owning worker)."""
+
+        @handled
+        async def post(self, request: web.Request, request_id: str) -> web.Response:
+            await read_json(request)
+            return _answer(self, await api.ask(Command(Action.RUN_NOW, request_id, actor_of(request))))
+
+    @app.page("/retries/{request_id}/dead-letter/")
+    class DeadLetterNow(web.View):
+        """`POST /retries/{id}/dead-letter/`: send a parked retry to the DLQ now, with its history."""
+
+        @handled
+        async def post(self, request: web.Request, request_id: str) -> web.Response:
+            await read_json(request)
+            return _answer(self, await api.ask(Command(Action.DEAD_LETTER_NOW, request_id, actor_of(request))))
+
+    @app.page("/health/")
+    @handled
+    async def health(self: web.View, request: web.Request) -> web.Response:
+        """Health of every worker and in total: rates per minute, breaker, parked, lag, alerts."""
+        return self.json(await api.health())
+
+    @app.page("/health/_local/")
+    async def health_local(self: web.View, request: web.Request) -> web.Response:
+        """This worker's share of the health panel (used by the fan-out)."""
+        return self.json(api.local_health())
+
 
     @app.page("/inference/calls/{request_id}/")
     async def backend_calls(self: web.View, request: web.Request, request_id: str) -> web.Response:

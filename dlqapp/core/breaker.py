@@ -83,6 +83,8 @@ class CircuitBreaker:
         self._probes_failed = 0
         self._waiting: Counter[int] = Counter()
         self.transitions: list[tuple[float, str, str]] = []
+        self.tripped_at: float | None = None
+        """Wall-clock seconds when it last left `closed` (None while closed)."""
         self.moves: Counter[str] = Counter()
 
     @property
@@ -182,6 +184,10 @@ class CircuitBreaker:
 
     def _move(self, new: str) -> None:
         old, self._state = self._state, new
+        if old == CLOSED and new != CLOSED:
+            self.tripped_at = time.time()
+        elif new == CLOSED:
+            self.tripped_at = None
         self.transitions.append((time.time(), old, new))
         self.moves[f"{old}->{new}"] += 1
         del self.transitions[:-50]
@@ -198,6 +204,7 @@ class CircuitBreaker:
             "recent_backend_failures": sum(self._outcomes.values()),
             "waiting": sum(self._waiting.values()),
             "reopens_in_ms": max(0, int((self._reopen_at - self.clock()) * 1000)) if state == OPEN else None,
+            "tripped_since": int(self.tripped_at * 1000) if self.tripped_at is not None else None,
             "moves": dict(self.moves),
             "transitions": [{"at": int(at * 1000), "from": a, "to": b} for at, a, b in self.transitions[-10:]],
         }

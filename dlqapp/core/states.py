@@ -36,6 +36,11 @@ SETTLED_FOR_DEDUP = frozenset({SUCCEEDED, RETRY_SCHEDULED})
 """A new copy of a request in one of these states is a duplicate: skip it."""
 
 
+NOT_IN_HISTORY = frozenset({"history", "attempt_log"})
+"""Details kept on the record only: `attempt_log` (a success's attempt history, for the
+request lookup) would repeat itself in every history entry."""
+
+
 def load(blob: bytes | None) -> dict[str, Any] | None:
     return json.loads(blob) if blob else None
 
@@ -50,7 +55,8 @@ def transition(previous: dict[str, Any] | None, request_id: str, state: RequestS
     current["state"] = state
     current["updated_at"] = at
     current.update({k: v for k, v in detail.items() if k != "history"})
-    current["history"] = [*current.get("history", []), {"at": at, "state": state, **detail}][-HISTORY_LIMIT:]
+    noted = {k: v for k, v in detail.items() if k not in NOT_IN_HISTORY}
+    current["history"] = [*current.get("history", []), {"at": at, "state": state, **noted}][-HISTORY_LIMIT:]
     if state == SUCCEEDED:
         current["succeeded_once"] = True
     return current

@@ -22,6 +22,10 @@ class Action(StrEnum):
     REPLAY = "replay"
     DISCARD = "discard"
     EXPIRE = "expire"
+    RUN_NOW = "run_now"
+    """A parked retry: hand it to the due agent now (dlqapp.retries.actions)."""
+    DEAD_LETTER_NOW = "dead_letter_now"
+    """A parked retry: send it to the DLQ now, with its history."""
 
 
 class ReplayStatus(StrEnum):
@@ -30,6 +34,8 @@ class ReplayStatus(StrEnum):
     REPROCESSED = "reprocessed"
     DISCARDED = "discarded"
     EXPIRED = "expired"
+    FIRED = "fired"
+    DEAD_LETTERED = "dead_lettered"
     NOT_FOUND = "not_found"
     REFUSED = "refused"
     INVALID = "invalid"

@@ -1,4 +1,5 @@
-"""Operator actions on dead letters: replay (optionally edited) and discard, with a ledger.
+"""Operator actions on dead letters: replay (optionally edited) and discard, with a ledger;
+and on parked retries (run now, dead-letter now: dlqapp.retries.actions).
 
 Every action runs on the worker that owns the request, inside the commands agent's
 stream: actions on one request are serialised (replaying an id twice, even at once,
@@ -30,6 +31,7 @@ from dlqapp.deadletters.commands import Action, Command, ReplayStatus, check_edi
 from dlqapp.deadletters.entries import find_dead_letter, original_payload, owner_id
 from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.observability import metrics
+from dlqapp.retries.actions import RETRY_ACTIONS, RetryActions
 from dlqapp.observability.logs import log_event
 from dlqapp.worker.partition_io import PartitionIO
 from dlqapp.worker.retention import (
@@ -44,12 +46,22 @@ class Operator:
     """Carries out commands on the owning worker."""
 
     def __init__(
-        self, io: PartitionIO, recorder: DeadLetterRecorder, ledger: Table, *, input_topic: TopicT, dlq_topic: TopicT, max_replays: int, clock: Clock
+        self,
+        io: PartitionIO,
+        recorder: DeadLetterRecorder,
+        ledger: Table,
+        retries: RetryActions,
+        *,
+        input_topic: TopicT,
+        dlq_topic: TopicT,
+        max_replays: int,
+        clock: Clock,
     ) -> None:
         self.io = io
         self.recorder = recorder
         self.dead_letters = recorder.table
         self.ledger = ledger
+        self.retries = retries
         self.input_topic = input_topic
         self.dlq_topic = dlq_topic
         self.max_replays = max_replays
@@ -64,6 +76,12 @@ class Operator:
         command = Command.from_dict(raw)
         if command.action is Action.EXPIRE:
             return self._expire(command)
+        if command.action in RETRY_ACTIONS:
+            answer, record = await self.retries.execute(command, self.clock())
+            if record is not None:
+                self._append_ledger(command.request_id, self.ledger_for(command.request_id), record)
+                log_event(log, logging.INFO, str(command.action), request_id=command.request_id, by=command.actor, tier=record.get("tier"))
+            return answer
         key = find_dead_letter(self.dead_letters, command.request_id, self.io.partitions)
         if key is None:
             return {"request_id": command.request_id, "status": ReplayStatus.NOT_FOUND}

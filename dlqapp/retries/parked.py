@@ -10,8 +10,8 @@ from faust.tables import Table
 
 from dlqapp.core.envelope import Envelope
 from dlqapp.core.tiers import Tier, tier_after
-from dlqapp.retries.keys import parked_key
-from dlqapp.retries.scan import SCAN_CHUNK, ScanStarts
+from dlqapp.retries.keys import decode_parked_key, parked_key
+from dlqapp.retries.scan import SCAN_CHUNK, ScanStarts, head_of_parked
 from dlqapp.worker.faust_compat import active_partitions, is_offset_record, partition_db, scan_chunk
 
 
@@ -99,3 +99,51 @@ class ParkedRetries:
                     break
                 after = chunk[-1][0]
                 await asyncio.sleep(0)
+
+    async def keys_of(self, request_id: str, partition: int, hint_due_ms: int | None = None, walk: bool = True) -> list[bytes]:
+        """Parked keys of `request_id` on `partition` (an owned one), earliest first.
+
+        `hint_due_ms` (the due time the request's state recorded) finds the usual single
+        entry without a walk; otherwise, unless `walk` is False, the partition is walked
+        in chunks (keys only).
+        """
+        if hint_due_ms is not None and self.table.get(parked_key(hint_due_ms, request_id)) is not None:
+            return [parked_key(hint_due_ms, request_id)]
+        if not walk:
+            return []
+        db = dict(self.active_dbs()).get(partition)
+        if db is None:
+            return []
+        found: list[bytes] = []
+        after: bytes | None = None
+        while True:
+            chunk = scan_chunk(db, after, SCAN_CHUNK, False)
+            found += [key for key, _ in chunk if not is_offset_record(self.table, key) and decode_parked_key(key)[1] == request_id]
+            if len(chunk) < SCAN_CHUNK:
+                return found
+            after = chunk[-1][0]
+            await asyncio.sleep(0)
+
+    def next_due(self, budget: int = 500) -> tuple[dict[str, int], int | None]:
+        """(earliest due time per tier label, earliest due time of all), from the head of each
+        partition: keys sort by due time, so the first entry of a tier is its next due. At most
+        `budget` entries are read per partition; a tier not met within it is left out."""
+        by_tier: dict[str, int] = {}
+        earliest: int | None = None
+        for partition, db in self.active_dbs():
+            seen: set[str] = set()
+            for key, value in head_of_parked(db, self.scan_starts.get(partition, db), budget):
+                if is_offset_record(self.table, key):
+                    continue
+                due_ms, _ = decode_parked_key(key)
+                earliest = due_ms if earliest is None else min(earliest, due_ms)
+                try:
+                    label = self.tier_of(Envelope.from_bytes(value or b"")).label
+                except (ValueError, KeyError):
+                    continue
+                if label not in seen:
+                    seen.add(label)
+                    by_tier[label] = min(by_tier.get(label, due_ms), due_ms)
+                if len(seen) == len(self.tiers):
+                    break
+        return by_tier, earliest

@@ -91,3 +91,18 @@ def next_due_after(db: object, now: int) -> int | None:
         return None
     key = it.key()
     return decode_parked_key(key)[0] if len(key) > 8 else None
+
+
+def head_of_parked(db: object, start: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+    """Up to `limit` (key, value) pairs from `start` (inclusive; a key no entry sorts
+    before, see `ScanStarts`) or the first key, in key order: the earliest due first."""
+    it = db.iter(ReadOptions())  # type: ignore[attr-defined]
+    if start is None:
+        it.seek_to_first()
+    else:
+        it.seek(start)
+    head = []
+    while it.valid() and len(head) < limit:
+        head.append((it.key(), it.value()))
+        it.next()
+    return head

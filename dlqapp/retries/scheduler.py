@@ -30,7 +30,7 @@ from dlqapp.observability.logs import log_event
 from dlqapp.retries.due_hop import DueHop
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.parked import ParkedRetries
-from dlqapp.retries.scan import next_due_after, scan_due
+from dlqapp.retries.scan import REFIRE_AFTER_MS, next_due_after, scan_due
 from dlqapp.worker.flow import HIGH
 from dlqapp.worker.input_gate import InputGate
 from dlqapp.worker.partition_io import PartitionIO
@@ -53,6 +53,9 @@ class RetryScheduler:
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
         self.fired: dict[bytes, int] = {}
+        self.running: set[bytes] = set()
+        """Parked keys being attempted by the due agent or dead-lettered by an operator now:
+        a second due message for one of them (the timer and "run now" at once) is ignored."""
         self.next_due: int | None = None
         """When the earliest retry not yet due falls due (as of the last scan), so the
         timer can wake for it instead of a tick later."""
@@ -98,6 +101,22 @@ class RetryScheduler:
         self.gate.refresh()
         return fired
 
+    async def fire_now(self, key: bytes, partition: int) -> None:
+        """Hand one parked retry to the due agent now, exactly as the timer would when it is due."""
+        self.fired[key] = self.clock()
+        self.gate.fired([key])  # like the timer's fires: fresh input waits until the due agent has it
+        _, request_id = decode_parked_key(key)
+        try:
+            await (await self.due_hop.send(request_id.encode(), key, partition))
+        except BaseException:
+            self.fired.pop(key, None)
+            raise
+
+    def is_firing(self, key: bytes) -> bool:
+        """Handed to the due agent lately (not yet done), or being attempted now."""
+        fired_at = self.fired.get(key)
+        return key in self.running or (fired_at is not None and self.clock() - fired_at <= REFIRE_AFTER_MS)
+
     def _due_keys(self, partition: int, db: object, now: int) -> list[bytes]:
         """Due, not yet fired keys of one partition, earliest first, at most `batch`."""
         starts = self.parked.scan_starts
@@ -124,16 +143,20 @@ class RetryScheduler:
             self.fired.pop(key, None)
             return
         request_id = envelope.request_id
-        if request_id in self.pipeline.in_flight:
-            return  # a re-fire while the first attempt is still running
-        tier = self.parked.tier_of(envelope)  # before the attempt adds to the envelope's count
-        superseded = superseded_by(self.io.load_state(request_id), envelope)
-        if superseded is None:
-            await self._attempt(envelope, tier)
-        else:
-            log_event(log, logging.INFO, "retry_skipped", request_id=request_id, attempt=envelope.attempts + 1, reason=superseded)
-        self.parked.delete(key, tier)
-        self.fired.pop(key, None)
+        if request_id in self.pipeline.in_flight or key in self.running:
+            return  # a re-fire (or "run now") while the first attempt is still running
+        self.running.add(key)
+        try:
+            tier = self.parked.tier_of(envelope)  # before the attempt adds to the envelope's count
+            superseded = superseded_by(self.io.load_state(request_id), envelope)
+            if superseded is None:
+                await self._attempt(envelope, tier)
+            else:
+                log_event(log, logging.INFO, "retry_skipped", request_id=request_id, attempt=envelope.attempts + 1, reason=superseded)
+            self.parked.delete(key, tier)
+            self.fired.pop(key, None)
+        finally:
+            self.running.discard(key)
 
     async def _attempt(self, envelope: Envelope, tier: Tier) -> None:
         try:
@@ -161,6 +184,8 @@ def superseded_by(state: dict | None, envelope: Envelope) -> str | None:
         return f"an operator replayed the request since (replay {replays})"
     if state.get("state") != states.REPROCESSED and state.get("attempts", 0) > envelope.attempts:
         return f"a newer attempt ({state['attempts']}) was already made"
+    if state.get("state") == states.DEAD_LETTERED and state.get("attempts") == envelope.attempts > 0:
+        return "it was dead-lettered since (by an operator's dead-letter now)"
     return None
 
 

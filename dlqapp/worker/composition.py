@@ -24,6 +24,8 @@ from dlqapp.deadletters.recorder import DeadLetterRecorder, OldestDeadLetter
 from dlqapp.deadletters.replays import ReplayJobs
 from dlqapp.inference import InferenceBackend, create_backend
 from dlqapp.observability import metrics
+from dlqapp.observability.health import MinuteRates, lateness_buckets
+from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.due_hop import DueHop
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
@@ -46,6 +48,7 @@ from dlqapp.worker.retention import (
 from dlqapp.worker.services import (
     AlertWebhook,
     CrashJournal,
+    HealthMarks,
     InputPause,
     LoopLag,
     RetentionSweep,
@@ -76,11 +79,13 @@ class Components:
     alerts: AlertBatcher | None
     replay_jobs: ReplayJobs
     oldest_dead_letter: OldestDeadLetter
+    rates: MinuteRates
 
 
 def build_components(app: DlqApp, settings: Settings, topology: Topology, clock: Clock = now_ms) -> Components:
     """Every component of a worker, wired from the settings."""
-    counters = Counters(topology.stats)
+    rates = MinuteRates()
+    counters = Counters(topology.stats, lambda name, amount: rates.add(name, amount, clock()))
     io = PartitionIO(settings.partitions, topology.requests, counters, clock)
     parked = ParkedRetries(topology.parked_retries, settings.tiers)
     backend = create_backend(settings)
@@ -111,7 +116,14 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         topology.dead_letters, topology.dead_letters_by_time, counters, settings.dead_letter_log, alerts, settings.max_payload_bytes, settings.dlq_log_max_bytes, settings.dlq_log_backups
     )
     operator = Operator(
-        io, recorder, topology.replay_ledger, input_topic=topology.input, dlq_topic=topology.dlq, max_replays=settings.max_replays, clock=clock
+        io,
+        recorder,
+        topology.replay_ledger,
+        RetryActions(parked, scheduler, pipeline, io),
+        input_topic=topology.input,
+        dlq_topic=topology.dlq,
+        max_replays=settings.max_replays,
+        clock=clock,
     )
     crash_guard = CrashGuard(os.path.join(settings.data_dir, "in-progress.json"), settings.poison_after_crashes)
     sweeper = Sweeper(
@@ -141,6 +153,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         alerts=alerts,
         replay_jobs=ReplayJobs(),
         oldest_dead_letter=OldestDeadLetter(topology.dead_letters),
+        rates=rates,
     )
 
 
@@ -172,6 +185,7 @@ def _register_services(app: DlqApp, parts: Components) -> None:
     app.service(RetentionSweep(app, parts.sweeper, parts.clock))
     app.service(CrashJournal(parts.crash_guard))
     app.service(LoopLag())
+    app.service(HealthMarks(app, lambda: parts.rates.mark_lateness(lateness_buckets()[1], parts.clock())))
     if parts.alerts is not None:
         app.service(AlertWebhook(parts.alerts))
 

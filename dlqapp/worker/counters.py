@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from faust import current_event
 
@@ -30,8 +30,10 @@ def _key(partition: int) -> bytes:
 class Counters:
     """Per-partition counters: `add` in a stream step, `flush_due` at its end, `total` to read."""
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: Any, observe: Callable[[str, int], None] = lambda name, amount: None) -> None:
+        """`observe(name, amount)` sees every counted change (the health page's minute rates)."""
         self.table = table
+        self.observe = observe
         self._counts: dict[int, Counter[str]] = {}
         self._written_at: dict[int, float] = {}
         self._dirty: set[int] = set()
@@ -46,6 +48,7 @@ class Counters:
         partition = event.message.partition
         self._load(partition)[name] += amount
         self._dirty.add(partition)
+        self.observe(name, amount)
 
     def flush_due(self) -> None:
         """Write the current partition's blob if it changed and was not written lately."""

@@ -255,7 +255,7 @@ class Pipeline:
             history=envelope.history,
         )
         await self.io.send(self.outlets.results, envelope.request_id, result.to_bytes(), as_header_pairs(envelope.lineage))
-        self.io.set_state(envelope.request_id, states.SUCCEEDED, at, attempts=envelope.attempts, model=output.model)
+        self.io.set_state(envelope.request_id, states.SUCCEEDED, at, attempts=envelope.attempts, model=output.model, attempt_log=envelope.history)
         metrics.requests.labels("succeeded").inc()
         metrics.end_to_end.observe(max(0, at - envelope.original_timestamp) / 1000)
         log_event(log, logging.DEBUG, "succeeded", request_id=envelope.request_id, attempt=envelope.attempts, model=output.model)

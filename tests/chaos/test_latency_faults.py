@@ -148,7 +148,7 @@ def safe_get(worker: Worker, path: str) -> dict:
 
 
 def parked(worker: Worker) -> int:
-    return int(safe_get(worker, "/retries/").get("parked") or 0)
+    return int(safe_get(worker, "/retries/_local/?top=1").get("total") or 0)
 
 
 def breaker(worker: Worker) -> dict:
@@ -300,7 +300,7 @@ def read_ledger(workers: list[Worker], mock: MockLLM, ids: list[str], timeout: f
             state = safe_get(live[0], f"/requests/{rid}/") if live else {}
             lines.append(f"{rid}: mock calls {mock.calls(rid)}; state {state}")
             lines += log_lines(workers, re.escape(rid), 10)
-        lines.append(f"parked per worker: {[(w.name, safe_get(w, '/retries/')) for w in live]}")
+        lines.append(f"parked per worker: {[(w.name, safe_get(w, '/retries/_local/?top=0')) for w in live]}")
         for worker in live:
             status = safe_get(worker, "/")
             lines.append(f"{worker.name}: in_flight={status.get('in_flight')} ready={status.get('ready')} input={status.get('assignment', {}).get(worker.topic('input'))}")

@@ -1,17 +1,16 @@
-"""The admin page in a real headless Chromium: list, filter, edit + reprocess, no script injection."""
+"""The admin page in a real headless Chromium: list, filter, edit + reprocess, dry runs, layout, no script injection."""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
+import subprocess
 
 import pytest
 
-from tests.support import Worker, produce, request_bytes, unique, wait_until
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SCRIPT_PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+from tests.e2e.console import CLIPPED, SCRIPT_PAYLOAD, screenshot
+from tests.support import FAUST, Worker, http_json, produce, request_bytes, unique, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (installed by .ci/run)")
 
@@ -36,18 +35,6 @@ def dead(worker):
     produce(worker.bootstrap, worker.topic("input"), messages)
     wait_until(lambda: worker.get("/dlq/")[1]["total"] == 5, 30, "five dead letters")
     return ids
-
-
-@pytest.fixture
-def page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page()
-        page.set_default_timeout(15_000)
-        yield page
-        browser.close()
 
 
 def rows(page) -> list[str]:
@@ -88,12 +75,63 @@ def test_reprocess_all_matching_asks_with_the_exact_count(worker, dead, page):
     page.select_option("#f-class", "content_filter")
     page.click("#filters button[type=submit]")
     page.wait_for_function("document.querySelectorAll('#rows tr.row').length === 2")
-    with page.expect_event("dialog") as dialog_info:
-        page.click("#replay-all", no_wait_after=True)  # the confirm dialog blocks the page until handled
-    dialog = dialog_info.value
-    assert dialog.message == "Reprocess all 2 dead letters with error class content_filter?"
-    dialog.dismiss()
-    assert worker.get("/dlq/")[1]["total"] == 5  # dismissed: nothing was replayed
+    page.click("#replay-all")
+    page.wait_for_selector("#confirm[open]")
+    assert page.inner_text("#confirm-title") == "Reprocess all 2 dead letters with error class content_filter?"
+    assert sorted(page.eval_on_selector_all("#confirm-sample li", "ls => ls.map(l => l.textContent)")) == sorted(dead["filter"] + dead["script"])
+    assert f"About {content_filter_tokens(dead)} prompt tokens" in page.inner_text("#confirm-tokens")
+    screenshot(page, "reprocess-all-confirm")
+    page.click("#confirm-cancel")
+    assert page.is_hidden("#confirm")
+    assert worker.get("/dlq/")[1]["total"] == 5  # cancelled: nothing was replayed
+
+
+def content_filter_tokens(dead) -> int:
+    """The documented estimate (prompt characters / 4, rounded up) of the two content_filter dead letters."""
+    (fid,), (sid,) = dead["filter"], dead["script"]
+    return math.ceil(len(f"hello {fid}") / 4) + math.ceil(len(SCRIPT_PAYLOAD + "\n" + f"hello {sid}") / 4)
+
+
+def test_dry_run_answers_count_sample_and_tokens_and_replays_nothing(worker, dead):
+    status, answer = http_json(worker.url + "/dlq/reprocess/", "POST", {"all": True, "error_class": "content_filter", "dry_run": True})
+    assert status == 200, answer
+    assert answer["dry_run"] is True and answer["total"] == 2
+    assert sorted(answer["sample"]) == sorted(dead["filter"] + dead["script"])
+    assert answer["estimated_prompt_tokens"] == content_filter_tokens(dead) and "/ 4" in answer["estimate"]
+    by_keys = http_json(worker.url + "/dlq/reprocess/", "POST", {"keys": dead["filter"], "dry_run": True})[1]
+    assert (by_keys["total"], by_keys["sample"]) == (1, dead["filter"])
+    assert by_keys["estimated_prompt_tokens"] == math.ceil(len(f"hello {dead['filter'][0]}") / 4)
+    assert http_json(worker.url + "/dlq/reprocess/", "POST", {"all": True, "dry_run": "yes"})[0] == 400
+    env = {**worker.env(), "DLQ_WEB_URL": worker.url}
+    cli = subprocess.run([str(FAUST), "-A", "dlqapp", "dlq-reprocess", "--all", "--error-class", "content_filter", "--dry-run", "--json"], env=env, cwd=worker.tmp, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["total"] == 2 and json.loads(cli.stdout)["estimated_prompt_tokens"] == answer["estimated_prompt_tokens"]
+    assert worker.get("/dlq/")[1]["total"] == 5  # nothing was replayed
+
+
+def test_headers_are_a_table_and_the_attempt_history_a_history_table(worker, dead, page):
+    rid = dead["auth"][1]
+    page.goto(worker.url + "/ui/")
+    page.click(f"#rows tr[data-id='{rid}']")
+    page.wait_for_selector("#headers tr[data-header=attempt_history] table")
+    history = page.eval_on_selector_all("#headers tr[data-header=attempt_history] tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
+    assert [h[0] for h in history] == ["1"] and history[0][2] == "input" and history[0][4].startswith("auth_error")
+    assert page.inner_text("#headers tr[data-header=request_id] td:last-child") == rid
+    assert '[{"' not in page.inner_text("#headers")  # no escaped JSON left
+    screenshot(page, "dead-letter-detail")
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_nothing_is_clipped_or_behind_a_scrollbar(worker, dead, new_page, width):
+    page = new_page(width, 900)
+    page.goto(worker.url + "/ui/")
+    page.wait_for_function("document.querySelectorAll('#rows tr.row').length === 5")
+    page.click(f"#rows tr[data-id='{dead['script'][0]}']")
+    page.wait_for_selector("#headers")
+    assert page.evaluate(CLIPPED) == []
+    lines = "cs => cs.map(c => { const r = document.createRange(); r.selectNodeContents(c); return r.getClientRects().length; })"
+    assert set(page.eval_on_selector_all("#rows td:last-child", lines)) == {1}  # the time sits on one line
+    screenshot(page, f"dead-letters-{width}")
 
 
 def test_edit_then_reprocess(worker, dead, page):

@@ -39,7 +39,7 @@ def test_parked_retries_survive_kill_9_and_fire_none_early(make_worker):
     worker = make_worker(env_extra={"DLQ_RETRY_DELAYS": "15s,16s,17s", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}).start()
     ids = [unique(f"parked{i}") for i in range(100)]
     produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, **simulate(1))) for rid in ids])
-    wait_until(lambda: worker.get("/retries/")[1]["parked"] == 100, 60, "100 parked retries")
+    wait_until(lambda: worker.get("/retries/?limit=1")[1]["total"] == 100, 60, "100 parked retries")
     worker.kill()
     worker.start()
     records = read_topic(worker.bootstrap, worker.topic("results"), lambda r: set(ids) <= keys_seen(r), 120)
@@ -75,7 +75,7 @@ def test_due_retries_are_not_starved_by_an_input_flood(make_worker):
     ).start()
     probe = unique("probe")
     produce(worker.bootstrap, worker.topic("input"), [(probe.encode(), request_bytes(probe, **simulate(1)))])
-    wait_until(lambda: worker.get("/retries/")[1]["parked"] == 1, 30, "the probe to be parked")
+    wait_until(lambda: worker.get("/retries/?limit=1")[1]["total"] == 1, 30, "the probe to be parked")
     flood = [unique(f"flood{i}") for i in range(5000)]
     produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in flood])
     records = read_topic(worker.bootstrap, worker.topic("results"), lambda r: probe in keys_seen(r), 120)

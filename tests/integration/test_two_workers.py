@@ -1,4 +1,5 @@
-"""Two workers of one app: every read sees the whole DLQ, whichever worker owns it."""
+"""Two workers of one app: every read sees the whole DLQ and every parked retry, whichever
+worker owns it, and actions on either worker run on the owner."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from tests.support import http_json, produce, request_bytes, unique, wait_until
 
 
 def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
-    env = {"DLQ_RETRY_DELAYS": "200ms,400ms,600ms", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}
+    env = {"DLQ_RETRY_DELAYS": "10m,20m", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}
     first = make_worker(env_extra=env).start()
     second = make_worker(app_id=first.app_id, prefix=first.prefix, env_extra=env).start()
     wait_until(lambda: all(w.get("/")[1]["assigned_partitions"] and w.get("/")[1]["ready"] for w in (first, second)), 90, "both workers to own partitions")
@@ -24,3 +25,22 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
     status, body = http_json(second.url + f"/dlq/{ids[0]}/reprocess/", "POST")
     assert status == 200 and body["status"] == "reprocessed"
     wait_until(lambda: (r := first.get(f"/requests/{ids[0]}/"))[0] == 200 and r[1]["state"] == "succeeded", 120, "the replay to succeed")
+
+    # parked retries: listed by both workers, run now / dead-lettered through either one
+    parked = [unique(f"park{i}") for i in range(6)]
+    retry_plan = {"metadata": {"simulate": {"fail_times": 1, "error": "unknown"}}}
+    produce(first.bootstrap, first.topic("input"), [(rid.encode(), request_bytes(rid, **retry_plan)) for rid in parked])
+    for worker in (first, second):
+        listing = wait_until(lambda: (p := worker.get("/retries/?limit=100")[1]).get("total") == 6 and p, 60, f"6 parked retries listed by {worker.name}")
+        assert {i["request_id"] for i in listing["items"]} == set(parked) and "incomplete" not in listing
+        assert len(worker.get("/health/")[1]["workers"]) == 2
+    for n, rid in enumerate(parked[:5]):
+        via = (first, second)[n % 2]
+        status, body = http_json(via.url + f"/retries/{rid}/run-now/", "POST", {})
+        assert status == 200 and body["status"] == "fired", body
+    status, body = http_json(first.url + f"/retries/{parked[5]}/dead-letter/", "POST", {})
+    assert status == 200 and body["status"] == "dead_lettered", body
+    for rid in parked[:5]:
+        wait_until(lambda: second.get(f"/requests/{rid}/")[1]["state"] == "succeeded", 120, f"{rid} run now")
+    assert second.get(f"/dlq/{parked[5]}/")[0] == 200
+    wait_until(lambda: second.get("/retries/")[1]["total"] == 0, 120, "no parked retry left")

@@ -21,6 +21,7 @@ from dlqapp.core.tiers import build_tiers
 from dlqapp.deadletters.operator import Operator
 from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.inference import InferenceOutput
+from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.worker.flow import PriorityLimiter
@@ -196,7 +197,8 @@ def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool 
     )
     scheduler = RetryScheduler(parked, pipeline, io, None, InputGate(lambda: True, clock), batch=100, max_payload_bytes=1_000_000, clock=clock)  # type: ignore[arg-type]
     recorder = DeadLetterRecorder(dead_letters, FakeTable("dead-letters-by-time"), counters, str(tmp_path / "dead-letters.jsonl"))  # type: ignore[arg-type]
-    operator = Operator(io, recorder, ledger, input_topic=input_topic, dlq_topic=dlq, max_replays=5, clock=clock)  # type: ignore[arg-type]
+    retries = RetryActions(parked, scheduler, pipeline, io)
+    operator = Operator(io, recorder, ledger, retries, input_topic=input_topic, dlq_topic=dlq, max_replays=5, clock=clock)  # type: ignore[arg-type]
     return Worker(backend, clock, counters, input_topic, tier_topics, dlq, results, requests, parked_table, dead_letters, ledger, io, parked, pipeline, scheduler, recorder, operator)
 
 

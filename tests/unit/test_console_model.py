@@ -1,0 +1,126 @@
+"""The console's read models and retry actions over fakes: minute rates, alerts, merges,
+the token estimate, run now and dead-letter now (one outcome when the timer fires too)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+from dlqapp.deadletters.estimate import estimated_tokens
+from dlqapp.observability.health import MINUTE_MS, MinuteRates, merge_health, quantile_from_buckets, worker_alerts
+from dlqapp.retries.listing import merge_retries
+from tests.unit.fakes import FakeEvent, FakeMessage, ScriptedBackend, request, state_of, worker
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_minute_rates_keep_fifteen_minutes_and_only_the_four_series():
+    rates = MinuteRates()
+    start = 100 * MINUTE_MS
+    rates.add("received", 2, start)
+    rates.add("retried|app.retry-1s", 1, start + 30_000)
+    rates.add("dlq_size", 5, start)  # not a rate
+    rates.add("dead_lettered|timeout", -1, start)  # a correction, not a rate
+    points = rates.series(start + 59_000)
+    assert len(points) == 15 and points[-1] == {"minute": start, "received": 2, "succeeded": 0, "retried": 1, "dead_lettered": 0}
+    later = start + 15 * MINUTE_MS
+    rates.add("succeeded", 1, later)
+    points = rates.series(later)
+    assert all(p["received"] == 0 for p in points) and points[-1]["succeeded"] == 1  # the first minute fell off
+
+
+def test_lateness_p99_is_read_over_the_window_at_bucket_resolution():
+    bounds = [0.01, 0.1, 1.0, math.inf]
+    assert quantile_from_buckets(bounds, [0, 0, 0, 0], 0.99) is None
+    assert quantile_from_buckets(bounds, [98, 99, 100, 100], 0.99) == 0.1
+    assert quantile_from_buckets(bounds, [0, 0, 0, 5], 0.99) == 1.0  # past the last finite bucket
+    rates = MinuteRates()
+    rates.mark_lateness([100, 100, 100, 100], 0)
+    assert rates.lateness_window([100, 100, 110, 110]) == [0, 0, 10, 10]  # only what happened since the mark
+
+
+def test_alerts_name_the_breaker_and_what_it_holds_and_stay_quiet_when_healthy():
+    now = 1_000_000
+    healthy = {"url": "w1", "breaker": {"state": "closed", "waiting": 0}, "consumer_lag": 0}
+    assert worker_alerts(healthy, now) == []
+    stalled = {"url": "w1", "breaker": {"state": "open", "waiting": 244, "tripped_since": now - 180_000, "reopens_in_ms": 12_000}, "consumer_lag": 30}
+    (alert,) = worker_alerts(stalled, now)
+    assert alert == "circuit breaker open, since 3 min ago, next probe in 12 s, 244 requests held, consumer lag 30"
+    idle_probe = {"url": "w1", "breaker": {"state": "half_open", "waiting": 0}}
+    assert worker_alerts(idle_probe, now) == []  # nobody is held: the next call probes
+    slow = {"url": "w1", "breaker": {"state": "closed"}, "oldest_overdue_ms": 45_000, "event_loop_lag_s": 2.5}
+    assert [a.split(":")[0].split(" ")[0] for a in worker_alerts(slow, now)] == ["retries", "event"]
+    merged = merge_health([stalled, healthy | {"url": "w2"}], ["http://w3: ClientError: refused"], now)
+    assert merged["status"] == "stalled" and merged["total"]["held"] == 244 and merged["total"]["consumer_lag"] == 30
+    assert [a["worker"] for a in merged["alerts"]] == ["w1", "http://w3"]
+
+
+def test_retry_pages_merge_earliest_due_first_with_exact_totals():
+    a = {"total": 3, "items": [{"request_id": "a1", "due_at": 5}, {"request_id": "a2", "due_at": 9}], "by_tier": {"retry-1s": 3}, "by_error_class": {"timeout": 3}}
+    b = {"total": 1, "items": [{"request_id": "b1", "due_at": 7}], "by_tier": {"retry-1s": 1}, "by_error_class": {"unknown": 1}}
+    page = merge_retries([a, b], limit=2, offset=1)
+    assert page["total"] == 4 and [i["request_id"] for i in page["items"]] == ["b1", "a2"]
+    assert page["by_tier"] == {"retry-1s": 4} and page["by_error_class"] == {"timeout": 3, "unknown": 1}
+
+
+def test_the_token_estimate_counts_prompt_characters_over_four():
+    entry = {"payload_text": json.dumps({"request_id": "r", "prompt": "abcd", "messages": [{"role": "user", "content": "efgh"}, {"role": "user", "content": [{"type": "text", "text": "ij"}]}]})}
+    assert estimated_tokens(entry) == math.ceil(len("abcd\nefgh\nij") / 4)
+    assert estimated_tokens({"payload_text": "not json", "payload_bytes": 9}) == 3
+    assert estimated_tokens({"payload_text": None, "payload_bytes": 8}) == 2
+
+
+class DueHopSpy:
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, bytes, int]] = []
+
+    async def send(self, key: bytes, value: bytes, partition: int):
+        self.sent.append((key, value, partition))
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def parked_worker(tmp_path, rid: str):
+    w = worker(tmp_path, ScriptedBackend({rid: 1}))
+    w.scheduler.due_hop = DueHopSpy()
+    run(w.pipeline.on_input(FakeEvent(rid.encode(), request(rid), message=FakeMessage("input", 0, 0)), w.input))
+    (key,) = list(w.parked_table)
+    return w, key
+
+
+def command(action: str, rid: str) -> dict:
+    return {"action": action, "request_id": rid, "actor": "tester"}
+
+
+def test_run_now_hands_the_entry_to_the_due_agent_like_the_timer_and_a_second_fire_does_nothing(tmp_path):
+    w, key = parked_worker(tmp_path, "r1")
+    answer = run(w.operator.execute(command("run_now", "r1")))
+    assert answer["status"] == "fired" and answer["tier"] == "retry-1s"
+    assert w.scheduler.due_hop.sent == [(b"r1", key, w.io.owner("r1"))] and key in w.scheduler.fired
+    assert run(w.operator.execute(command("run_now", "r1")))["status"] == "refused"  # already handed over
+    assert [r["action"] for r in w.operator.ledger_for("r1")] == ["run_now"]
+    due = FakeEvent(b"r1", key, message=FakeMessage("due"))
+    run(w.scheduler.on_due(due))  # the due agent: attempt, outcome, then delete
+    run(w.scheduler.on_due(due))  # the timer's own fire of the same entry arriving late
+    assert w.backend.calls_for("r1") == 2 and w.results.keys() == ["r1"] and key not in w.parked_table
+
+
+def test_dead_letter_now_sends_the_history_to_the_dlq_and_a_concurrent_due_message_is_ignored(tmp_path):
+    w, key = parked_worker(tmp_path, "r2")
+
+    async def both() -> list:
+        due = FakeEvent(b"r2", key, message=FakeMessage("due"))
+        return await asyncio.gather(w.operator.execute(command("dead_letter_now", "r2")), w.scheduler.on_due(due))
+
+    answer, _ = run(both())
+    assert answer["status"] == "dead_lettered" and answer["error_class"] == "server_error"
+    assert w.backend.calls_for("r2") == 1 and w.results.keys() == []  # the due message found it claimed
+    (dlq_key, _, headers, _), = w.dlq.sent
+    assert dlq_key == b"r2" and "dead-lettered by tester" in headers["final_error"]
+    assert [a["attempt"] for a in json.loads(headers["attempt_history"])] == [1]
+    assert key not in w.parked_table and state_of(w, "r2")["state"] == "dead_lettered"
+    assert w.operator.ledger_for("r2")[-1]["action"] == "dead_letter_now"
