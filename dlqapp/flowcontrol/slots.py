@@ -33,6 +33,7 @@ MAX_PASSES = 32
 class _Waiter:
     future: asyncio.Future[None]
     since_grant: int
+    order: int
 
 
 class SlotLimiter:
@@ -44,6 +45,7 @@ class SlotLimiter:
         self.max_passes = max_passes
         self.in_use = 0
         self.grants = 0
+        self._enqueued = 0
         self._waiters: tuple[deque[_Waiter], ...] = tuple(deque() for _ in range(LOW + 1))
 
     @property
@@ -76,7 +78,8 @@ class SlotLimiter:
 
     async def _acquire(self, priority: int) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[priority].append(_Waiter(future, self.grants))
+        self._enqueued += 1
+        self._waiters[priority].append(_Waiter(future, self.grants, self._enqueued))
         self._dispatch()
         try:
             await future
@@ -111,7 +114,7 @@ class SlotLimiter:
         fresh = [queue for queue in self._waiters[HIGH:] if queue]
         aged = [queue for queue in fresh if self.grants - queue[0].since_grant >= self.max_passes]
         if aged:
-            return min(aged, key=lambda queue: queue[0].since_grant).popleft()
+            return min(aged, key=lambda queue: queue[0].order).popleft()  # the longest waiting
         return fresh[0].popleft() if fresh else None
 
     def snapshot(self) -> dict[str, int]:
