@@ -229,7 +229,7 @@ class Api:
     def flow(self) -> dict[str, Any]:
         """Flow control on this worker: the adaptive limit, waiters by priority, rate limits per model."""
         pipeline = self.parts.pipeline
-        return {**pipeline.limiter.snapshot(), "rate_limits": pipeline.gate.snapshot()}
+        return {**pipeline.limiter.snapshot(), "rate_limit_share": round(pipeline.gate.share, 4), "rate_limits": pipeline.gate.snapshot()}
 
     def _assignment(self) -> dict[str, list[int]]:
         """Active partitions per topic on this worker (tables show as their changelog topics)."""

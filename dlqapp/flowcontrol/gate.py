@@ -90,6 +90,11 @@ class RateGate:
         self._on_wait = on_wait
         self._models: dict[str, _ModelGate] = {}
 
+    @property
+    def share(self) -> float:
+        """This worker's share of every limit now (owned input partitions / all of them)."""
+        return self._share()
+
     def model_of(self, model: str | None) -> str:
         """The model a call goes to: the one named, else DLQ_DEFAULT_MODEL."""
         return model or self.default_model

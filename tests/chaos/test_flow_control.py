@@ -13,6 +13,8 @@ and checks the throughput of 1 is within 10% of 600/min. The figures are printed
 
 from __future__ import annotations
 
+import urllib.request
+
 import pytest
 
 from tests.chaos.ledger import FULL, Ledger
@@ -32,7 +34,9 @@ def run_against_limited_mock(bootstrap: str, tmp, rpm: int, count: int, latency_
         ledger = Ledger.read(bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=max(300, count * 60 / rpm * 3))
         stats = mock.stats()
         flow = worker.get("/")[1]["flow"]
-        return {"ledger": ledger, "stats": stats, "flow": flow, "results": ledger_times(bootstrap, worker, ids)}
+        with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        return {"ledger": ledger, "stats": stats, "flow": flow, "metrics": metrics, "results": ledger_times(bootstrap, worker, ids)}
     finally:
         worker.kill()
         mock.stop()
@@ -64,6 +68,9 @@ def test_with_rate_limits_the_provider_sends_no_429_and_every_request_succeeds(k
     assert stats["throttled"] == 0 and stats["by_status"].get("429", 0) == 0
     assert set(ledger.results) == set(ledger.ids) and not ledger.dead
     assert stats["calls"] == count  # one call each: nothing bounced
+    limited = run["flow"]["rate_limits"][MODEL]
+    assert limited["rpm"] == rpm and limited["waited_calls"] > 0 and run["flow"]["concurrency_limit"] >= 1
+    assert "dlqapp_concurrency_limit " in run["metrics"] and f'dlqapp_rate_limit_wait_seconds_count{{model="{MODEL}"}}' in run["metrics"]
     assert rate <= rpm * 1.10  # never faster than the limit (allowing for broker timestamps)
     if FULL:
         assert rate >= rpm * 0.90, f"{rate:.0f}/min is not within 10% of {rpm}/min"
