@@ -1,11 +1,15 @@
 """Waiting for rate capacity, per model (asyncio; the arithmetic is `TokenBucket`'s).
 
-`RateGate.acquire(model, tokens)` returns when the model's requests-per-minute and
-tokens-per-minute buckets both have room, and takes one request and the estimated
-tokens; `Permit.settle(usage)` corrects the tokens once the response says what was used.
+`RateGate.acquire(model, tokens, slot=...)` returns when the model's requests-per-minute
+and tokens-per-minute buckets both have room and a backend slot was granted, and takes
+one request and the estimated tokens at that moment, so calls leave exactly at the pace
+of the buckets (capacity taken earlier and spent after a wait for a slot would go out in
+bursts). `Permit.settle(usage)` corrects the tokens once the response says what was used.
 
-- One lock per model: callers of a model take capacity in arrival order, and a model
-  that is out of capacity never delays calls to another.
+- One turn at a time per model, by priority (a `SlotLimiter(1)`: `high` before `normal`
+  before `low`, with its ageing): the holder waits for capacity *without* a backend slot,
+  then for a slot. A model out of capacity therefore never holds a slot, and never delays
+  calls to another model.
 - This worker's share: each bucket refills at limit × `share()`, the fraction of the
   input partitions this worker owns (so N workers that split the partitions split the
   limit). The share is read on every acquire: after a rebalance the new rate applies
@@ -24,10 +28,11 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from dlqapp.flowcontrol.bucket import TokenBucket
 from dlqapp.flowcontrol.limits import ANY_MODEL, ModelLimit, RateLimits
+from dlqapp.flowcontrol.slots import NORMAL, SlotLimiter
 
 BURST_S = 0.5
 MAX_PAUSE_S = 60.0
@@ -41,7 +46,7 @@ class _ModelGate:
     limit: ModelLimit
     requests: TokenBucket | None
     tokens: TokenBucket | None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    turns: SlotLimiter = field(default_factory=lambda: SlotLimiter(1))
     share: float = 1.0
     paused_until: float = 0.0
     waiting: int = 0
@@ -99,30 +104,47 @@ class RateGate:
         """The model a call goes to: the one named, else DLQ_DEFAULT_MODEL."""
         return model or self.default_model
 
-    async def acquire(self, model: str | None, tokens: int, max_wait_s: float | None = None) -> Permit | None:
-        """Wait for room for one call of `tokens` to `model`; None when `max_wait_s` ran out first."""
+    async def acquire(
+        self, model: str | None, tokens: int, max_wait_s: float | None = None, priority: int = NORMAL, slot: Callable[[], Awaitable[Any]] | None = None
+    ) -> Permit | None:
+        """Wait for room for one call of `tokens` to `model`, then take a backend slot (`slot()`,
+        which the caller holds for its call) and the capacity at once. None when `max_wait_s`
+        ran out first (the slot may have been taken: the caller gives it back)."""
         model_name = self.model_of(model)
         gate = self._gate(model_name)
         if gate is None:
+            if slot is not None:
+                await slot()
             return UNLIMITED
         started = self._clock()
         give_up_at = None if max_wait_s is None else started + max_wait_s
         gate.waiting += 1
         try:
-            async with gate.lock:
-                while True:
-                    self._apply_share(gate)
-                    wait = self._wait_s(gate, tokens)
-                    if wait <= 0:
-                        return self._take(model_name, gate, tokens, started)
-                    now = self._clock()
-                    if give_up_at is not None and now + wait > give_up_at:
-                        if now >= give_up_at:
-                            return None
-                        wait = give_up_at - now
-                    await self._sleep(min(wait, MAX_SLEEP_S))
+            async with gate.turns.slot(priority):
+                if not await self._room(gate, tokens, give_up_at):
+                    return None
+                if slot is not None:
+                    await slot()
+                    # Rare: a Retry-After, a smaller share or a token correction came while it waited for the slot.
+                    if not await self._room(gate, tokens, give_up_at):
+                        return None
+                return self._take(model_name, gate, tokens, started)
         finally:
             gate.waiting -= 1
+
+    async def _room(self, gate: _ModelGate, tokens: int, give_up_at: float | None) -> bool:
+        """Wait until the model has room for the call (True), or until `give_up_at` (False)."""
+        while True:
+            self._apply_share(gate)
+            wait = self._wait_s(gate, tokens)
+            if wait <= 0:
+                return True
+            now = self._clock()
+            if give_up_at is not None:
+                if now >= give_up_at:
+                    return False
+                wait = min(wait, give_up_at - now)
+            await self._sleep(min(wait, MAX_SLEEP_S))
 
     def pause(self, model: str | None, seconds: float) -> None:
         """No call to `model` for `seconds` (a provider's Retry-After)."""

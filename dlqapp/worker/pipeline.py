@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import random
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import assert_never
 
@@ -212,10 +213,12 @@ class Pipeline:
             rank = number - 1 + int(held)
             await self.breaker.wait_allowed(request.request_id, rank)
             try:
-                permit = await self.gate.acquire(model or request.model, estimate_tokens(request), self._time_left_s(request))
-                if permit is None:
-                    raise DeadlinePassed(DeadLetter(ErrorClass.EXPIRED, f"deadline {request.deadline} passed while waiting for rate capacity; not called"))
-                async with self.limiter.slot(priority):
+                async with AsyncExitStack() as slot:  # the backend slot, taken by the gate once the model has room
+                    permit = await self.gate.acquire(
+                        model or request.model, estimate_tokens(request), self._time_left_s(request), priority, lambda: slot.enter_async_context(self.limiter.slot(priority))
+                    )
+                    if permit is None:
+                        raise DeadlinePassed(DeadLetter(ErrorClass.EXPIRED, f"deadline {request.deadline} passed while waiting for rate capacity; not called"))
                     started = self.clock()
                     expired = past_deadline(request.deadline, started)
                     if expired is not None:

@@ -4,6 +4,7 @@ slots by priority, the per-model rate gate, and a virtual-time run against a pro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import random
 
@@ -361,3 +362,50 @@ def test_adaptive_concurrency_alone_keeps_429s_under_5_percent_of_calls(latency_
     run = simulate(rpm=600, latency_s=latency_s, count=2000)
     assert run["refused_share"] < 0.05, run
     assert run["per_minute"] > 600 * 0.8, run  # and still uses most of the provider's capacity
+
+
+def test_capacity_is_taken_when_the_backend_slot_is_granted_so_a_wait_for_a_slot_cannot_make_a_burst():
+    async def run():
+        clock = Clock()
+        gate = RateGate(parse_rate_limits("m=120rpm"), clock=clock, sleep=clock.sleep)  # 2 a second, a bucket of 1
+        slots = SlotLimiter(1)
+        hold = asyncio.Event()
+        sent = []
+
+        async def call(name, wait=None):
+            async with contextlib.AsyncExitStack() as stack:
+                await gate.acquire("m", 1, slot=lambda: stack.enter_async_context(slots.slot(NORMAL)))
+                sent.append((name, clock.now))
+                if wait:
+                    await wait.wait()
+
+        first = asyncio.create_task(call("first", hold))
+        while not sent:
+            await asyncio.sleep(0)
+        second = asyncio.create_task(call("second"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        clock.now += 30  # the slot stays busy for half a minute
+        hold.set()
+        third = asyncio.create_task(call("third"))
+        await asyncio.gather(first, second, third)
+        (_, t2), (_, t3) = sent[1], sent[2]
+        assert t3 - t2 == pytest.approx(0.5)  # paced after the long wait for the slot, not sent together
+
+    asyncio.run(run())
+
+
+def test_callers_of_one_model_take_their_turns_by_priority():
+    async def run():
+        clock = Clock()
+        gate = RateGate(parse_rate_limits("m=60rpm"), clock=clock, sleep=clock.sleep)
+        order = []
+
+        async def call(name, priority):
+            await gate.acquire("m", 1, priority=priority)
+            order.append(name)
+
+        await asyncio.gather(call("first", NORMAL), call("low", LOW), call("normal", NORMAL), call("high", HIGH), call("due", DUE))
+        assert order == ["first", "due", "high", "normal", "low"]
+
+    asyncio.run(run())
