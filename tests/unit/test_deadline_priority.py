@@ -125,3 +125,18 @@ def test_under_a_full_window_high_priority_requests_are_called_first_and_low_las
         assert sorted(w.results.keys()) == sorted(backend.order)
 
     asyncio.run(run())
+
+
+def test_a_call_waiting_for_its_models_capacity_holds_no_backend_slot(tmp_path):
+    async def run():
+        w = worker(tmp_path)
+        w.pipeline.limiter = SlotLimiter(1)
+        w.pipeline.gate = RateGate(parse_rate_limits("slow=1rpm"), "m")  # the first call to "slow" waits a minute
+        slow = asyncio.create_task(w.pipeline.on_input(input_event("to-slow", model="slow"), w.input))
+        await asyncio.sleep(0.05)
+        await asyncio.wait_for(w.pipeline.on_input(input_event("to-other", offset=1, model="other"), w.input), 5)
+        assert w.results.keys() == ["to-other"] and w.backend.calls_for("to-slow") == 0
+        assert w.pipeline.limiter.in_use == 0 and w.pipeline.gate.snapshot()["slow"]["waiting"] == 1
+        slow.cancel()
+
+    asyncio.run(run())
