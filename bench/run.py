@@ -493,7 +493,7 @@ class Bench:
                     "succeeded": len(succeeded),
                     "dead_lettered": count - len(succeeded),
                     "completion_s": round(elapsed, 1),
-                    "results_per_min": round(count / elapsed * 60, 1),
+                    "outcomes_per_min": round(count / elapsed * 60, 1),
                 }
                 print(f"  flow control {name}: {json.dumps(out[name])}", flush=True)
             finally:
@@ -611,11 +611,11 @@ def _md_stats_cost(cost: dict[str, Any]) -> list[str]:
 
 def _md_flow_control(flow: dict[str, Any]) -> list[str]:
     rows = [f"## Flow control: {flow['requests']:,} requests, provider limited to {flow['provider_rpm']} rpm, {flow['latency_ms']} ms latency", "",
-            "| dlqapp | 429s sent | share of calls | attempts per request | succeeded | dead-lettered | completion s | results/min |", "|---|---|---|---|---|---|---|---|"]
+            "| dlqapp | 429s sent | share of calls | attempts per request | succeeded | dead-lettered | completion s | outcomes/min |", "|---|---|---|---|---|---|---|---|"]
     for name in FLOW_SETUPS:
         if name in flow:
             v = flow[name]
-            rows.append(f"| {name} | {v['429s']:,} | {v['429_share']:.1%} | {v['attempts_per_request']:.2f} | {v['succeeded']:,} | {v['dead_lettered']:,} | {v['completion_s']} | {v['results_per_min']} |")
+            rows.append(f"| {name} | {v['429s']:,} | {v['429_share']:.1%} | {v['attempts_per_request']:.2f} | {v['succeeded']:,} | {v['dead_lettered']:,} | {v['completion_s']} | {v['outcomes_per_min']} |")
     return rows
 
 
