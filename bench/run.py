@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -154,6 +155,53 @@ def probe_lateness(bootstrap: str, worker: Worker, probes: int, flood_size: int 
         for attempt in record.json["history"][1:]:
             per_tier.setdefault(attempt["topic"].split(".")[-1], []).append(attempt["at"] - attempt["scheduled"])
     return per_tier
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median and range of one figure over several runs."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+class LoopLagSampler:
+    """Polls a worker's `dlqapp_event_loop_lag_seconds` twice a second while in use; keeps the worst."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.max_ms = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "LoopLagSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                with urllib.request.urlopen(self.worker.url + "/metrics", timeout=5) as response:
+                    text = response.read().decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if line.startswith("dlqapp_event_loop_lag_seconds "):
+                    self.max_ms = max(self.max_ms, float(line.split()[1]) * 1000)
+
+
+def seed_request_states(bootstrap: str, changelog: str, count: int) -> list[str]:
+    """Write `count` succeeded request states to a `requests` changelog; returns their ids."""
+    from dlqapp.core import states
+
+    ids = unique_ids("seed", count)
+    at = int(time.time() * 1000)
+    for i in range(0, count, 50_000):
+        chunk = ids[i : i + 50_000]
+        values = [states.dump(states.transition(None, rid, states.SUCCEEDED, at, attempts=1)) for rid in chunk]
+        produce(bootstrap, changelog, [(rid.encode(), value) for rid, value in zip(chunk, values)])
+    return ids
 
 
 def lateness_summary(per_tier: dict[str, list[float]]) -> dict[str, dict[str, float | None]]:
@@ -304,21 +352,44 @@ class Bench:
     def lateness(self) -> dict[str, Any]:
         """Retry lateness per tier: `idle` (probes paced, nothing else to do), `burst` (all
         probes at once, so their retries fall due together) and `under_flood` (a burst, then
-        a flood of fresh input while the retries wait)."""
+        a flood of fresh input while the retries wait). Each scenario runs 5 times (once with
+        --quick) on a fresh worker; each run's p99 per tier and the worst event-loop lag the
+        worker reported during it are kept, and summarised as min / median / max."""
         probes = 10 if self.quick else 300
         flood = 300 if self.quick else 20_000
+        runs = 1 if self.quick else LATENESS_RUNS
         out: dict[str, Any] = {}
         scenarios = (("idle", 0, PROBES_PER_S), ("burst", 0, None), ("under_flood", flood, None))
         for label, flood_size, per_second in scenarios:
-            worker = self.simulated_worker(latency_ms=LATENCY_MS)
-            worker.start()
-            try:
-                per_tier = probe_lateness(self.bootstrap, worker, probes, flood_size, per_second)
-                out[label] = lateness_summary(per_tier)
-                out[label + "_samples"] = sorted(x for v in per_tier.values() for x in v)
-                print(f"  lateness {label}: {json.dumps(out[label])}", flush=True)
-            finally:
-                worker.kill()
+            per_run: list[dict[str, Any]] = []
+            samples: list[float] = []
+            for run in range(runs):
+                worker = self.simulated_worker(latency_ms=LATENCY_MS)
+                worker.start()
+                try:
+                    with LoopLagSampler(worker) as lag:
+                        per_tier = probe_lateness(self.bootstrap, worker, probes, flood_size, per_second)
+                    row = {"per_tier": lateness_summary(per_tier), "loop_lag_max_ms": lag.max_ms}
+                    per_run.append(row)
+                    samples += [x for v in per_tier.values() for x in v]
+                    print(f"  lateness {label} run {run + 1}: {json.dumps(row)}", flush=True)
+                finally:
+                    worker.kill()
+            tiers = per_run[0]["per_tier"].keys()
+            out[label] = {
+                tier: {
+                    "n": sum(r["per_tier"][tier]["n"] for r in per_run),
+                    "p50_ms": spread([r["per_tier"][tier]["p50_ms"] for r in per_run]),
+                    "p99_ms": spread([r["per_tier"][tier]["p99_ms"] for r in per_run]),
+                    "max_ms": max(r["per_tier"][tier]["max_ms"] for r in per_run),
+                }
+                for tier in tiers
+            }
+            out[label + "_loop_lag_max_ms"] = spread([r["loop_lag_max_ms"] for r in per_run])
+            out[label + "_worst_tier_p99_ms"] = spread([max(t["p99_ms"] for t in r["per_tier"].values()) for r in per_run])
+            out[label + "_runs"] = per_run
+            out[label + "_samples"] = sorted(samples)
+        out["flood_to_idle_worst_tier_p99"] = out["under_flood_worst_tier_p99_ms"]["median"] / max(1.0, out["idle_worst_tier_p99_ms"]["median"])
         return out
 
     def simulated_worker(self, latency_ms: int, **env: str) -> Worker:
@@ -329,30 +400,57 @@ class Bench:
     # -- stats cost -------------------------------------------------------------------------
 
     def stats_cost(self) -> dict[str, Any]:
-        """`GET /dlq/stats/` latency (p50/p99 of 200 calls) and the worker's RSS with N
-        requests in its tables, beside the same at 1k, measured in one run."""
+        """`GET /dlq/stats/` and `GET /metrics` latency (p50/p99 of 200 calls each) and RSS of
+        a worker whose `requests` table holds N settled request states, beside one holding
+        1k. The states are written to each worker's changelog once; each of 3 runs (1 with
+        --quick) restarts both workers, which then hold the states in RocksDB."""
         sizes = (200, 1_000) if self.quick else (1_000, STATS_COST_LARGE)
+        runs = 1 if self.quick else 3
+        workers = {size: self._seeded_worker(size) for size in sizes}
+        samples: dict[int, list[dict[str, float]]] = {size: [] for size in sizes}
+        for run in range(runs):
+            for size, (worker, seeded) in workers.items():
+                samples[size].append(self._stats_cost_once(worker, seeded[run * 20 : (run + 1) * 20]))
+                print(f"  stats cost run {run + 1} at {size:,}: {json.dumps(samples[size][-1])}", flush=True)
         out: dict[str, Any] = {}
-        for size in sizes:
-            worker = self.simulated_worker(latency_ms=1, DLQ_CONCURRENCY="256")
-            worker.start()
-            try:
-                ids = unique_ids("s", size)
-                produce_in_batches(self.bootstrap, worker.topic("input"), requests_for(ids))
-                wait_until(lambda: worker.get("/dlq/stats/")[1].get("succeeded", 0) >= size, 7200, f"{size} requests through the worker", interval=2)
+        for size, rows in samples.items():
+            out[str(size)] = {"requests": size, "runs": rows, **{name: spread([row[name] for row in rows]) for name in rows[0]}}
+        small, large = (samples[n] for n in sizes)
+        out["p99_ratio_large_to_small"] = spread([b["stats_p99_ms"] / a["stats_p99_ms"] for a, b in zip(small, large)])
+        return out
+
+    def _seeded_worker(self, size: int) -> tuple[Worker, list[str]]:
+        """A worker (stopped) whose `requests` changelog holds `size` succeeded states."""
+        worker = self.simulated_worker(latency_ms=1)
+        worker.start()  # creates the topics; the states then go in through the changelog
+        worker.kill()
+        return worker, seed_request_states(self.bootstrap, f"{worker.app_id}-requests-changelog", size)
+
+    def _stats_cost_once(self, worker: Worker, known_ids: list[str]) -> dict[str, float]:
+        """Start `worker`, prove its states are there, time the reads, stop it."""
+        started = time.monotonic()
+        worker.start(wait=False)
+        try:
+            worker.wait_ready(timeout=3600)  # the first start restores every state from the changelog
+            start_s = time.monotonic() - started
+            stats = lambda: worker.get("/dlq/stats/")[1]  # noqa: E731
+            skipped_before = stats().get("duplicates_skipped", 0)
+            produce(self.bootstrap, worker.topic("input"), requests_for(known_ids))  # succeeded already: skipped
+            wait_until(lambda: stats().get("duplicates_skipped", 0) >= skipped_before + len(known_ids), 300, "the seeded ids skipped as duplicates")
+            row: dict[str, float] = {"start_s": round(start_s, 1)}
+            for name, path in (("stats", "/dlq/stats/"), ("metrics", "/metrics")):
                 times = []
                 for _ in range(200):
-                    started = time.perf_counter()
-                    status, _ = worker.get("/dlq/stats/")
-                    times.append((time.perf_counter() - started) * 1000)
-                    assert status == 200
-                out[str(size)] = {"requests": size, "stats_p50_ms": percentile(times, 0.5), "stats_p99_ms": percentile(times, 0.99), **process_memory(worker.process.pid)}
-                print(f"  stats cost at {size}: {json.dumps(out[str(size)])}", flush=True)
-            finally:
-                worker.kill()
-        small, large = (out[str(n)] for n in sizes)
-        out["p99_ratio_large_to_1k"] = large["stats_p99_ms"] / small["stats_p99_ms"]
-        return out
+                    began = time.perf_counter()
+                    with urllib.request.urlopen(worker.url + path, timeout=30) as response:
+                        response.read()
+                    times.append((time.perf_counter() - began) * 1000)
+                row[f"{name}_p50_ms"] = round(percentile(times, 0.5), 2)
+                row[f"{name}_p99_ms"] = round(percentile(times, 0.99), 2)
+            row["rss_mib"] = round(process_memory(worker.process.pid)["rss_bytes"] / 2**20)
+            return row
+        finally:
+            worker.kill()
 
     # -- 3. timer scale ------------------------------------------------------------------
 
@@ -568,10 +666,15 @@ def _md_latency(latency: dict[str, Any]) -> list[str]:
 
 
 def _md_lateness(lateness: dict[str, Any]) -> list[str]:
-    lines = ["| Retry lateness | Tier | n | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|---|"]
+    cell = lambda s: f"{s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f})"  # noqa: E731
+    lines = ["Median of runs (min–max over runs); each run a fresh worker.", "",
+             "| Retry lateness | Tier | n | p50 ms | p99 ms | max ms | loop lag max ms |", "|---|---|---|---|---|---|---|"]
     for label in ("idle", "burst", "under_flood"):
         for tier, v in lateness[label].items():
-            lines.append(f"| {label} | {tier} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['max_ms']} |")
+            lines.append(f"| {label} | {tier} | {v['n']} | {cell(v['p50_ms'])} | {cell(v['p99_ms'])} | {v['max_ms']} | {cell(lateness[label + '_loop_lag_max_ms'])} |")
+    worst = lambda label: cell(lateness[label + "_worst_tier_p99_ms"])  # noqa: E731
+    lines += ["", f"Worst tier p99: idle {worst('idle')} ms, burst {worst('burst')} ms, under the flood {worst('under_flood')} ms; "
+              f"flood / idle at the median: **{lateness['flood_to_idle_worst_tier_p99']:.1f}×**"]
     return lines
 
 
@@ -601,11 +704,14 @@ SYSTEMS = ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dl
 
 
 def _md_stats_cost(cost: dict[str, Any]) -> list[str]:
-    rows = ["## /dlq/stats/ cost", "", "| requests in the tables | stats p50 (ms) | stats p99 (ms) | RSS (MiB) |", "|---|---|---|---|"]
-    for key, row in cost.items():
-        if isinstance(row, dict):
-            rows.append(f"| {row['requests']:,} | {row['stats_p50_ms']:.1f} | {row['stats_p99_ms']:.1f} | {row['rss_bytes'] / 2**20:.0f} |")
-    rows.append(f"\np99 ratio, large to 1k: {cost['p99_ratio_large_to_1k']:.2f}×")
+    rows = ["## /dlq/stats/ and /metrics cost (median of runs, min–max)", "",
+            "| request states in the table | start s (1st run restores) | stats p50 ms | stats p99 ms | metrics p50 ms | metrics p99 ms | RSS MiB |", "|---|---|---|---|---|---|---|"]
+    cell = lambda s: f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"  # noqa: E731
+    for row in cost.values():
+        if isinstance(row, dict) and "requests" in row:
+            rows.append(f"| {row['requests']:,} | {cell(row['start_s'])} | {cell(row['stats_p50_ms'])} | {cell(row['stats_p99_ms'])} | {cell(row['metrics_p50_ms'])} | {cell(row['metrics_p99_ms'])} | {cell(row['rss_mib'])} |")
+    ratio = cost["p99_ratio_large_to_small"]
+    rows.append(f"\nstats p99 ratio, large to small, per run: median {ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f}×)")
     return rows
 
 
@@ -684,8 +790,11 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+LATENESS_RUNS = int(os.environ.get("BENCH_LATENESS_RUNS", "5"))
+"""Runs of each lateness scenario (fresh worker each)."""
+
 STATS_COST_LARGE = int(os.environ.get("BENCH_STATS_COST_REQUESTS", "1000000"))
-"""Requests in the large `stats_cost` run (1M by default: about half an hour on 2 cores)."""
+"""Request states in the large `stats_cost` run (1M by default; seeding and restoring them take a few minutes)."""
 
 SECTIONS = {
     "throughput": "throughput",

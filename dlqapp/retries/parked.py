@@ -11,8 +11,8 @@ from faust.tables import Table
 from dlqapp.core.envelope import Envelope
 from dlqapp.core.tiers import Tier, tier_after
 from dlqapp.retries.keys import parked_key
-from dlqapp.retries.scan import SCAN_CHUNK, ScanStarts, scan_chunk_of_parked
-from dlqapp.worker.faust_compat import active_partitions, is_offset_record, partition_db
+from dlqapp.retries.scan import SCAN_CHUNK, ScanStarts
+from dlqapp.worker.faust_compat import active_partitions, is_offset_record, partition_db, scan_chunk
 
 
 class ParkedRetries:
@@ -91,7 +91,7 @@ class ParkedRetries:
         for _, db in list(self.active_dbs()):
             after: bytes | None = None
             while True:
-                chunk = scan_chunk_of_parked(db, after, SCAN_CHUNK, values)
+                chunk = scan_chunk(db, after, SCAN_CHUNK, values)
                 for key, value in chunk:
                     if not is_offset_record(self.table, key):
                         yield key, value

@@ -6,7 +6,7 @@ from typing import Iterable
 
 from rocksdict import ReadOptions
 
-from dlqapp.retries.keys import due_upper_bound
+from dlqapp.retries.keys import decode_parked_key, due_upper_bound
 
 REFIRE_AFTER_MS = 120_000
 """A fired entry still parked after this long (its due message was lost to a crash of
@@ -79,17 +79,15 @@ def scan_due(db: object, now: int, start: bytes | None, fired: dict[bytes, int],
     return keys, first_present if first_present is not None else upper
 
 
-def scan_chunk_of_parked(db: object, after: bytes | None, limit: int, values: bool) -> list[tuple[bytes, bytes | None]]:
-    """Up to `limit` (key, value or None) pairs after `after` (exclusive), in key order."""
+def next_due_after(db: object, now: int) -> int | None:
+    """Due time (ms) of the earliest retry parked for later than `now`, or None.
+
+    Faust's offset record (`__faust\\0offset__`) sorts after every parked key; it decodes
+    to a due time far in the future, which callers treat like "nothing soon".
+    """
     it = db.iter(ReadOptions())  # type: ignore[attr-defined]
-    if after is None:
-        it.seek_to_first()
-    else:
-        it.seek(after)
-        if it.valid() and it.key() == after:
-            it.next()
-    chunk = []
-    while it.valid() and len(chunk) < limit:
-        chunk.append((it.key(), it.value() if values else None))
-        it.next()
-    return chunk
+    it.seek(due_upper_bound(now))
+    if not it.valid():
+        return None
+    key = it.key()
+    return decode_parked_key(key)[0] if len(key) > 8 else None

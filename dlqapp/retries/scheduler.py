@@ -30,8 +30,9 @@ from dlqapp.observability.logs import log_event
 from dlqapp.retries.due_hop import DueHop
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.parked import ParkedRetries
-from dlqapp.retries.scan import scan_due
+from dlqapp.retries.scan import next_due_after, scan_due
 from dlqapp.worker.flow import HIGH
+from dlqapp.worker.input_gate import InputGate
 from dlqapp.worker.partition_io import PartitionIO
 from dlqapp.worker.pipeline import Pipeline
 
@@ -40,15 +41,21 @@ log = logging.getLogger("dlqapp.retries.scheduler")
 class RetryScheduler:
     """Parks retries from tier topics, fires due ones, and attempts them."""
 
-    def __init__(self, parked: ParkedRetries, pipeline: Pipeline, io: PartitionIO, due_hop: DueHop, *, batch: int, max_payload_bytes: int, clock: Clock) -> None:
+    def __init__(
+        self, parked: ParkedRetries, pipeline: Pipeline, io: PartitionIO, due_hop: DueHop, gate: InputGate, *, batch: int, max_payload_bytes: int, clock: Clock
+    ) -> None:
         self.parked = parked
         self.pipeline = pipeline
         self.io = io
         self.due_hop = due_hop
+        self.gate = gate
         self.batch = batch
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
         self.fired: dict[bytes, int] = {}
+        self.next_due: int | None = None
+        """When the earliest retry not yet due falls due (as of the last scan), so the
+        timer can wake for it instead of a tick later."""
 
     # -- 1. park ----------------------------------------------------------------------
 
@@ -74,10 +81,13 @@ class RetryScheduler:
         fired = 0
         active = dict(self.parked.active_dbs())
         self.parked.scan_starts.keep_only(active)
+        upcoming = [due for db in active.values() if (due := next_due_after(db, now)) is not None]
+        self.next_due = min(upcoming, default=None)
         for partition, db in active.items():
             keys = self._due_keys(partition, db, now)
             if not keys:
                 continue
+            self.gate.fired(keys)  # fresh input waits until the due agent has these
             sends = []
             for key in keys:
                 self.fired[key] = now
@@ -85,6 +95,7 @@ class RetryScheduler:
                 sends.append(await self.due_hop.send(request_id.encode(), key, partition))
             await asyncio.gather(*sends)
             fired += len(keys)
+        self.gate.refresh()
         return fired
 
     def _due_keys(self, partition: int, db: object, now: int) -> list[bytes]:
@@ -98,6 +109,7 @@ class RetryScheduler:
         """After a rebalance: entries may have moved; fire whatever is still parked."""
         self.fired.clear()
         self.parked.scan_starts.clear()
+        self.gate.forget()
 
     # -- 3. attempt -------------------------------------------------------------------
 
@@ -106,6 +118,7 @@ class RetryScheduler:
         key = event.value
         if not isinstance(key, bytes) or len(key) <= 8:
             raise ValueError("a due message must carry a parked-retry key")
+        self.gate.received(key)
         envelope = self.parked.get(key)
         if envelope is None:
             self.fired.pop(key, None)

@@ -118,12 +118,14 @@ class _Handlers:
                     raise
 
     def input_agent(self) -> Callable[[StreamT], Awaitable[None]]:
-        pipeline, topic = self.parts.pipeline, self.parts.topology.input
+        pipeline, topic, gate = self.parts.pipeline, self.parts.topology.input, self.parts.input_gate
 
         async def input_requests(stream: StreamT) -> None:
-            """Fresh requests: many in flight at once, acked in offset order."""
+            """Fresh requests: many in flight at once, acked in offset order; none started
+            while due retries are on their way (dlqapp.worker.input_gate)."""
             window = self.window()
             async for event in stream.noack().events():
+                await gate.wait_open()
                 await window.submit(event.message.partition, event, lambda event=event: pipeline.on_input(event, topic))
 
         return input_requests

@@ -17,7 +17,7 @@ from typing import Callable
 from faust.sensors.prometheus import setup_prometheus_sensors
 
 from dlqapp.core.backoff import Backoff
-from dlqapp.core.breaker import CircuitBreaker
+from dlqapp.core.breaker import CLOSED, CircuitBreaker
 from dlqapp.core.clock import Clock, now_ms
 from dlqapp.core.outcomes import RetryPolicy
 from dlqapp.deadletters.alerts import AlertBatcher
@@ -39,6 +39,7 @@ from dlqapp.worker.crashguard import CrashGuard
 from dlqapp.worker.durability import at_end_of_step
 from dlqapp.worker.faust_compat import consumer_lag
 from dlqapp.worker.flow import InFlightWindows
+from dlqapp.worker.input_gate import InputGate
 from dlqapp.worker.partition_io import PartitionIO
 from dlqapp.worker.pipeline import Outlets, Pipeline
 from dlqapp.worker.retention import (
@@ -50,6 +51,7 @@ from dlqapp.worker.retention import (
 from dlqapp.worker.services import (
     AlertWebhook,
     CrashJournal,
+    InputPause,
     LoopLag,
     RetentionSweep,
     RetryTimer,
@@ -70,6 +72,7 @@ class Components:
     parked: ParkedRetries
     pipeline: Pipeline
     scheduler: RetryScheduler
+    input_gate: InputGate
     recorder: DeadLetterRecorder
     operator: Operator
     crash_guard: CrashGuard
@@ -107,7 +110,8 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         gate=rate_gate(settings, lambda: input_share(app, settings)),
     )
     due_hop = DueHop(settings.kafka_bootstrap, topology.due.get_topic_name())
-    scheduler = RetryScheduler(parked, pipeline, io, due_hop, batch=settings.timer_batch, max_payload_bytes=settings.max_payload_bytes, clock=clock)
+    input_gate = InputGate(lambda: pipeline.breaker.state == CLOSED, clock)
+    scheduler = RetryScheduler(parked, pipeline, io, due_hop, input_gate, batch=settings.timer_batch, max_payload_bytes=settings.max_payload_bytes, clock=clock)
     alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None
     recorder = DeadLetterRecorder(
         topology.dead_letters, topology.dead_letters_by_time, counters, settings.dead_letter_log, alerts, settings.max_payload_bytes, settings.dlq_log_max_bytes, settings.dlq_log_backups
@@ -134,6 +138,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         parked=parked,
         pipeline=pipeline,
         scheduler=scheduler,
+        input_gate=input_gate,
         recorder=recorder,
         operator=operator,
         crash_guard=crash_guard,
@@ -187,6 +192,7 @@ def build_app(settings: Settings | None = None) -> DlqApp:
 def _register_services(app: DlqApp, parts: Components) -> None:
     settings = parts.settings
     app.service(RetryTimer(app, parts.scheduler, settings.timer_interval_ms))
+    app.service(InputPause(app, parts.input_gate, parts.topology.input.get_topic_name()))
     app.service(RetentionSweep(app, parts.sweeper, parts.clock))
     app.service(CrashJournal(parts.crash_guard))
     app.service(LoopLag())

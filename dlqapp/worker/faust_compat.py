@@ -64,8 +64,8 @@ def read_partition(table: Any, partition: int, key: bytes) -> bytes | None:
     return partition_db(table, partition).get(key)
 
 
-def scan_chunk(db: Any, after: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
-    """Up to `limit` (key, value) pairs after `after` (exclusive), in key order."""
+def scan_chunk(db: Any, after: bytes | None, limit: int, values: bool = True) -> list[tuple[bytes, Any]]:
+    """Up to `limit` (key, value) pairs after `after` (exclusive), in key order (value None unless `values`)."""
     it = db.iter(ReadOptions())
     if after is None:
         it.seek_to_first()
@@ -75,7 +75,7 @@ def scan_chunk(db: Any, after: bytes | None, limit: int) -> list[tuple[bytes, by
             it.next()
     chunk = []
     while it.valid() and len(chunk) < limit:
-        chunk.append((it.key(), it.value()))
+        chunk.append((it.key(), it.value() if values else None))
         it.next()
     return chunk
 
@@ -116,3 +116,31 @@ def values_newest_first(table: Any, partition: int) -> Iterator[bytes]:
         if not is_offset_record(table, it.key()):
             yield it.value()
         it.prev()
+
+
+async def set_topic_paused(app: Any, topic: str, paused: bool) -> None:
+    """Pause (or resume) fetching every assigned partition of `topic`, at the aiokafka level.
+
+    Not `Consumer.pause_partitions`: that edits Faust's active-partition set in place, and
+    records of a paused partition already fetched in the current batch are then skipped
+    without ever reaching a stream (offsets advanced, never handled until a restart).
+    aiokafka's own pause drops its prefetched records and keeps the position, so nothing is
+    skipped. The aiokafka consumer lives in Faust's consumer thread (`Consumer._thread`,
+    `_ensure_consumer()`), so the call runs there.
+    """
+    from aiokafka import TopicPartition
+
+    consumer = getattr(app, "_consumer", None)
+    thread = getattr(consumer, "_thread", None)
+    if thread is None:
+        return
+
+    async def apply() -> None:
+        aio = thread._ensure_consumer()
+        mine = [TopicPartition(tp.topic, tp.partition) for tp in aio.assignment() if tp.topic == topic]
+        if paused:
+            aio.pause(*mine)
+        else:
+            aio.resume(*mine)
+
+    await thread.call_thread(apply)

@@ -19,6 +19,8 @@ from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.observability import metrics
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.worker.crashguard import CrashGuard
+from dlqapp.worker.faust_compat import set_topic_paused
+from dlqapp.worker.input_gate import InputGate
 from dlqapp.worker.retention import Sweeper
 
 log = logging.getLogger("dlqapp.worker.services")
@@ -26,6 +28,7 @@ log = logging.getLogger("dlqapp.worker.services")
 SWEEP_INTERVAL_S = 1.0
 ERROR_LOG_INTERVAL_S = 60.0
 JOURNAL_INTERVAL_S = 1.0
+MIN_TIMER_SLEEP_S = 0.001
 
 
 class _Loop(Service):
@@ -40,6 +43,10 @@ class _Loop(Service):
     async def tick(self) -> None:
         raise NotImplementedError
 
+    def next_sleep_s(self) -> float:
+        """How long to sleep before the next tick."""
+        return self.interval_s
+
     def on_rebalancing(self) -> None:
         """Called instead of `tick` while partitions move."""
 
@@ -47,7 +54,7 @@ class _Loop(Service):
     async def _run(self) -> None:
         last_logged = float("-inf")
         while not self.should_stop:
-            await self.sleep(self.interval_s)
+            await self.sleep(self.next_sleep_s())
             if self.app.rebalancing or self.app.in_recovery:
                 self.on_rebalancing()
                 continue
@@ -60,7 +67,7 @@ class _Loop(Service):
 
 
 class RetryTimer(_Loop):
-    """Every DLQ_TIMER_INTERVAL, hand due retries to the due agent."""
+    """Every DLQ_TIMER_INTERVAL, or sooner when the next parked retry falls due, hand due retries to the due agent."""
 
     def __init__(self, app: Any, scheduler: RetryScheduler, interval_ms: int, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
@@ -80,6 +87,14 @@ class RetryTimer(_Loop):
         await self.scheduler.fire_due()
         await self.scheduler.parked.recount_if_reassigned()
 
+    def next_sleep_s(self) -> float:
+        """Wake when the next parked retry falls due, if that is before the next tick."""
+        next_due = self.scheduler.next_due
+        if next_due is None:
+            return self.interval_s
+        until_due_s = (next_due - self.scheduler.clock()) / 1000
+        return min(self.interval_s, max(MIN_TIMER_SLEEP_S, until_due_s))
+
 
 class RetentionSweep(_Loop):
     """Forget settled states and old ledgers after DLQ_STATE_RETENTION (dlqapp.worker.retention)."""
@@ -96,6 +111,26 @@ class RetentionSweep(_Loop):
 
     async def tick(self) -> None:
         await self.sweeper.sweep(self.clock())
+
+
+class InputPause(Service):
+    """Pauses and resumes fetching of the input partitions as the input gate decides."""
+
+    def __init__(self, app: Any, gate: InputGate, input_topic: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.app = app
+        self.gate = gate
+        self.input_topic = input_topic
+
+    @Service.task
+    async def _run(self) -> None:
+        await self.gate.run(self._set_paused)
+
+    async def _set_paused(self, paused: bool) -> None:
+        try:
+            await set_topic_paused(self.app, self.input_topic, paused)
+        except Exception as exc:  # e.g. mid-rebalance: the next decision applies it again
+            log.debug("input %s failed: %r", "pause" if paused else "resume", exc)
 
 
 class LoopLag(Service):

@@ -29,14 +29,18 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
     for system in ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures"):
         assert throughput[system]["requests_per_s"] > 0
     assert throughput["ratio_dlqapp_to_a"] > 0 and throughput["ratio_dlqapp_to_b"] > 0
-    assert set(results["lateness"]) == {"idle", "burst", "under_flood"}
-    assert all(tier["n"] > 0 for tier in results["lateness"]["idle"].values())
+    lateness = results["lateness"]
+    assert {"idle", "burst", "under_flood"} <= set(lateness)
+    assert all(tier["n"] > 0 and tier["p99_ms"]["min"] >= 0 for tier in lateness["idle"].values())  # never early
+    assert lateness["flood_to_idle_worst_tier_p99"] > 0 and "loop_lag_max_ms" in lateness["under_flood_runs"][0]
     assert results["timer"]["1000"]["tick_ratio_to_1k"] == 1.0
     scale = results["parked_scale"]
     for level in ("100", "1000"):
         assert scale[level]["parked"] == int(level)  # exact count from the worker, not the gauge used to wait
         assert scale[level]["rss_bytes"] > 0 and scale[level]["lateness_min_ms"] >= 0  # never early
     assert results["recovery"]["parked_after_restart"] == results["recovery"]["parked"]
+    cost = results["stats_cost"]["1000"]
+    assert cost["stats_p99_ms"]["median"] > 0 and cost["metrics_p99_ms"]["median"] > 0 and cost["rss_mib"]["median"] > 0
     report = (out / "latest.md").read_text()
     assert "dlqapp / A" in report and "1,000 parked" in report
     for plot in ("throughput.png", "lateness_cdf.png"):

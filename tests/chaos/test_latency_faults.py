@@ -388,7 +388,7 @@ def test_offsets_are_never_committed_ahead_of_the_table_writes_of_the_same_step(
 @pytest.mark.timeout(1800 if FULL else 600)
 def test_a_worker_whose_partitions_are_revoked_stops_writing_for_them(make_worker, tmp_path: Path):
     count = 10_000 if FULL else 2_000
-    outage_s = 120 if FULL else 40
+    outage_s = 120 if FULL else 20
     concurrency = 8
     rebalances, kills = 1, 1
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "808")))

@@ -25,4 +25,4 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
     assert 0 < min(shares) and abs(sum(shares) - 1.0) < 0.001  # each takes its partitions' share of DLQ_RATE_LIMITS
     status, body = http_json(second.url + f"/dlq/{ids[0]}/reprocess/", "POST")
     assert status == 200 and body["status"] == "reprocessed"
-    wait_until(lambda: (r := first.get(f"/requests/{ids[0]}/"))[0] == 200 and r[1]["state"] == "succeeded", 30, "the replay to succeed")
+    wait_until(lambda: (r := first.get(f"/requests/{ids[0]}/"))[0] == 200 and r[1]["state"] == "succeeded", 120, "the replay to succeed")

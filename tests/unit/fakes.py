@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlqapp.worker.input_gate import InputGate
 from dlqapp.core.backoff import Backoff
 from dlqapp.core.breaker import BreakerConfig, CircuitBreaker
 from dlqapp.core.errors import DEFAULT_RETRYABLE, ErrorClass, InferenceError
@@ -193,7 +194,7 @@ def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool 
         timeout_ms=5000,
         clock=clock,
     )
-    scheduler = RetryScheduler(parked, pipeline, io, None, batch=100, max_payload_bytes=1_000_000, clock=clock)  # type: ignore[arg-type]
+    scheduler = RetryScheduler(parked, pipeline, io, None, InputGate(lambda: True, clock), batch=100, max_payload_bytes=1_000_000, clock=clock)  # type: ignore[arg-type]
     recorder = DeadLetterRecorder(dead_letters, FakeTable("dead-letters-by-time"), counters, str(tmp_path / "dead-letters.jsonl"))  # type: ignore[arg-type]
     operator = Operator(io, recorder, ledger, input_topic=input_topic, dlq_topic=dlq, max_replays=5, clock=clock)  # type: ignore[arg-type]
     return Worker(backend, clock, counters, input_topic, tier_topics, dlq, results, requests, parked_table, dead_letters, ledger, io, parked, pipeline, scheduler, recorder, operator)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
 from dlqapp.retries.keys import due_upper_bound, parked_key
-from dlqapp.retries.scan import REFIRE_AFTER_MS, ScanStarts, scan_due
+from dlqapp.retries.scan import REFIRE_AFTER_MS, ScanStarts, next_due_after, scan_due
 
 NOW = 1_700_000_000_000
 
@@ -115,3 +115,12 @@ def test_a_parked_retry_from_before_a_replay_is_stale():
     assert superseded_by(state, old_chain) is not None
     assert superseded_by(state, replayed_chain) is None
     assert superseded_by({"state": "retry_scheduled", "attempts": 1}, old_chain) is None
+
+
+def test_next_due_after_names_the_earliest_retry_not_yet_due(db):
+    assert next_due_after(db, NOW) is None
+    for due, rid in [(NOW - 5, "past"), (NOW, "now"), (NOW + 250, "later"), (NOW + 40, "soon")]:
+        db.put(parked_key(due, rid), b"x")
+    assert next_due_after(db, NOW) == NOW + 40
+    assert next_due_after(db, NOW + 40) == NOW + 250
+    assert next_due_after(db, NOW + 250) is None
