@@ -13,7 +13,9 @@ fixed 100 ms latency) and measures:
 3. timer scale: the timer's tick cost on a store of 1k, 100k and 1M parked retries, and a
    real worker grown to 1k, 100k and 1M parked retries: resident memory per parked retry
    and the lateness of fresh retries at each level;
-4. recovery: kill -9 with many parked retries, time until processing again.
+4. recovery: kill -9 with many parked retries, time until processing again;
+5. flow control: 2,000 requests against a provider limited to 600 rpm, with no flow
+   control, adaptive concurrency alone, and DLQ_RATE_LIMITS: 429s, attempts, completion.
 
 `--only parked_scale,recovery` runs some sections (the report then holds only those).
 
@@ -64,6 +66,8 @@ PYTHON = sys.executable
 LATENCY_MS = 100
 CONCURRENCY = 64
 PROBES_PER_S = 50
+FLOW_LATENCY_MS = 1000
+"""Backend latency in the flow-control section (an LLM's, not the mock's 100 ms default)."""
 """Probe requests for retry lateness arrive at this rate, except in the burst and flood scenarios."""
 
 
@@ -552,6 +556,49 @@ class Bench:
         finally:
             worker.kill()
 
+    # -- 5. flow control -------------------------------------------------------------------
+
+    def flow_control(self) -> dict[str, Any]:
+        """The same load against a provider limited to `rpm` (dlqapp-mock-llm --limit-rpm, 1 s
+        latency): with no flow control (a fixed DLQ_CONCURRENCY, as before), with adaptive
+        concurrency alone, and with DLQ_RATE_LIMITS at the provider's limit. 429s the provider
+        sent, attempts per request, dead letters, time until every request has an outcome."""
+        rpm, count = (3000, 150) if self.quick else (600, 2000)
+        model = "bench-model"
+        setups = {
+            "none": {"DLQ_ADAPTIVE_CONCURRENCY": "false"},
+            "adaptive_concurrency": {},
+            "rate_limits": {"DLQ_RATE_LIMITS": f"{model}={rpm}rpm"},
+        }
+        out: dict[str, Any] = {"provider_rpm": rpm, "requests": count, "latency_ms": FLOW_LATENCY_MS}
+        for name, env in setups.items():
+            mock = MockLLM(self.tmp, args=["--latency-ms", str(FLOW_LATENCY_MS), "--jitter-ms", str(FLOW_LATENCY_MS // 5), "--limit-rpm", str(rpm), "--seed", "3"]).start()
+            worker = self.dlqapp_worker(mock, DLQ_RETRY_DELAYS="1s,10s,1m", **env)
+            try:
+                worker.start()
+                ids = unique_ids("fc", count)
+                started = time.monotonic()
+                produce(self.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, model=model)) for rid in ids])
+                outcomes = wait_results(self.bootstrap, [worker.topic("results"), worker.topic("dlq")], ids, timeout=3600)
+                elapsed = time.monotonic() - started
+                stats = mock.stats()
+                succeeded = [r for r in outcomes if r.topic == worker.topic("results")]
+                out[name] = {
+                    "calls": stats["calls"],
+                    "429s": stats["throttled"],
+                    "429_share": stats["throttled"] / stats["calls"],
+                    "attempts_per_request": stats["calls"] / count,
+                    "succeeded": len(succeeded),
+                    "dead_lettered": count - len(succeeded),
+                    "completion_s": round(elapsed, 1),
+                    "outcomes_per_min": round(count / elapsed * 60, 1),
+                }
+                print(f"  flow control {name}: {json.dumps(out[name])}", flush=True)
+            finally:
+                worker.kill()
+                mock.stop()
+        return out
+
     # -- 4. recovery ---------------------------------------------------------------------
 
     def recovery(self) -> dict[str, Any]:
@@ -599,7 +646,8 @@ def markdown(r: dict[str, Any]) -> str:
     header = f"{r['when']} on {r['machine']}; backend latency {LATENCY_MS} ms, concurrency {CONCURRENCY}" + (" (quick)" if r["quick"] else "")
     lines = ["# dlqapp benchmark", "", header, ""]
     for section, render in (("throughput", _md_throughput), ("latency", _md_latency), ("lateness", _md_lateness),
-                            ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery), ("stats_cost", _md_stats_cost)):
+                            ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery), ("stats_cost", _md_stats_cost),
+                            ("flow_control", _md_flow_control)):
         if section in r:
             lines += render(r[section]) + [""]
     return "\n".join(lines)
@@ -667,6 +715,19 @@ def _md_stats_cost(cost: dict[str, Any]) -> list[str]:
     return rows
 
 
+def _md_flow_control(flow: dict[str, Any]) -> list[str]:
+    rows = [f"## Flow control: {flow['requests']:,} requests, provider limited to {flow['provider_rpm']} rpm, {flow['latency_ms']} ms latency", "",
+            "| dlqapp | 429s sent | share of calls | attempts per request | succeeded | dead-lettered | completion s | outcomes/min |", "|---|---|---|---|---|---|---|---|"]
+    for name in FLOW_SETUPS:
+        if name in flow:
+            v = flow[name]
+            rows.append(f"| {name} | {v['429s']:,} | {v['429_share']:.1%} | {v['attempts_per_request']:.2f} | {v['succeeded']:,} | {v['dead_lettered']:,} | {v['completion_s']} | {v['outcomes_per_min']} |")
+    return rows
+
+
+FLOW_SETUPS = ("none", "adaptive_concurrency", "rate_limits")
+
+
 def plots(r: dict[str, Any], samples: dict[str, list[float]], out: Path) -> None:
     import matplotlib
 
@@ -702,7 +763,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="comma-separated sections to run (default: all): " + ", ".join(SECTIONS))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = parser.parse_args()
-    chosen = [s.strip() for s in args.only.split(",") if s.strip()] or list(SECTIONS)
+    chosen = [s.strip() for s in args.only.split(",") if s.strip()] or [s for s in SECTIONS if not (args.quick and s in NOT_IN_QUICK)]
     unknown = set(chosen) - set(SECTIONS)
     if unknown:
         parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
@@ -743,8 +804,11 @@ SECTIONS = {
     "parked_scale": "parked_scale",
     "recovery": "recovery",
     "stats_cost": "stats_cost",
+    "flow_control": "flow_control",
 }
 """Report section → Bench method, in the order a full run measures them."""
+NOT_IN_QUICK = {"flow_control"}
+"""Left out of `--quick` unless named in `--only` (six workers: too slow for `make test`)."""
 
 
 if __name__ == "__main__":

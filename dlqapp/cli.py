@@ -260,6 +260,8 @@ async def dlq_stats(self: Any, as_json: bool) -> None:
             lines.extend(f"  {name:<30}{n}" for name, n in sorted(stats[key].items()))
             if not stats[key]:
                 lines.append("  -")
+        for url, flow in sorted(stats.get("flow", {}).items()):
+            lines.append(f"concurrency limit   {flow['concurrency_limit']} of {flow['concurrency_max']}, {flow['calls_in_flight']} calls in flight ({url})")
         emit(stats, as_json, "\n".join(lines))
 
     await run(go())

@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping
 from dlqapp.core.breaker import BreakerConfig
 from dlqapp.core.errors import DEFAULT_RETRYABLE, ErrorClass
 from dlqapp.core.tiers import Tier, build_tiers
+from dlqapp.flowcontrol.limits import RateLimits, parse_rate_limits
 
 
 class SettingsError(ValueError):
@@ -151,7 +152,10 @@ class Settings:
     retryable_overrides: dict = _setting("DLQ_RETRYABLE", "", _parse_retryable, "Overrides of the retryable table, e.g. `context_length=true,unknown=false`.")
     max_message_bytes: int = _setting("DLQ_MAX_MESSAGE_BYTES", "16777216", _positive_int, "Largest Kafka message dlqapp topics accept and its producer sends (oversized input still reaches the DLQ intact).")
     max_payload_bytes: int = _setting("DLQ_MAX_PAYLOAD_BYTES", "1048576", _positive_int, "Largest accepted request payload; larger ones are dead-lettered as `invalid_request`.")
-    concurrency: int = _setting("DLQ_CONCURRENCY", "64", _positive_int, "Backend calls in flight at once per worker.")
+    concurrency: int = _setting("DLQ_CONCURRENCY", "64", _positive_int, "Backend calls in flight at once per worker (the most the adaptive limit may reach).")
+    adaptive_concurrency: bool = _setting("DLQ_ADAPTIVE_CONCURRENCY", "true", _parse_bool, "Shrink the calls in flight when the backend answers 429s, times out or slows down, and grow them back when it recovers (AIMD between DLQ_CONCURRENCY_FLOOR and DLQ_CONCURRENCY).")
+    concurrency_floor: int = _setting("DLQ_CONCURRENCY_FLOOR", "1", _positive_int, "Adaptive concurrency never goes below this many calls in flight (at most DLQ_CONCURRENCY).")
+    rate_limits: RateLimits = _setting("DLQ_RATE_LIMITS", "", parse_rate_limits, "Requests and tokens per minute per model, e.g. `gpt-4o-mini=5000rpm/2000000tpm,gpt-4o=500rpm/30000tpm,*=1000rpm`; calls wait for capacity instead of being sent. Each worker takes the share of its input partitions (empty: no limits).")
     max_poll_records: int = _setting("DLQ_MAX_POLL_RECORDS", "100", _positive_int, "Most records one consumer poll hands to the agents; small batches let due retries through a flood of input.")
     drain_timeout_ms: int = _setting("DLQ_DRAIN_TIMEOUT", "5s", parse_duration_ms, "On shutdown or a rebalance, how long calls in flight may finish; the rest (and requests held by the breaker) are left unacked for the partition's next owner.")
     poison_after_crashes: int = _setting("DLQ_POISON_AFTER_CRASHES", "3", _positive_int, "A message the worker died on (in progress at this many unclean stops in a row) is dead-lettered as `poison` instead of being handled again.")
@@ -211,7 +215,12 @@ class Settings:
         values["data_dir"] = values["data_dir"].replace("{app_id}", values["app_id"])
         settings = cls(**values)
         settings._check_topic_names()
+        settings._check_flow()
         return settings
+
+    def _check_flow(self) -> None:
+        if self.concurrency_floor > self.concurrency:
+            raise SettingsError(f"DLQ_CONCURRENCY_FLOOR={self.concurrency_floor} is invalid: it must not exceed DLQ_CONCURRENCY ({self.concurrency})")
 
     def _check_topic_names(self) -> None:
         if "{delay}" not in self.retry_topic_template:

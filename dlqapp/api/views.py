@@ -183,6 +183,7 @@ class Api:
     def local_stats(self) -> dict[str, Any]:
         stats = local_stats(self.parts.counters.total_of(self.topology.stats), self.parts.oldest_dead_letter.get())
         stats["breaker"] = {str(self.app.conf.canonical_url): self.parts.pipeline.breaker.snapshot()}
+        stats["flow"] = {str(self.app.conf.canonical_url): self.flow()}
         return stats
 
     async def list_dead_letters(self, flt: DlqFilter, limit: int, offset: int) -> dict[str, Any]:
@@ -261,8 +262,15 @@ class Api:
             "topics": self.settings.all_topics(),
             "inference": self.parts.backend.name,
             "in_flight": len(self.parts.pipeline.in_flight),
+            "concurrency_limit": self.parts.pipeline.limiter.limit,
+            "flow": self.flow(),
             "admin_page": "/ui/",
         }
+
+    def flow(self) -> dict[str, Any]:
+        """Flow control on this worker: the adaptive limit, waiters by priority, rate limits per model."""
+        pipeline = self.parts.pipeline
+        return {**pipeline.limiter.snapshot(), "rate_limit_share": round(pipeline.gate.share, 4), "rate_limits": pipeline.gate.snapshot()}
 
     def _assignment(self) -> dict[str, list[int]]:
         """Active partitions per topic on this worker (tables show as their changelog topics)."""

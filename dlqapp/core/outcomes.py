@@ -79,6 +79,23 @@ def expiry(policy: RetryPolicy, original_timestamp: int, now_ms: int) -> DeadLet
     return None
 
 
+def past_deadline(deadline_ms: int | None, now_ms: int) -> DeadLetter | None:
+    """A `DeadLetter(expired)` when the request's own `deadline` has passed, else None."""
+    if deadline_ms is not None and now_ms > deadline_ms:
+        return DeadLetter(ErrorClass.EXPIRED, f"deadline {deadline_ms} passed {now_ms - deadline_ms} ms ago; not called")
+    return None
+
+
+def within_deadline(outcome: "Outcome", deadline_ms: int | None) -> "Outcome":
+    """A retry that would fall due after the request's deadline is dead-lettered as `expired` now."""
+    if isinstance(outcome, RetryAt) and deadline_ms is not None and outcome.due_ms > deadline_ms:
+        return DeadLetter(
+            ErrorClass.EXPIRED,
+            f"its retry would be due at {outcome.due_ms}, after its deadline {deadline_ms}; last error: {outcome.failure.message}",
+        )
+    return outcome
+
+
 def decide(
     policy: RetryPolicy,
     attempt: int,

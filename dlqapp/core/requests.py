@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_REQUEST_ID_CHARS = 256
+PRIORITIES = ("high", "normal", "low")
+MAX_DEADLINE_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z: a larger `deadline` is not epoch milliseconds."""
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 # Header names (public contract: retry_count, scheduled_time, original_timestamp,
@@ -34,6 +37,10 @@ class Request:
     prompt: str | None
     params: dict[str, Any]
     metadata: dict[str, Any]
+    deadline: int | None = None
+    """Epoch ms after which the request is dead-lettered as `expired` without a call."""
+    priority: str = "normal"
+    """`high`, `normal` or `low`: the order fresh requests get backend slots in."""
 
 
 def _valid_request_id(value: Any) -> str | None:
@@ -102,6 +109,7 @@ def validate_request(data: dict[str, Any]) -> Request:
     for name, kind in (("model", str), ("params", dict), ("metadata", dict)):
         if data.get(name) is not None and not isinstance(data[name], kind):
             problems.append(f"{name} must be {'a string' if kind is str else 'an object'}")
+    problems.extend(_check_flow_fields(data))
     if problems:
         raise InvalidRequest(problems, request_id)
     return Request(
@@ -111,7 +119,21 @@ def validate_request(data: dict[str, Any]) -> Request:
         prompt=prompt,
         params=data.get("params") or {},
         metadata=data.get("metadata") or {},
+        deadline=data.get("deadline"),
+        priority=data.get("priority") or "normal",
     )
+
+
+def _check_flow_fields(data: dict[str, Any]) -> list[str]:
+    """`deadline` (epoch ms) and `priority`, both optional."""
+    problems = []
+    deadline = data.get("deadline")
+    if deadline is not None and not (isinstance(deadline, int) and not isinstance(deadline, bool) and 0 < deadline <= MAX_DEADLINE_MS):
+        problems.append("deadline must be a positive integer: epoch milliseconds")
+    priority = data.get("priority")
+    if priority is not None and priority not in PRIORITIES:
+        problems.append(f"priority must be one of {list(PRIORITIES)}")
+    return problems
 
 
 def salvage_request_id(payload: bytes | None) -> str | None:

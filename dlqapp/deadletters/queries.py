@@ -154,8 +154,10 @@ def merge_stats(parts: Iterable[Mapping[str, Any]], now: int) -> dict[str, Any]:
     counters = {k: Counter() for k in ("retried", "dead_lettered", "dlq_by_error_class", "dlq_by_model")}
     oldest = None
     breakers: dict[str, Any] = {}
+    flows: dict[str, Any] = {}
     for part in parts:
         breakers.update(part.get("breaker", {}))
+        flows.update(part.get("flow", {}))
         for key in merged:
             merged[key] += part[key]
         for key, counter in counters.items():
@@ -165,4 +167,5 @@ def merge_stats(parts: Iterable[Mapping[str, Any]], now: int) -> dict[str, Any]:
     merged.update({k: dict(v) for k, v in counters.items()})
     merged["oldest_entry_age_ms"] = (now - oldest) if oldest is not None else None
     merged["breaker"] = breakers
+    merged["flow"] = flows
     return merged

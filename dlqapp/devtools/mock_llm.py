@@ -1,6 +1,13 @@
 """`dlqapp-mock-llm`: an OpenAI-compatible mock model server with a control plane.
 
     dlqapp-mock-llm --port 8000 --latency-ms 100 --jitter-ms 20 --fail 503=0.05,429=0.02 --seed 1
+    dlqapp-mock-llm --limit-rpm 600 --limit-tpm 100000
+
+`--limit-rpm`/`--limit-tpm` enforce a provider's limits per model: a call over them is
+answered at once with 429 `rate_limit_exceeded` and `retry-after`/`retry-after-ms` (the time
+until capacity). Like providers that enforce per-minute limits over shorter windows, each
+limit is a token bucket holding one second of it (at least one request), full at start;
+a call costs one request and the `total_tokens` its usage reports.
 
 Serves `POST /v1/chat/completions` (OpenAI response shape). Control plane:
 
@@ -8,7 +15,8 @@ Serves `POST /v1/chat/completions` (OpenAI response shape). Control plane:
   "error": {"code", "message"}, "headers": {...}, "timeout": false}`: the next `fail_times`
   calls for that id fail that way (`status: "timeout"` or `"timeout": true` hangs).
 - `GET /_mock/calls/{request_id}`: calls received for that id (`GET /_mock/calls`: all ids).
-- `GET /_mock/stats`: calls, successes and failures by status.
+- `GET /_mock/stats`: calls, successes and failures by status; `throttled`: the 429s the
+  limits sent (by model in `throttled_by_model`).
 - `POST /_mock/outage` `{"on": true, "status": 503}`: every call fails like a dead provider.
 - `POST /_mock/reset`: forget plans, counts and the outage.
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import random
 import time
 from collections import Counter
@@ -25,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from dlqapp.flowcontrol.bucket import TokenBucket
 
 log = logging.getLogger("dlqapp.devtools.mock_llm")
 TIMEOUT = "timeout"
@@ -74,6 +85,43 @@ class MockState:
     calls: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     outage_status: int | None = None
+    limits: "ProviderLimits | None" = None
+
+
+class ProviderLimits:
+    """Requests and tokens per minute per model, enforced like a provider (see the module doc)."""
+
+    def __init__(self, rpm: float | None, tpm: float | None, clock: Any = time.monotonic) -> None:
+        self.rpm, self.tpm = rpm, tpm
+        self._clock = clock
+        self._buckets: dict[str, tuple[TokenBucket | None, TokenBucket | None]] = {}
+        self.throttled: Counter[str] = Counter()
+
+    def _bucket(self, per_minute: float | None) -> TokenBucket | None:
+        if per_minute is None:
+            return None
+        rate = per_minute / 60
+        capacity = max(1.0, rate)
+        return TokenBucket(rate, capacity, self._clock, initial=capacity)
+
+    def admit(self, model: str, tokens: int) -> float:
+        """0 when the call may go (its cost is taken), else the seconds until it could."""
+        if model not in self._buckets:
+            self._buckets[model] = (self._bucket(self.rpm), self._bucket(self.tpm))
+        requests, token_bucket = self._buckets[model]
+        wait = max(requests.wait_s(1) if requests else 0.0, token_bucket.wait_s(tokens) if token_bucket else 0.0)
+        if wait > 0:
+            self.throttled[model] += 1
+            return wait
+        if requests:
+            requests.take(1)
+        if token_bucket:
+            token_bucket.take(tokens)
+        return 0.0
+
+    def reset(self) -> None:
+        self._buckets.clear()
+        self.throttled.clear()
 
 
 def failure_response(status: int, error: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> web.Response:
@@ -107,6 +155,10 @@ def build_app(state: MockState) -> web.Application:
             return failure_response(400)
         request_id = request.headers.get("X-Request-ID", "")
         state.calls[request_id] += 1
+        throttled = _over_limit(state, request_id, body)
+        if throttled is not None:
+            state.outcomes["429"] += 1
+            return throttled
         delay = max(0.0, state.latency_ms + (state.rng.random() * 2 - 1) * state.jitter_ms) / 1000
         await asyncio.sleep(delay)
         failure = _planned_failure(state, request_id) or _outage(state) or _random_failure(state)
@@ -145,7 +197,15 @@ def build_app(state: MockState) -> web.Application:
 
     @routes.get("/_mock/stats")
     async def stats(request: web.Request) -> web.Response:
-        return web.json_response({"calls": sum(state.calls.values()), "ids": len(state.calls), "by_status": dict(state.outcomes), "outage": state.outage_status is not None})
+        limits = state.limits
+        return web.json_response({
+            "calls": sum(state.calls.values()),
+            "ids": len(state.calls),
+            "by_status": dict(state.outcomes),
+            "outage": state.outage_status is not None,
+            "throttled": sum(limits.throttled.values()) if limits else 0,
+            "throttled_by_model": dict(limits.throttled) if limits else {},
+        })
 
     @routes.post("/_mock/outage")
     async def outage(request: web.Request) -> web.Response:
@@ -159,6 +219,8 @@ def build_app(state: MockState) -> web.Application:
         state.calls.clear()
         state.outcomes.clear()
         state.outage_status = None
+        if state.limits is not None:
+            state.limits.reset()
         return web.json_response({"reset": True})
 
     app = web.Application()
@@ -168,6 +230,19 @@ def build_app(state: MockState) -> web.Application:
 
 Failure = web.Response | str | None
 """A response to send instead of a completion, TIMEOUT to hang, or None."""
+
+
+def _over_limit(state: MockState, request_id: str, body: Any) -> web.Response | None:
+    """A provider's 429 when the call's model is over `--limit-rpm`/`--limit-tpm`."""
+    if state.limits is None or not isinstance(body, dict):
+        return None
+    tokens = completion(request_id, body)["usage"]["total_tokens"]
+    wait = state.limits.admit(str(body.get("model") or "mock-model"), tokens)
+    if wait <= 0:
+        return None
+    headers = {"retry-after": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, math.ceil(wait * 1000)))}
+    error = {"type": "rate_limit_error", "code": "rate_limit_exceeded", "message": f"mock: rate limit reached; try again in {wait * 1000:.0f} ms"}
+    return failure_response(429, error, headers)
 
 
 def _planned_failure(state: MockState, request_id: str) -> Failure:
@@ -204,6 +279,13 @@ def _random_failure(state: MockState) -> Failure:
     return None
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the mock server (console script `dlqapp-mock-llm`)."""
     parser = argparse.ArgumentParser(prog="dlqapp-mock-llm", description="OpenAI-compatible mock model server for dlqapp.")
@@ -214,9 +296,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fail", type=parse_mix, default=[], help="failure mix, e.g. 500=0.02,503=0.03,429=0.02,timeout=0.01,400=0.01")
     parser.add_argument("--retry-after", type=float, default=1.0, help="retry-after seconds on random 429s")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--limit-rpm", type=_positive, default=None, help="requests per minute per model; more are answered 429 with retry-after")
+    parser.add_argument("--limit-tpm", type=_positive, default=None, help="tokens (usage.total_tokens) per minute per model; more are answered 429")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     state = MockState(args.latency_ms, args.jitter_ms, args.fail, args.retry_after, random.Random(args.seed))
+    if args.limit_rpm or args.limit_tpm:
+        state.limits = ProviderLimits(args.limit_rpm, args.limit_tpm)
     print(f"dlqapp-mock-llm on http://{args.host}:{args.port}/v1 (latency {args.latency_ms:g}±{args.jitter_ms:g} ms)", flush=True)
     web.run_app(build_app(state), host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=1.0)
 

@@ -30,6 +30,9 @@ held = Counter("dlqapp_held_during_outage_total", "Backend-wide failures not cou
 backend_latency = Histogram("dlqapp_backend_call_duration_seconds", "Backend call latency by outcome (ok or error class).", ["outcome"], buckets=LATENCY_BUCKETS)
 end_to_end = Histogram("dlqapp_end_to_end_latency_seconds", "From first receipt to the result.", buckets=E2E_BUCKETS)
 loop_lag = Gauge("dlqapp_event_loop_lag_seconds", "How late the event loop ran a 250 ms timer, worst of the last second: work that hogs the loop delays every retry.")
+concurrency_limit = Gauge("dlqapp_concurrency_limit", "Backend calls allowed in flight now: the adaptive limit, between DLQ_CONCURRENCY_FLOOR and DLQ_CONCURRENCY.")
+calls_in_flight = Gauge("dlqapp_backend_calls_in_flight", "Backend calls in flight now.")
+rate_wait = Histogram("dlqapp_rate_limit_wait_seconds", "Time a call waited for DLQ_RATE_LIMITS capacity, by model (`*`: a model the setting does not name).", ["model"], buckets=LATENESS_BUCKETS + (30, 60))
 lateness = Histogram("dlqapp_retry_lateness_seconds", "Actual attempt time minus scheduled_time, by tier.", ["tier"], buckets=LATENESS_BUCKETS)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from dataclasses import dataclass
+from typing import Callable
 
 from faust.sensors.prometheus import setup_prometheus_sensors
 
@@ -22,6 +24,9 @@ from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.deadletters.operator import Operator
 from dlqapp.deadletters.recorder import DeadLetterRecorder, OldestDeadLetter
 from dlqapp.deadletters.replays import ReplayJobs
+from dlqapp.flowcontrol.aimd import AimdLimit
+from dlqapp.flowcontrol.gate import RateGate, metric_label
+from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import InferenceBackend, create_backend
 from dlqapp.observability import metrics
 from dlqapp.observability.health import MinuteRates, lateness_buckets
@@ -35,7 +40,7 @@ from dlqapp.worker.counters import Counters
 from dlqapp.worker.crashguard import CrashGuard
 from dlqapp.worker.durability import at_end_of_step
 from dlqapp.worker.faust_compat import consumer_lag
-from dlqapp.worker.flow import InFlightWindows, PriorityLimiter
+from dlqapp.worker.flow import InFlightWindows
 from dlqapp.worker.input_gate import InputGate
 from dlqapp.worker.partition_io import PartitionIO
 from dlqapp.worker.pipeline import Outlets, Pipeline
@@ -99,7 +104,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         backend,
         policy,
         CircuitBreaker(settings.breaker_config()),
-        PriorityLimiter(settings.concurrency),
+        slot_limiter(settings),
         io=io,
         parked=parked,
         outlets=Outlets(tuple((t.tier, t.topic) for t in topology.tiers), topology.dlq, topology.results),
@@ -107,6 +112,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         timeout_ms=settings.inference_timeout_ms,
         clock=clock,
         rng=random.Random(),
+        gate=rate_gate(settings, lambda: input_share(app, settings)),
     )
     due_hop = DueHop(settings.kafka_bootstrap, topology.due.get_topic_name())
     input_gate = InputGate(lambda: pipeline.breaker.state == CLOSED, clock)
@@ -157,6 +163,24 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
     )
 
 
+def slot_limiter(settings: Settings) -> SlotLimiter:
+    """Backend slots by priority, under the adaptive limit unless DLQ_ADAPTIVE_CONCURRENCY=false."""
+    adaptive = AimdLimit(settings.concurrency_floor, settings.concurrency, time.monotonic) if settings.adaptive_concurrency else None
+    return SlotLimiter(settings.concurrency, adaptive)
+
+
+def rate_gate(settings: Settings, share: Callable[[], float]) -> RateGate:
+    """Per-model waiting for DLQ_RATE_LIMITS capacity, at this worker's share."""
+    limits = settings.rate_limits
+    return RateGate(limits, settings.default_model, share, on_wait=lambda model, s: metrics.rate_wait.labels(metric_label(limits, model)).observe(s))
+
+
+def input_share(app: DlqApp, settings: Settings) -> float:
+    """The fraction of the input partitions this worker owns now (its share of the rate limits)."""
+    owned = sum(1 for tp in app.assignor.assigned_actives() if tp.topic == settings.input)
+    return owned / settings.partitions
+
+
 def build_app(settings: Settings | None = None) -> DlqApp:
     """The dlqapp Faust app with every agent, service, view and command registered."""
     from dlqapp.api.views import Api, register_views
@@ -192,6 +216,9 @@ def _register_services(app: DlqApp, parts: Components) -> None:
 
 def _register_metrics(app: DlqApp, parts: Components) -> None:
     setup_prometheus_sensors(app, name_prefix="faust")
+    limiter = parts.pipeline.limiter
+    metrics.concurrency_limit.set_function(lambda: limiter.limit)
+    metrics.calls_in_flight.set_function(lambda: limiter.in_use)
     stats = parts.topology.stats
     metrics.register_state_collector(
         metrics.StateCollector(

@@ -6,7 +6,8 @@ event of its partition are done. Faust therefore never sees an out-of-order ack,
 its offset-commit bug with out-of-order acks (faust #606) cannot commit past a message
 whose outcome is not yet confirmed.
 
-`PriorityLimiter` bounds backend calls and serves due retries before fresh input.
+`PriorityLimiter` (dlqapp.flowcontrol.slots) bounds backend calls and serves due retries
+before fresh input.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Awaitable, Callable, Hashable, Protocol
+from typing import Any, Awaitable, Callable, Hashable, Protocol
 
+from dlqapp.flowcontrol.slots import DUE, NORMAL, SlotLimiter
 from dlqapp.worker.crashguard import CrashGuard, PoisonMessage
 from dlqapp.worker.durability import changelog_barrier
 
@@ -186,48 +187,7 @@ class InFlightWindows:
         return released
 
 
-HIGH, LOW = 0, 1
-
-
-class PriorityLimiter:
-    """A counting semaphore whose high-priority waiters are always served first."""
-
-    def __init__(self, limit: int) -> None:
-        self._free = limit
-        self._waiters: tuple[deque[asyncio.Future[None]], deque[asyncio.Future[None]]] = (deque(), deque())
-
-    @property
-    def high_waiting(self) -> int:
-        """High-priority callers waiting for a slot."""
-        return sum(1 for f in self._waiters[HIGH] if not f.done())
-
-    @asynccontextmanager
-    async def slot(self, priority: int) -> AsyncIterator[None]:
-        """Hold one slot for the duration of the block."""
-        await self._acquire(priority)
-        try:
-            yield
-        finally:
-            self._release()
-
-    async def _acquire(self, priority: int) -> None:
-        if self._free > 0 and not any(self._waiters):
-            self._free -= 1
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[priority].append(future)
-        try:
-            await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                self._release()  # the slot was handed over just as we were cancelled
-            raise
-
-    def _release(self) -> None:
-        for queue in self._waiters:
-            while queue:
-                future = queue.popleft()
-                if not future.done():
-                    future.set_result(None)  # hand the slot over directly
-                    return
-        self._free += 1
+HIGH, LOW = DUE, NORMAL
+"""Slot priorities of due retries and of fresh input without a `priority`."""
+PriorityLimiter = SlotLimiter
+"""Backend slots: see dlqapp.flowcontrol.slots (priorities, ageing, the adaptive limit)."""

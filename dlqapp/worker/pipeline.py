@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import random
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import assert_never
 
@@ -39,6 +40,8 @@ from dlqapp.core.outcomes import (
     decide,
     decide_after_fallback,
     expiry,
+    past_deadline,
+    within_deadline,
 )
 from dlqapp.core.requests import (
     InvalidRequest,
@@ -49,19 +52,33 @@ from dlqapp.core.requests import (
 )
 from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.entries import unprocessable_key
+from dlqapp.flowcontrol.estimate import estimate_tokens, used_tokens
+from dlqapp.flowcontrol.gate import Permit, RateGate
+from dlqapp.flowcontrol.limits import RateLimits
+from dlqapp.flowcontrol.slots import PRIORITIES
 from dlqapp.inference import InferenceBackend, InferenceOutput
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.retries.parked import ParkedRetries
-from dlqapp.worker.flow import LOW, PriorityLimiter
+from dlqapp.worker.flow import PriorityLimiter
 from dlqapp.worker.partition_io import PartitionIO, as_header_pairs, source_of
 
 log = logging.getLogger("dlqapp.worker.pipeline")
 
 MAX_ORIGINAL_HEADERS_CHARS = 65536
 FALLBACK_LABEL = "fallback"
+DROPS = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.TIMEOUT})
+"""Failures that tell adaptive concurrency the backend is pushing back."""
 INPUT_LABEL = "input"
 """Metric label of first attempts (retries are labelled by their tier)."""
+
+
+class DeadlinePassed(Exception):
+    """The request's deadline passed before its call could be made."""
+
+    def __init__(self, outcome: DeadLetter) -> None:
+        super().__init__(outcome.reason)
+        self.outcome = outcome
 
 
 @dataclass(frozen=True)
@@ -90,8 +107,10 @@ class Pipeline:
         timeout_ms: int,
         clock: Clock,
         rng: random.Random | None = None,
+        gate: RateGate | None = None,
     ) -> None:
         self.backend = backend
+        self.gate = gate or RateGate(RateLimits({}))
         self.policy = policy
         self.breaker = breaker
         self.limiter = limiter
@@ -121,7 +140,7 @@ class Pipeline:
         if self.is_duplicate(request_id, event.message.topic):
             return
         envelope = self.new_envelope(event, request_id, payload or b"")
-        await self.attempt(envelope, request, event.message.topic, None, priority=LOW)
+        await self.attempt(envelope, request, event.message.topic, None, priority=PRIORITIES[request.priority])
 
     def is_duplicate(self, request_id: str, source: str) -> bool:
         """True (and counted) when the request is in flight, being retried or succeeded."""
@@ -158,7 +177,7 @@ class Pipeline:
 
         `topic` is where the attempt came from (for the history); `tier` the retry tier, None for input.
         """
-        expired = expiry(self.policy, envelope.original_timestamp, self.clock())
+        expired = expiry(self.policy, envelope.original_timestamp, self.clock()) or past_deadline(request.deadline, self.clock())
         if expired is not None:
             await self.carry_out(expired, envelope, request, None)
             return
@@ -166,12 +185,16 @@ class Pipeline:
         try:
             number = envelope.attempts + 1
             label = tier.label if tier else INPUT_LABEL
-            record, output, failure = await self.call(request, number, topic, label, envelope.scheduled_time, priority)
-            outcome = decide(self.policy, number, failure, output, self.clock(), self._rng)
-            if isinstance(outcome, TryFallback):
-                envelope.record(record)
-                record, output, failure = await self.call(request, number + 1, f"fallback:{outcome.model}", FALLBACK_LABEL, None, priority, outcome.model)
-                outcome = decide_after_fallback(outcome.model, failure, output, number + 1)
+            try:
+                record, output, failure = await self.call(request, number, topic, label, envelope.scheduled_time, priority)
+                outcome = within_deadline(decide(self.policy, number, failure, output, self.clock(), self._rng), request.deadline)
+                if isinstance(outcome, TryFallback):
+                    envelope.record(record)
+                    record, output, failure = await self.call(request, number + 1, f"fallback:{outcome.model}", FALLBACK_LABEL, None, priority, outcome.model)
+                    outcome = decide_after_fallback(outcome.model, failure, output, number + 1)
+            except DeadlinePassed as passed:  # while waiting for capacity, the breaker or a slot
+                await self.carry_out(passed.outcome, envelope, request, None)
+                return
             await self.carry_out(outcome, envelope, request, record)
         finally:
             self.in_flight.discard(request.request_id)
@@ -190,12 +213,21 @@ class Pipeline:
             rank = number - 1 + int(held)
             await self.breaker.wait_allowed(request.request_id, rank)
             try:
-                async with self.limiter.slot(priority):
+                async with AsyncExitStack() as slot:  # the backend slot, taken by the gate once the model has room
+                    permit = await self.gate.acquire(
+                        model or request.model, estimate_tokens(request), self._time_left_s(request), priority, lambda: slot.enter_async_context(self.limiter.slot(priority))
+                    )
+                    if permit is None:
+                        raise DeadlinePassed(DeadLetter(ErrorClass.EXPIRED, f"deadline {request.deadline} passed while waiting for rate capacity; not called"))
                     started = self.clock()
+                    expired = past_deadline(request.deadline, started)
+                    if expired is not None:
+                        raise DeadlinePassed(expired)
                     if scheduled is not None:
                         metrics.lateness.labels(label).observe(max(0, started - scheduled) / 1000)
                     output, failure = await self.call_backend(request, number, model)
-            except BaseException:  # cancelled: the breaker must get its probe back
+                    self.after_call(model or request.model, permit, output, failure, (self.clock() - started) / 1000)
+            except BaseException:  # cancelled, or past its deadline: the breaker must get its probe back
                 self.breaker.abandon(request.request_id)
                 raise
             metrics.backend_latency.labels(failure.error_class.value if failure else "ok").observe((self.clock() - started) / 1000)
@@ -215,6 +247,20 @@ class Pipeline:
             error=failure.message if failure else None,
         )
         return record, output, failure
+
+    def _time_left_s(self, request: Request) -> float | None:
+        """How long the request may still wait for capacity (None: no deadline)."""
+        return None if request.deadline is None else max(0.0, (request.deadline - self.clock()) / 1000)
+
+    def after_call(self, model: str | None, permit: Permit, output: InferenceOutput | None, failure: Failure | None, latency_s: float) -> None:
+        """Feed flow control: the real token usage, a 429's Retry-After, adaptive concurrency."""
+        if output is not None:
+            permit.settle(used_tokens(output.usage))
+        elif failure is not None and failure.error_class is ErrorClass.RATE_LIMITED:
+            permit.settle(0)  # refused: it used no tokens
+            if failure.retry_after_ms:
+                self.gate.pause(model, failure.retry_after_ms / 1000)
+        self.limiter.record(latency_s, failure is not None and failure.error_class in DROPS)
 
     async def call_backend(self, request: Request, attempt: int, model: str | None = None) -> tuple[InferenceOutput | None, Failure | None]:
         """One backend call, bounded by DLQ_INFERENCE_TIMEOUT; never raises."""

@@ -43,7 +43,9 @@ def test_generate_then_list_stats_and_show(worker):
     assert page["total"] == len(page["items"]) and page["total"] >= 1
     stats = json.loads(cli(worker, "dlq-stats", "--json").stdout)
     assert stats["dlq_size"] == page["total"]
-    assert "received" in cli(worker, "dlq-stats").stdout
+    text = cli(worker, "dlq-stats").stdout
+    assert "received" in text and "concurrency limit" in text
+    assert all(flow["concurrency_limit"] >= 1 for flow in stats["flow"].values())
     some = next(i["request_id"] for i in page["items"] if i["request_id"].startswith(prefix))
     shown = cli(worker, "dlq-show", some)
     assert shown.returncode == 0 and some in shown.stdout and "attempts:" in shown.stdout

@@ -22,6 +22,8 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
         assert worker.get("/dlq/stats/")[1]["dlq_size"] == 12
     owners = {http_json(w.url + "/")[1]["assigned_partitions"] for w in (first, second)}
     assert 0 not in owners  # the work really is split
+    shares = [http_json(w.url + "/")[1]["flow"]["rate_limit_share"] for w in (first, second)]
+    assert 0 < min(shares) and abs(sum(shares) - 1.0) < 0.001  # each takes its partitions' share of DLQ_RATE_LIMITS
     status, body = http_json(second.url + f"/dlq/{ids[0]}/reprocess/", "POST")
     assert status == 200 and body["status"] == "reprocessed"
     wait_until(lambda: (r := first.get(f"/requests/{ids[0]}/"))[0] == 200 and r[1]["state"] == "succeeded", 120, "the replay to succeed")

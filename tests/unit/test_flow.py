@@ -177,7 +177,7 @@ def test_limiter_never_exceeds_its_limit_and_survives_cancellation():
         assert peak == 3
         async with limiter.slot(LOW):  # every slot came back
             pass
-        assert limiter._free == 3
+        assert limiter.in_use == 0
 
     asyncio.run(run())
 

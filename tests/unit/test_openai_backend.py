@@ -146,3 +146,32 @@ def test_outage_switch_fails_every_call():
         assert (await backend.complete(request("r9"), 1)).text
 
     run(check)
+
+
+def test_the_mock_enforces_requests_per_minute_per_model_with_a_retry_after_and_counts_its_429s():
+    from dlqapp.devtools.mock_llm import ProviderLimits
+
+    async def check(backend, state):
+        state.limits = ProviderLimits(rpm=120, tpm=None)  # 2 per second, a bucket of 2, full at start
+        for i in range(2):
+            await backend.complete(request(f"ok{i}", model="a"), 1)
+        failure = await failure_of(backend, request("over", model="a"))
+        assert failure.error_class is ErrorClass.RATE_LIMITED and 0 < failure.retry_after_ms <= 500
+        await backend.complete(request("other", model="b"), 1)  # limits are per model
+        assert state.limits.throttled == {"a": 1} and state.outcomes["429"] == 1
+
+    run(check)
+
+
+def test_the_mock_enforces_tokens_per_minute_by_the_usage_it_reports():
+    from dlqapp.devtools.mock_llm import ProviderLimits
+
+    async def check(backend, state):
+        state.limits = ProviderLimits(rpm=None, tpm=600)  # 10 tokens a second, a bucket of 10
+        long = [{"role": "user", "content": "word " * 30}]
+        out = await backend.complete(request("t1", model="a", messages=long), 1)  # costs more than the bucket holds: goes, leaves a debt
+        assert out.usage["total_tokens"] > 10
+        failure = await failure_of(backend, request("t2", model="a"))
+        assert failure.error_class is ErrorClass.RATE_LIMITED and failure.retry_after_ms > 0
+
+    run(check)

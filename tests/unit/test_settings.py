@@ -44,6 +44,10 @@ def test_prefix_applies_to_every_topic():
         ({"DLQ_BACKOFF": "linear"}, "DLQ_BACKOFF"),
         ({"DLQ_TOPIC_PREFIX": "bad prefix/"}, "DLQ_TOPIC_PREFIX"),
         ({"DLQ_INPUT_TOPIC": "dlq"}, "DLQ_*_TOPIC"),
+        ({"DLQ_RATE_LIMITS": "gpt-4o=fast"}, "DLQ_RATE_LIMITS"),
+        ({"DLQ_CONCURRENCY_FLOOR": "0"}, "DLQ_CONCURRENCY_FLOOR"),
+        ({"DLQ_CONCURRENCY": "8", "DLQ_CONCURRENCY_FLOOR": "9"}, "DLQ_CONCURRENCY_FLOOR"),
+        ({"DLQ_ADAPTIVE_CONCURRENCY": "maybe"}, "DLQ_ADAPTIVE_CONCURRENCY"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_variable(env, var):
