@@ -26,6 +26,7 @@ from typing import Awaitable, Callable, Iterable
 from dlqapp.core.clock import Clock
 
 DEFAULT_MAX_HOLD_MS = 2_000
+RETRY_APPLY_S = 0.1
 
 SetPaused = Callable[[bool], Awaitable[None]]
 """Pauses (True) or resumes (False) fetching of the input partitions."""
@@ -93,11 +94,19 @@ class InputGate:
             await self._open.wait()
 
     async def run(self, set_paused: SetPaused) -> None:
-        """Carry each decision to the consumer (runs for the life of the worker)."""
+        """Carry each decision to the consumer (runs for the life of the worker).
+
+        A decision that could not be applied (the consumer mid-rebalance) is tried again
+        until it is: input left paused by a failed resume would never be read again.
+        """
         while True:
             await self._changed.wait()
             self._changed.clear()
-            await set_paused(not self._open.is_set())
+            try:
+                await set_paused(not self._open.is_set())
+            except Exception:
+                self._changed.set()
+                await asyncio.sleep(RETRY_APPLY_S)
 
     def _drop_stale(self) -> None:
         """Hints older than max_hold_ms no longer hold input back (the timer re-fires lost ones)."""

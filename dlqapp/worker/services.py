@@ -129,8 +129,9 @@ class InputPause(Service):
     async def _set_paused(self, paused: bool) -> None:
         try:
             await set_topic_paused(self.app, self.input_topic, paused)
-        except Exception as exc:  # e.g. mid-rebalance: the next decision applies it again
+        except Exception as exc:  # e.g. mid-rebalance: the gate tries again
             log.debug("input %s failed: %r", "pause" if paused else "resume", exc)
+            raise
 
 
 class LoopLag(Service):

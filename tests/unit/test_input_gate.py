@@ -87,3 +87,30 @@ def test_run_pauses_and_resumes_the_consumer_and_wait_open_waits():
 
     applied = asyncio.run(scenario())
     assert applied[0] is True and applied[-1] is False
+
+
+def test_a_resume_that_fails_is_tried_again_until_it_is_applied():
+    async def scenario() -> list[bool]:
+        g, _, _ = gate()
+        applied: list[bool] = []
+        failures = {"left": 2}
+
+        async def set_paused(paused: bool) -> None:
+            if not paused and failures["left"]:
+                failures["left"] -= 1
+                raise RuntimeError("consumer rebalancing")
+            applied.append(paused)
+
+        runner = asyncio.create_task(g.run(set_paused))
+        g.fired([b"k1"])
+        await asyncio.sleep(0.01)
+        g.received(b"k1")
+        for _ in range(100):
+            if applied and applied[-1] is False:
+                break
+            await asyncio.sleep(0.05)
+        runner.cancel()
+        return applied
+
+    applied = asyncio.run(scenario())
+    assert applied == [True, False]
