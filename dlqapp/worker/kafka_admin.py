@@ -11,13 +11,15 @@ Faust's changelog topics, existing ones included.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
 
 from dlqapp.settings import Settings
 
@@ -27,6 +29,9 @@ COMPACTED = {"cleanup.policy": "compact"}
 MIN_ISR = "min.insync.replicas"
 DYNAMIC_TOPIC_CONFIG = 1
 """`config_source` of a setting made on the topic itself (DescribeConfigs v1+)."""
+RETRY_FOR_S = 90.0
+"""How long the checks are retried while a broker is down or a leadership moves (the
+controller fences a dead broker after its session timeout, 9 s by default)."""
 
 
 class TopicMismatchError(RuntimeError):
@@ -54,11 +59,28 @@ async def ensure_topics(settings: Settings, changelogs: Iterable[str] = ()) -> l
     `changelogs` are Faust's changelog topics: Faust creates them, dlqapp checks that the
     cluster can and keeps their `min.insync.replicas` in line. Returns the created names.
     """
+    changelogs = list(changelogs)
+    deadline = time.monotonic() + RETRY_FOR_S
+    while True:
+        try:
+            return await _ensure_once(settings, changelogs)
+        except KafkaError as exc:
+            if not _transient(exc) or time.monotonic() > deadline:
+                raise
+            log.warning("topics_check_retry error=%r", exc)
+            await asyncio.sleep(1.0)
+
+
+def _transient(exc: KafkaError) -> bool:
+    """A broker that is down or not yet fenced, a request that timed out: ask again."""
+    return isinstance(exc, KafkaConnectionError) or bool(getattr(exc, "retriable", False))
+
+
+async def _ensure_once(settings: Settings, changelogs: list[str]) -> list[str]:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id=f"{settings.app_id}-admin")
     await admin.start()
     try:
         wanted = topic_configs(settings)
-        changelogs = list(changelogs)
         existing = await _shapes(admin, [*wanted, *changelogs])
         _check_partitions(settings, {n: s for n, s in existing.items() if n in wanted})
         _check_replicas(settings, existing)
