@@ -119,3 +119,23 @@ async def _end_offsets(bootstrap: str, topic: str, partitions: int) -> dict[int,
         return {tp.partition: offset for tp, offset in offsets.items()}
     finally:
         await consumer.stop()
+
+
+async def _out_of_sync(bootstrap: str, prefix: str) -> list[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        names = [t for t in await admin.list_topics() if t.startswith(prefix)]
+        described = await admin.describe_topics(names) if names else []
+        return [f"{d['topic']}-{p['partition']}" for d in described for p in d["partitions"] if set(p["isr"]) != set(p["replicas"])]
+    finally:
+        await admin.close()
+
+
+def wait_in_sync(cluster: LocalCluster, prefix: str, timeout: float = 180) -> None:
+    """Until every partition of the topics named `prefix…` has all its replicas in sync
+    (what a rolling restart waits for before it stops the next broker)."""
+    deadline = time.monotonic() + timeout
+    while lagging := asyncio.run(_out_of_sync(cluster.bootstrap, prefix)):
+        assert time.monotonic() < deadline, f"replicas still out of sync after {timeout}s: {lagging[:5]}"
+        time.sleep(0.5)
