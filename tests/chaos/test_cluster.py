@@ -28,6 +28,7 @@ from tests.support import MockLLM, Worker, unique, unique_ids, wait_until
 PARTITIONS = 3
 ALL = FULL or os.environ.get("CHAOS_CLUSTER") == "1"
 every_scenario = pytest.mark.skipif(not ALL, reason="CHAOS_CLUSTER=1 or CHAOS_FULL=1 (make chaos) runs it")
+pytestmark = pytest.mark.timeout(2400 if FULL else 900)
 WINDOW = 64 * 2 * 2  # calls a rebalance or crash can orphan per worker: concurrency x window factor x agents
 
 
