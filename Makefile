@@ -7,7 +7,7 @@ run:            ## Kafka + one worker (simulated backend) in the foreground; Ctr
 test:           ## the whole suite; starts (and stops) its own Kafka unless KAFKA_BOOTSTRAP is set
 	@scripts/test
 
-chaos:          ## the full-size chaos suite (100k requests, kill -9, broker restart, 3 workers)
+chaos:          ## the full-size chaos suite (100k requests, kill -9, broker restart, 3 workers, a 3-broker cluster)
 	@CHAOS_FULL=1 CHAOS_REPORT=$(CURDIR)/chaos-report.jsonl scripts/test tests/chaos -s
 
 interop:        ## the whole gateway interop group (a real LiteLLM proxy, Kafka's console tools)

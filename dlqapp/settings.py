@@ -144,7 +144,8 @@ class Settings:
     due_topic: str = _setting("DLQ_DUE_TOPIC", "dlqapp-due", str, "Internal topic on which the retry timer hands due retries to the due agent.")
     session_timeout_ms: int = _setting("DLQ_SESSION_TIMEOUT", "15s", parse_duration_ms, "Kafka consumer session timeout: how soon a dead worker's partitions move to the others.")
     partitions: int = _setting("DLQ_PARTITIONS", "3", _positive_int, "Partitions of every dlqapp topic (all must match).")
-    replication_factor: int = _setting("DLQ_REPLICATION_FACTOR", "1", _positive_int, "Replication factor used when dlqapp creates topics.")
+    replication_factor: int = _setting("DLQ_REPLICATION_FACTOR", "1", _positive_int, "Replication factor of the topics dlqapp creates, Faust's changelogs included (3 on a production cluster); a worker refuses to create topics on fewer brokers.")
+    min_insync_replicas_setting: int | None = _setting("DLQ_MIN_INSYNC_REPLICAS", "", _optional_int, "`min.insync.replicas` of dlqapp's topics and changelogs: replicas that must have a write before it counts (empty: the smaller of 2 and DLQ_REPLICATION_FACTOR). Existing topics are brought to it at start.")
     retry_delays_ms: tuple[int, ...] = _setting("DLQ_RETRY_DELAYS", "1s,10s,1m", _parse_delays, "Delay of each retry tier; one tier topic per delay.")
     backoff: str = _setting("DLQ_BACKOFF", "tiers", _choice("tiers", "exponential"), "`tiers`: each tier waits its delay exactly. `exponential`: first delay × 2^(k-1) with jitter, still through the tier topics.")
     backoff_jitter: float = _setting("DLQ_BACKOFF_JITTER", "0.2", _parse_rate, "Fraction of an exponential delay that is randomised (0 to 1).")
@@ -216,11 +217,25 @@ class Settings:
         settings = cls(**values)
         settings._check_topic_names()
         settings._check_flow()
+        settings._check_replication()
         return settings
 
     def _check_flow(self) -> None:
         if self.concurrency_floor > self.concurrency:
             raise SettingsError(f"DLQ_CONCURRENCY_FLOOR={self.concurrency_floor} is invalid: it must not exceed DLQ_CONCURRENCY ({self.concurrency})")
+
+    def _check_replication(self) -> None:
+        wanted = self.min_insync_replicas_setting
+        if wanted is not None and not 1 <= wanted <= self.replication_factor:
+            raise SettingsError(
+                f"DLQ_MIN_INSYNC_REPLICAS={wanted} must be from 1 to DLQ_REPLICATION_FACTOR={self.replication_factor} "
+                "(more in-sync replicas than replicas would refuse every write)"
+            )
+
+    @property
+    def min_insync_replicas(self) -> int:
+        """`min.insync.replicas` of dlqapp's topics: the setting, or min(2, replication factor)."""
+        return self.min_insync_replicas_setting or min(2, self.replication_factor)
 
     def _check_topic_names(self) -> None:
         if "{delay}" not in self.retry_topic_template:

@@ -1,4 +1,5 @@
-"""Session fixtures: one real Kafka broker for the whole run, workers per test."""
+"""Session fixtures: one real Kafka broker for the whole run, workers per test, and a
+three-broker cluster for the tests that need one (started on first use)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Iterator
 
 import pytest
 
+from tests.cluster import LocalCluster
 from tests.support import LocalKafka, Worker, free_port
 
 
@@ -29,6 +31,30 @@ def kafka_bootstrap() -> Iterator[str]:
     finally:
         broker.run("stop", env, check=False)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster() -> Iterator[LocalCluster]:
+    """Three brokers and a controller (scripts/kafka-local, KAFKA_BROKERS=3), shared by
+    every test that asks for them; stopped, and checked gone, at the end of the session.
+
+    KAFKA_CLUSTER_DATA_DIR and KAFKA_CLUSTER_PORT point at a cluster you run yourself
+    (`KAFKA_BROKERS=3 KAFKA_PORT=<port> KAFKA_DATA_DIR=<dir> scripts/kafka-local start`);
+    it is started if down and left running.
+    """
+    own = os.environ.get("KAFKA_CLUSTER_DATA_DIR")
+    data_dir = Path(own) if own else Path(tempfile.mkdtemp(prefix="dlqapp-cluster-"))
+    cluster = LocalCluster(data_dir, port=int(os.environ.get("KAFKA_CLUSTER_PORT", "0")))
+    took = cluster.start()
+    print(f"\nthree-broker cluster on {cluster.bootstrap} ready in {took:.1f}s")
+    try:
+        yield cluster
+    finally:
+        if not own:
+            cluster.run("stop", check=False)
+            left = cluster.pids()
+            shutil.rmtree(data_dir, ignore_errors=True)
+            assert not left, f"scripts/kafka-local stop left brokers running: {left}"
 
 
 @pytest.fixture

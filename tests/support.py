@@ -181,7 +181,7 @@ class LocalKafka:
         return f"127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "KAFKA_PORT": str(self.port), "KAFKA_CONTROLLER_PORT": str(free_port()), "KAFKA_DATA_DIR": str(self.data_dir)}
+        return {**os.environ, "KAFKA_BROKERS": "1", "KAFKA_PORT": str(self.port), "KAFKA_CONTROLLER_PORT": str(free_port()), "KAFKA_DATA_DIR": str(self.data_dir)}
 
     def run(self, command: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(KAFKA_LOCAL), command], env=env or self.env(), capture_output=True, text=True, timeout=300, check=check)

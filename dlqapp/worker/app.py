@@ -67,7 +67,7 @@ class DlqApp(faust.App):
         if self.lifecycle is not None:
             self.lifecycle.started()
         try:
-            created = await ensure_topics(self.dlq_settings)
+            created = await ensure_topics(self.dlq_settings, [table.changelog_topic_name for table in self.tables.values()])
         except TopicMismatchError as exc:
             log.critical("refusing to start: %s", exc)
             print(f"dlqapp: refusing to start: {exc}", file=sys.stderr, flush=True)

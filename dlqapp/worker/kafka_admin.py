@@ -3,64 +3,126 @@
 Faust creates only its own internal topics. Every dlqapp topic must have the same
 partition count, because tables are co-partitioned with them: partition p of `input`,
 of each tier, of `dlq` and of the tables all belong to the same worker.
+
+Durability rests on acks=all writes and `min.insync.replicas`: dlqapp creates its topics
+with `DLQ_REPLICATION_FACTOR` replicas and sets `min.insync.replicas` on them and on
+Faust's changelog topics, existing ones included.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import TopicAlreadyExistsError, for_code
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
 
 from dlqapp.settings import Settings
 
 log = logging.getLogger(__name__)
 
 COMPACTED = {"cleanup.policy": "compact"}
+MIN_ISR = "min.insync.replicas"
+DYNAMIC_TOPIC_CONFIG = 1
+"""`config_source` of a setting made on the topic itself (DescribeConfigs v1+)."""
+RETRY_FOR_S = 90.0
+"""How long the checks are retried while a broker is down or a leadership moves (the
+controller fences a dead broker after its session timeout, 9 s by default)."""
 
 
 class TopicMismatchError(RuntimeError):
-    """An existing topic does not have the shape dlqapp needs."""
+    """An existing topic does not have the shape dlqapp needs, or the cluster cannot hold it."""
+
+
+@dataclass(frozen=True)
+class TopicShape:
+    """What the cluster says about one existing topic."""
+
+    partitions: int
+    replicas: int
 
 
 def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
     """Topic name → configs dlqapp creates it with."""
-    size = {"max.message.bytes": str(settings.max_message_bytes)}
-    return {name: ({**COMPACTED, **size} if name == settings.dlq else size) for name in settings.all_topics()}
+    base = {"max.message.bytes": str(settings.max_message_bytes), MIN_ISR: str(settings.min_insync_replicas)}
+    return {name: ({**COMPACTED, **base} if name == settings.dlq else base) for name in settings.all_topics()}
 
 
-async def ensure_topics(settings: Settings) -> list[str]:
-    """Create missing topics; raise `TopicMismatchError` if an existing one differs.
+async def ensure_topics(settings: Settings, changelogs: Iterable[str] = ()) -> list[str]:
+    """Create missing topics; raise `TopicMismatchError` if an existing one differs, or
+    if topics are missing and the cluster has fewer brokers than DLQ_REPLICATION_FACTOR.
 
-    Returns the names of the topics that were created.
+    `changelogs` are Faust's changelog topics: Faust creates them, dlqapp checks that the
+    cluster can and keeps their `min.insync.replicas` in line. Returns the created names.
     """
+    changelogs = list(changelogs)
+    deadline = time.monotonic() + RETRY_FOR_S
+    while True:
+        try:
+            return await _ensure_once(settings, changelogs)
+        except KafkaError as exc:
+            if not _transient(exc) or time.monotonic() > deadline:
+                raise
+            log.warning("topics_check_retry error=%r", exc)
+            await asyncio.sleep(1.0)
+
+
+def _transient(exc: KafkaError) -> bool:
+    """A broker that is down or not yet fenced, a request that timed out: ask again."""
+    return isinstance(exc, KafkaConnectionError) or bool(getattr(exc, "retriable", False))
+
+
+async def _ensure_once(settings: Settings, changelogs: list[str]) -> list[str]:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id=f"{settings.app_id}-admin")
     await admin.start()
     try:
         wanted = topic_configs(settings)
-        existing = await _partition_counts(admin, list(wanted))
-        _check_partitions(settings, existing)
+        existing = await _shapes(admin, [*wanted, *changelogs])
+        _check_partitions(settings, {n: s for n, s in existing.items() if n in wanted})
+        _check_replicas(settings, existing)
         await _check_dlq_compacted(admin, settings, existing)
-        missing = [name for name in wanted if name not in existing]
+        brokers = await _live_brokers(admin)
+        missing = [name for name in [*wanted, *changelogs] if name not in existing]
         if missing:
-            await _create(admin, settings, {name: wanted[name] for name in missing})
-        return missing
+            _check_brokers(settings, brokers, missing)
+        elif len(brokers) < settings.replication_factor:
+            log.warning(
+                "brokers_below_replication live=%d DLQ_REPLICATION_FACTOR=%d: writes need DLQ_MIN_INSYNC_REPLICAS=%d in-sync replicas",
+                len(brokers), settings.replication_factor, settings.min_insync_replicas,
+            )
+        await _align_min_insync(admin, settings, [n for n in existing if n in wanted or n in changelogs])
+        created = [name for name in wanted if name not in existing]
+        if created:
+            await _create(admin, settings, {name: wanted[name] for name in created})
+        return created
     finally:
         await admin.close()
 
 
-async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+async def _shapes(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, TopicShape]:
     listed = set(await admin.list_topics())
     present = [n for n in names if n in listed]
     if not present:
         return {}
     described = await admin.describe_topics(present)
-    return {d["topic"]: len(d["partitions"]) for d in described if d["error_code"] == 0}
+    return {
+        d["topic"]: TopicShape(len(d["partitions"]), min((len(p["replicas"]) for p in d["partitions"]), default=0))
+        for d in described
+        if d["error_code"] == 0
+    }
 
 
-def _check_partitions(settings: Settings, existing: dict[str, int]) -> None:
-    wrong = {name: count for name, count in existing.items() if count != settings.partitions}
+async def _live_brokers(admin: AIOKafkaAdminClient) -> list[int]:
+    cluster = await admin.describe_cluster()
+    return sorted(b["node_id"] for b in cluster["brokers"])
+
+
+def _check_partitions(settings: Settings, existing: dict[str, TopicShape]) -> None:
+    wrong = {name: shape.partitions for name, shape in existing.items() if shape.partitions != settings.partitions}
     if wrong:
         found = ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))
         raise TopicMismatchError(
@@ -70,19 +132,75 @@ def _check_partitions(settings: Settings, existing: dict[str, int]) -> None:
         )
 
 
-async def _check_dlq_compacted(admin: AIOKafkaAdminClient, settings: Settings, existing: dict[str, int]) -> None:
+def _check_replicas(settings: Settings, existing: dict[str, TopicShape]) -> None:
+    """Too few replicas for DLQ_MIN_INSYNC_REPLICAS refuses every write: refuse to start.
+    Fewer than DLQ_REPLICATION_FACTOR is only reported (dlqapp never reassigns replicas)."""
+    need = settings.min_insync_replicas
+    short = {n: s.replicas for n, s in existing.items() if s.replicas < need}
+    if short:
+        found = ", ".join(f"{n} has {c}" for n, c in sorted(short.items()))
+        raise TopicMismatchError(
+            f"topics have fewer replicas than DLQ_MIN_INSYNC_REPLICAS={need}, so no write to them could succeed: {found}. "
+            "Lower DLQ_MIN_INSYNC_REPLICAS, or add replicas to these topics (kafka-reassign-partitions)."
+        )
+    fewer = sorted(n for n, s in existing.items() if s.replicas < settings.replication_factor)
+    if fewer:
+        log.warning(
+            "topics_under_replicated DLQ_REPLICATION_FACTOR=%d topics=%s: existing topics keep their replicas; "
+            "add replicas with kafka-reassign-partitions",
+            settings.replication_factor, ",".join(fewer),
+        )
+
+
+def _check_brokers(settings: Settings, brokers: list[int], missing: list[str]) -> None:
+    if len(brokers) >= settings.replication_factor:
+        return
+    raise TopicMismatchError(
+        f"DLQ_REPLICATION_FACTOR={settings.replication_factor} needs at least {settings.replication_factor} brokers, "
+        f"but the cluster at {settings.kafka_bootstrap} has {len(brokers)} (ids {','.join(map(str, brokers)) or 'none'}), "
+        f"and {len(missing)} topics are still to be created ({', '.join(sorted(missing)[:3])}{', ...' if len(missing) > 3 else ''}). "
+        "Start more brokers, or lower DLQ_REPLICATION_FACTOR."
+    )
+
+
+async def _topic_configs(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, list[tuple[Any, ...]]]:
+    """Topic → its config entries (name, value, read_only, source, …) as the broker gives them."""
+    if not names:
+        return {}
+    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    return {resource[3]: list(resource[4]) for response in responses for resource in response.resources}
+
+
+async def _check_dlq_compacted(admin: AIOKafkaAdminClient, settings: Settings, existing: dict[str, TopicShape]) -> None:
     if settings.dlq not in existing:
         return
-    resource = ConfigResource(ConfigResourceType.TOPIC, settings.dlq)
-    (response,) = await admin.describe_configs([resource])
-    for _, _, _, _, entries in response.resources:
-        policy = next((e[1] for e in entries if e[0] == "cleanup.policy"), "")
-        if "compact" not in (policy or ""):
-            raise TopicMismatchError(
-                f"topic {settings.dlq} has cleanup.policy={policy}, but the DLQ topic must be "
-                f"compacted: run `kafka-configs --alter --entity-type topics --entity-name {settings.dlq} "
-                "--add-config cleanup.policy=compact`, or set DLQ_DLQ_TOPIC to another topic."
-            )
+    entries = (await _topic_configs(admin, [settings.dlq])).get(settings.dlq, [])
+    policy = next((e[1] for e in entries if e[0] == "cleanup.policy"), "")
+    if "compact" not in (policy or ""):
+        raise TopicMismatchError(
+            f"topic {settings.dlq} has cleanup.policy={policy}, but the DLQ topic must be "
+            f"compacted: run `kafka-configs --alter --entity-type topics --entity-name {settings.dlq} "
+            "--add-config cleanup.policy=compact`, or set DLQ_DLQ_TOPIC to another topic."
+        )
+
+
+async def _align_min_insync(admin: AIOKafkaAdminClient, settings: Settings, names: list[str]) -> None:
+    """Set min.insync.replicas on existing topics where it differs, keeping every other
+    setting made on the topic (AlterConfigs replaces a topic's whole set)."""
+    wanted = str(settings.min_insync_replicas)
+    for name, entries in (await _topic_configs(admin, names)).items():
+        current = next((e[1] for e in entries if e[0] == MIN_ISR), None)
+        if current == wanted:
+            continue
+        if any(len(e) < 6 for e in entries):  # DescribeConfigs v0 has no config_source
+            log.warning("min_insync_unchanged topic=%s: the broker does not say which settings are the topic's own", name)
+            continue
+        own = {e[0]: e[1] for e in entries if e[3] == DYNAMIC_TOPIC_CONFIG and not e[4]}
+        (response,) = [r for r in await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, {**own, MIN_ISR: wanted})]) if r.resources]
+        for error_code, error_message, *_ in response.resources:
+            if error_code:
+                raise TopicMismatchError(f"could not set {MIN_ISR}={wanted} on topic {name}: {for_code(error_code).__name__} {error_message or ''}".strip())
+        log.info("min_insync_set topic=%s from=%s to=%s", name, current, wanted)
 
 
 async def _create(admin: AIOKafkaAdminClient, settings: Settings, configs: dict[str, dict[str, str]]) -> None:

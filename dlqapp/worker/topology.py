@@ -85,7 +85,7 @@ def declare(app: faust.App, settings: Settings) -> Topology:
             help=help,
             key_type=bytes,
             value_type=bytes,
-            extra_topic_configs={"max.message.bytes": str(settings.max_message_bytes)},
+            extra_topic_configs={"max.message.bytes": str(settings.max_message_bytes), "min.insync.replicas": str(settings.min_insync_replicas)},
             options=_rocksdb_options(settings),
         )
 

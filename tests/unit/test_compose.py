@@ -29,3 +29,26 @@ def test_compose_ships_no_usable_default_token():
     worker = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["worker"]
     token = worker["environment"]["DLQ_ADMIN_TOKEN"]
     assert token.startswith("${DLQ_ADMIN_TOKEN:?"), token  # compose refuses to start without one
+
+
+def test_the_cluster_profile_runs_three_kraft_nodes_and_a_worker_replicating_on_them():
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    nodes = {name: s for name, s in services.items() if name.startswith("kafka-")}
+    assert sorted(nodes) == ["kafka-1", "kafka-2", "kafka-3"]
+    voters = {n["environment"]["KAFKA_CONTROLLER_QUORUM_VOTERS"] for n in nodes.values()}
+    assert voters == {"1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"}
+    for name, node in nodes.items():
+        env = node["environment"]
+        assert node["profiles"] == ["cluster"] and node["image"].startswith("apache/kafka:4.")
+        assert env["KAFKA_NODE_ID"] == int(name[-1]) and env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
+        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 3 and env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
+        assert env["CLUSTER_ID"] == nodes["kafka-1"]["environment"]["CLUSTER_ID"] and "healthcheck" in node
+    worker = services["worker-cluster"]
+    env = worker["environment"]
+    assert worker["profiles"] == ["cluster"] and set(env) <= {e for e, _, _ in SETTINGS}
+    assert env["DLQ_KAFKA_BOOTSTRAP"] == "kafka-1:9092,kafka-2:9092,kafka-3:9092"
+    assert (env["DLQ_REPLICATION_FACTOR"], env["DLQ_MIN_INSYNC_REPLICAS"]) == ("3", "2")
+    assert all(worker["depends_on"][n]["condition"] == "service_healthy" for n in nodes)
+    assert env["DLQ_ADMIN_TOKEN"].startswith("${DLQ_ADMIN_TOKEN:?")
+    single = [name for name, s in services.items() if "profiles" not in s]
+    assert "kafka" in single and not any(n in single for n in nodes)  # `docker compose up` stays single-node
