@@ -133,6 +133,7 @@ def create_app(settings: Settings) -> DlqApp:
         broker_heartbeat_interval=min(3.0, settings.session_timeout_ms / 3000),
         broker_max_poll_records=settings.max_poll_records,
         producer_acks=-1,
+        producer_linger=settings.producer_linger_ms / 1000,
         producer_max_request_size=settings.max_message_bytes,
         web_bind=settings.web_host,
         web_host=settings.web_host,
