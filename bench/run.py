@@ -501,7 +501,7 @@ class Bench:
     def overhead(self) -> dict[str, Any]:
         """What the pipeline itself costs: the mock answers at once (0 ms), 64 calls in flight;
         dlqapp beside baseline B, and dlqapp again with 10% transient failures (503s)."""
-        count, runs = (300, 1) if self.quick else (20_000, 3)
+        count, runs = (100, 1) if self.quick else (20_000, 3)
         count, runs = self.requests or count, self.runs or runs
         mock = MockLLM(self.tmp, args=["--latency-ms", "0"]).start()
         failing = MockLLM(self.tmp, args=["--latency-ms", "0", "--fail", "503=0.1", "--seed", "5"]).start()
@@ -523,7 +523,7 @@ class Bench:
         """The source documents' load with real model latency: the mock answers in 2000 ± 500 ms,
         1024 calls in flight (ceiling 512/s); dlqapp beside baseline B. Then resident memory
         of each with 4,096 calls in flight (`rss`)."""
-        count, runs = (300, 1) if self.quick else (12_000, 3)
+        count, runs = (100, 1) if self.quick else (12_000, 3)
         count, runs = self.requests or count, self.runs or runs
         mock = MockLLM(self.tmp, args=["--latency-ms", str(LLM_LATENCY_MS), "--jitter-ms", str(LLM_JITTER_MS), "--seed", "5"]).start()
         try:
@@ -538,7 +538,7 @@ class Bench:
         out["ratio_dlqapp_to_b"] = ratios(out, "dlqapp_0pct_failures", "baseline_b_aiokafka")
         out["ratio_dlqapp_to_ceiling"] = out["dlqapp_0pct_failures"]["requests_per_s"]["median"] / ceiling
         out["ratio_b_to_ceiling"] = out["baseline_b_aiokafka"]["requests_per_s"]["median"] / ceiling
-        out["rss"] = self.rss_in_flight(256 if self.quick else RSS_IN_FLIGHT)
+        out["rss"] = self.rss_in_flight(64 if self.quick else RSS_IN_FLIGHT)
         return out
 
     def rss_in_flight(self, in_flight: int) -> dict[str, Any]:
@@ -948,7 +948,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one run each (keeps the harness from rotting)")
     parser.add_argument("--only", default="", help="comma-separated sections to run (default: all): " + ", ".join(SECTIONS))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    parser.add_argument("--requests", type=int, default=0, help="requests per run of overhead and llm_scale (default 20,000 and 12,000; 300 with --quick)")
+    parser.add_argument("--requests", type=int, default=0, help="requests per run of overhead and llm_scale (default 20,000 and 12,000; 100 with --quick)")
     parser.add_argument("--runs", type=int, default=0, help="runs of overhead and llm_scale (default 3; 1 with --quick)")
     parser.add_argument("--profile", action="store_true", help="record the first run of each system in overhead and llm_scale with py-spy (flame graphs into --out)")
     args = parser.parse_args()
