@@ -28,7 +28,7 @@ def install_event_loop(settings: Settings) -> None:
 
     uvloop runs the same asyncio code with its transports and scheduling in C: the
     per-request cost of the loop itself (sockets to Kafka and the backend, task switches)
-    is a large share of a worker's CPU (bench/results/overhead-profile.md)."""
+    is a large share of a worker's CPU (bench/results/profiles/)."""
     if settings.event_loop == "uvloop":
         import asyncio
 
