@@ -1,7 +1,8 @@
 """Baseline B, the ceiling: a raw aiokafka pass-through without Faust.
 
 Consume `input`, call the model with bounded concurrency, produce to `results`, commit
-offsets once every message before them is done. No retries, no DLQ, no state.
+offsets once every message before them is done. No retries, no DLQ, no state. Prints
+`ready` once it has joined its consumer group; stops after `--count` results.
 
     python bench/baseline_async.py --bootstrap … --input T --results T --llm URL --count N --concurrency 64
 """
@@ -26,6 +27,9 @@ async def run(args: argparse.Namespace) -> None:
     pending: dict[TopicPartition, deque] = defaultdict(deque)  # [offset, done] in arrival order
     await consumer.start()
     await producer.start()
+    while not consumer.assignment():  # joined the group: say so (the bench measures from here)
+        await asyncio.sleep(0.05)
+    print("ready", flush=True)
     done = 0
 
     async def handle(message, entry) -> None:

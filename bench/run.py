@@ -9,6 +9,11 @@ fixed 100 ms latency) and measures:
    synchronous consumer), baseline B (a raw aiokafka pass-through with the same
    concurrency) and dlqapp (openai backend against the mock, 0% and 10% failures);
    end-to-end p50/p99 under a paced load; the ratios dlqapp/A and dlqapp/B;
+   per-request cost beside B, measured in turn in each of 3 runs: `overhead` (mock at
+   0 ms, 64 in flight: what the pipeline itself costs; also with 10% transient failures)
+   and `llm_scale` (mock at 2000 ± 500 ms, 1024 in flight, ceiling 512/s), each with the
+   CPU seconds per 1,000 requests of each process and of the mock (/proc/<pid>/stat),
+   and resident memory with 4,096 calls in flight;
 2. retry lateness per tier, idle and under an input flood;
 3. timer scale: the timer's tick cost on a store of 1k, 100k and 1M parked retries, and a
    real worker grown to 1k, 100k and 1M parked retries: resident memory per parked retry
@@ -19,7 +24,8 @@ fixed 100 ms latency) and measures:
 
 `--only parked_scale,recovery` runs some sections (the report then holds only those).
 
-Writes latest.json, latest.md, throughput.png and lateness_cdf.png into --out.
+Writes latest.json, latest.md, throughput.png, per_request_cost.png and lateness_cdf.png
+into --out.
 Timing lives here, never in pass/fail tests: `make test` runs only `--quick`.
 """
 
@@ -31,7 +37,9 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +47,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -66,9 +75,15 @@ PYTHON = sys.executable
 LATENCY_MS = 100
 CONCURRENCY = 64
 PROBES_PER_S = 50
+"""Probe requests for retry lateness arrive at this rate, except in the burst and flood scenarios."""
 FLOW_LATENCY_MS = 1000
 """Backend latency in the flow-control section (an LLM's, not the mock's 100 ms default)."""
-"""Probe requests for retry lateness arrive at this rate, except in the burst and flood scenarios."""
+LLM_LATENCY_MS, LLM_JITTER_MS = 2000, 500
+LLM_CONCURRENCY = 1024
+"""`llm_scale`: model latency people see, and the in-flight count it takes to reach 512/s."""
+RSS_IN_FLIGHT = 4096
+RSS_HOLD_MS = 600_000
+"""Mock latency while resident memory is measured: the calls stay in flight meanwhile."""
 
 
 # -- helpers -----------------------------------------------------------------------------
@@ -106,9 +121,21 @@ def throughput_of(records: list[Record]) -> float:
     return last / span if span > 0 else float("nan")
 
 
-def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout: float) -> list[Record]:
+class SystemDied(AssertionError):
+    """The process under measurement exited before every outcome appeared."""
+
+
+def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout: float, alive: Callable[[], bool] | None = None) -> list[Record]:
+    """The first record of each of `ids` on `topic`; fails at once should `alive()` turn false."""
     wanted = set(ids)
-    records = read_topic(bootstrap, topic, all_keys_seen(wanted), timeout)
+    complete = all_keys_seen(wanted)
+
+    def until(records: list[Record]) -> bool:
+        if alive is not None and not alive():
+            raise SystemDied(f"the process under measurement exited with {len(records)} of {len(ids)} outcomes")
+        return complete(records)
+
+    records = read_topic(bootstrap, topic, until, timeout)
     first: dict[str, Record] = {}
     for record in records:
         key = record.key.decode() if record.key else ""
@@ -244,11 +271,92 @@ def process_memory(pid: int) -> dict[str, int]:
     return {"rss_bytes": fields["VmRSS"], "peak_rss_bytes": fields["VmHWM"]}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far, in seconds (/proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # fields 3… of stat(5); utime and stime are 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Running:
+    """A system under measurement: its process, where its input goes, where its outcomes appear."""
+
+    pid: int
+    input: str
+    results: list[str]
+    """The results topic first, then any other outcome topic (dlqapp's DLQ)."""
+    stop: Callable[[], None]
+    alive: Callable[[], bool]
+    log: Path
+
+
+def ratios(section: dict[str, Any], system: str, base: str) -> dict[str, Any]:
+    """`system` / `base` in requests/s: of the medians, and per run (each run measured both in turn)."""
+    per_run = [a["requests_per_s"] / b["requests_per_s"] for a, b in zip(section[system]["runs"], section[base]["runs"])]
+    return {"of_medians": section[system]["requests_per_s"]["median"] / section[base]["requests_per_s"]["median"], "per_run": per_run}
+
+
+class Profiler:
+    """py-spy recording one process: a flame graph (`<name>.svg`) and its folded stacks
+    (`<name>.folded`, read by `profile_summary` into `<name>.md`)."""
+
+    def __init__(self, out: Path, name: str, pid: int) -> None:
+        py_spy = Path(PYTHON).parent / "py-spy"
+        if not py_spy.exists():
+            raise SystemExit("--profile needs py-spy in the venv: .venv/bin/python -m pip install py-spy")
+        out.mkdir(parents=True, exist_ok=True)
+        self.out, self.name = out, name
+        self.processes = [
+            subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--format", fmt, "--output", str(out / f"{name}{suffix}")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for fmt, suffix in (("flamegraph", ".svg"), ("raw", ".folded"))
+        ]
+
+    def stop(self) -> None:
+        for process in self.processes:
+            process.send_signal(signal.SIGINT)
+        for process in self.processes:
+            process.wait(timeout=120)
+        folded = self.out / f"{self.name}.folded"
+        if folded.exists():
+            (self.out / f"{self.name}.md").write_text(profile_summary(folded.read_text(), self.name))
+
+
+def profile_summary(folded: str, title: str, top: int = 30) -> str:
+    """The functions with the largest share of samples: inclusive (on the stack) and self (on top)."""
+    inclusive: dict[str, int] = {}
+    own: dict[str, int] = {}
+    total = 0
+    for line in folded.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]  # per function, not per line
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+    lines = [f"# py-spy profile: {title}", "", f"{total:,} samples.", "", "| Inclusive % | Self % | Function |", "|---|---|---|"]
+    for frame, n in sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"| {100 * n / total:.1f} | {100 * own.get(frame, 0) / total:.1f} | `{frame}` |")
+    lines += ["", "| Self % | Function |", "|---|---|"]
+    for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"| {100 * n / total:.1f} | `{frame}` |")
+    return "\n".join(lines) + "\n"
+
+
 class Bench:
-    def __init__(self, bootstrap: str, tmp: Path, quick: bool) -> None:
+    def __init__(self, bootstrap: str, tmp: Path, quick: bool, profile_dir: Path | None = None, requests: int = 0, runs: int = 0) -> None:
         self.bootstrap = bootstrap
         self.tmp = tmp
         self.quick = quick
+        self.profile_dir = profile_dir
+        self.requests = requests
+        """Requests per run of `overhead` and `llm_scale` (0: their defaults)."""
+        self.runs = runs
+        """Runs of `overhead` and `llm_scale` (0: their defaults)."""
         self.mock = MockLLM(tmp, args=["--latency-ms", str(LATENCY_MS)]).start()
         self.mock_failing = MockLLM(tmp, args=["--latency-ms", str(LATENCY_MS), "--fail", "503=0.1", "--seed", "5"]).start()
 
@@ -345,6 +453,155 @@ class Bench:
                 print(f"  {name} at {rate}/s: p50 {out[name]['e2e_p50_ms']} ms, p99 {out[name]['e2e_p99_ms']} ms", flush=True)
             finally:
                 stop()
+        return out
+
+    # -- per-request cost: overhead and LLM scale ------------------------------------------
+
+    def start_baseline_b(self, mock: MockLLM, concurrency: int) -> "Running":
+        """Baseline B consuming fresh topics, once it has joined its group (input still empty)."""
+        prefix = unique("bench") + "."
+        settings = make_topics(self.bootstrap, prefix)
+        args = [PYTHON, str(ROOT / "bench" / "baseline_async.py"), "--bootstrap", self.bootstrap, "--input", settings.input, "--results", settings.results,
+                "--llm", mock.api_url + "/chat/completions", "--group", prefix + "group", "--count", str(10**12), "--concurrency", str(concurrency)]
+        log = self.tmp / f"{prefix}b.log"
+        with open(log, "ab") as stderr:
+            process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready", f"baseline B did not start (see {log})"
+
+        def stop() -> None:
+            process.kill()
+            process.wait()
+
+        return Running(process.pid, settings.input, [settings.results], stop, lambda: process.poll() is None, log)
+
+    def start_dlqapp(self, mock: MockLLM, concurrency: int, **env: str) -> "Running":
+        """A ready dlqapp worker (openai backend against `mock`) with `concurrency` calls in flight."""
+        worker = self.dlqapp_worker(mock, DLQ_CONCURRENCY=str(concurrency), **env)
+        worker.start()
+        assert worker.process is not None
+        process = worker.process
+        return Running(process.pid, worker.topic("input"), [worker.topic("results"), worker.topic("dlq")], worker.kill, lambda: process.poll() is None, worker.log_path)
+
+    def cost_run(self, start: Callable[[], "Running"], mock: MockLLM, count: int, profile: str | None = None) -> dict[str, float]:
+        """Start a system, hand it `count` requests at once, wait for every outcome: its
+        requests/s, and the CPU seconds per 1,000 requests it and the mock used meanwhile.
+        With `profile` (and --profile), py-spy records the system meanwhile (see `Profiler`)."""
+        system = start()
+        profiler = Profiler(self.profile_dir, profile, system.pid) if self.profile_dir and profile else None
+        try:
+            ids = unique_ids("c", count)
+            assert mock.process is not None
+            cpu, mock_cpu = cpu_seconds(system.pid), cpu_seconds(mock.process.pid)
+            produce_in_batches(self.bootstrap, system.input, requests_for(ids))
+            try:
+                outcomes = wait_results(self.bootstrap, system.results, ids, timeout=1800, alive=system.alive)
+            except SystemDied as exc:
+                raise SystemDied(f"{exc} (its log: {system.log})") from None
+            cpu, mock_cpu = cpu_seconds(system.pid) - cpu, cpu_seconds(mock.process.pid) - mock_cpu
+        finally:
+            if profiler is not None:
+                profiler.stop()
+            system.stop()
+        results = [r for r in outcomes if r.topic == system.results[0]]
+        return {"requests_per_s": throughput_of(results), "cpu_s_per_1k": cpu * 1000 / count, "mock_cpu_s_per_1k": mock_cpu * 1000 / count,
+                "dead_lettered": len(outcomes) - len(results)}
+
+    def cost_run_repeated(self, start: Callable[[], "Running"], mock: MockLLM, count: int, profile: str | None = None, attempts: int = 2) -> dict[str, float]:
+        """`cost_run`, once more should the process die (reported, never hidden: `repeated`)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return {**self.cost_run(start, mock, count, profile), "repeated": attempt - 1}
+            except SystemDied as exc:
+                print(f"  ! {exc}; attempt {attempt} of {attempts}", flush=True)
+                if attempt == attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    def side_by_side(self, section: str, systems: dict[str, tuple[Callable[[], "Running"], MockLLM]], count: int, runs: int) -> dict[str, Any]:
+        """`runs` rounds, each measuring every system once in turn (so the machine's load
+        falls alike on all); per system the runs, and the median and range of each figure.
+        With --profile, the first run of each system is recorded as `<section>-<system>`."""
+        rows: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
+        for run in range(runs):
+            for name, (start, mock) in systems.items():
+                rows[name].append(self.cost_run_repeated(start, mock, count, profile=f"{section}-{name}" if run == 0 else None))
+                row = rows[name][-1]
+                print(f"  run {run + 1} {name}: {row['requests_per_s']:.1f} req/s, {row['cpu_s_per_1k']:.2f} CPU s/1k (mock {row['mock_cpu_s_per_1k']:.2f})", flush=True)
+        out: dict[str, Any] = {"requests": count}
+        for name, measured in rows.items():
+            out[name] = {"runs": measured, **{figure: spread([row[figure] for row in measured]) for figure in ("requests_per_s", "cpu_s_per_1k", "mock_cpu_s_per_1k")}}
+        return out
+
+    def overhead(self) -> dict[str, Any]:
+        """What the pipeline itself costs: the mock answers at once (0 ms), 64 calls in flight;
+        dlqapp beside baseline B, and dlqapp again with 10% transient failures (503s)."""
+        count, runs = (100, 1) if self.quick else (20_000, 3)
+        count, runs = self.requests or count, self.runs or runs
+        mock = MockLLM(self.tmp, args=["--latency-ms", "0"]).start()
+        failing = MockLLM(self.tmp, args=["--latency-ms", "0", "--fail", "503=0.1", "--seed", "5"]).start()
+        try:
+            out = self.side_by_side("overhead", {
+                "baseline_b_aiokafka": (lambda: self.start_baseline_b(mock, CONCURRENCY), mock),
+                "dlqapp_0pct_failures": (lambda: self.start_dlqapp(mock, CONCURRENCY), mock),
+                "dlqapp_10pct_failures": (lambda: self.start_dlqapp(failing, CONCURRENCY), failing),
+            }, count, runs)
+        finally:
+            mock.stop()
+            failing.stop()
+        out["concurrency"], out["latency_ms"] = CONCURRENCY, 0
+        out["ratio_dlqapp_to_b"] = ratios(out, "dlqapp_0pct_failures", "baseline_b_aiokafka")
+        out["ratio_10pct_to_0pct"] = ratios(out, "dlqapp_10pct_failures", "dlqapp_0pct_failures")
+        return out
+
+    def llm_scale(self) -> dict[str, Any]:
+        """The source documents' load with real model latency: the mock answers in 2000 ± 500 ms,
+        1024 calls in flight (ceiling 512/s); dlqapp beside baseline B. Then resident memory
+        of each with 4,096 calls in flight (`rss`)."""
+        count, runs = (100, 1) if self.quick else (12_000, 3)
+        count, runs = self.requests or count, self.runs or runs
+        mock = MockLLM(self.tmp, args=["--latency-ms", str(LLM_LATENCY_MS), "--jitter-ms", str(LLM_JITTER_MS), "--seed", "5"]).start()
+        try:
+            out = self.side_by_side("llm_scale", {
+                "baseline_b_aiokafka": (lambda: self.start_baseline_b(mock, LLM_CONCURRENCY), mock),
+                "dlqapp_0pct_failures": (lambda: self.start_dlqapp(mock, LLM_CONCURRENCY), mock),
+            }, count, runs)
+        finally:
+            mock.stop()
+        ceiling = LLM_CONCURRENCY / (LLM_LATENCY_MS / 1000)
+        out.update(concurrency=LLM_CONCURRENCY, latency_ms=LLM_LATENCY_MS, jitter_ms=LLM_JITTER_MS, ceiling_per_s=ceiling)
+        out["ratio_dlqapp_to_b"] = ratios(out, "dlqapp_0pct_failures", "baseline_b_aiokafka")
+        out["ratio_dlqapp_to_ceiling"] = out["dlqapp_0pct_failures"]["requests_per_s"]["median"] / ceiling
+        out["ratio_b_to_ceiling"] = out["baseline_b_aiokafka"]["requests_per_s"]["median"] / ceiling
+        out["rss"] = self.rss_in_flight(64 if self.quick else RSS_IN_FLIGHT)
+        return out
+
+    def rss_in_flight(self, in_flight: int) -> dict[str, Any]:
+        """Resident memory of B and of a dlqapp worker idle, then with `in_flight` calls
+        waiting at a mock that answers only after minutes (counted at the mock)."""
+        mock = MockLLM(self.tmp, args=["--latency-ms", str(RSS_HOLD_MS)]).start()
+        out: dict[str, Any] = {"in_flight": in_flight}
+        try:
+            for name, start in (("baseline_b_aiokafka", lambda: self.start_baseline_b(mock, in_flight)),
+                                ("dlqapp", lambda: self.start_dlqapp(mock, in_flight, DLQ_INFERENCE_TIMEOUT="30m"))):
+                system = start()
+                try:
+                    idle = process_memory(system.pid)["rss_bytes"]
+                    calls = mock.stats()["calls"]
+                    produce_in_batches(self.bootstrap, system.input, requests_for(unique_ids("rss", in_flight)))
+
+                    def all_in_flight() -> bool:
+                        if not system.alive():
+                            raise SystemDied(f"{name} exited (its log: {system.log})")
+                        return mock.stats()["calls"] - calls >= in_flight
+
+                    wait_until(all_in_flight, 600, f"{in_flight} calls in flight at the mock", interval=0.5)
+                    busy = process_memory(system.pid)["rss_bytes"]
+                finally:
+                    system.stop()
+                out[name] = {"idle_rss_mib": idle / 2**20, "rss_mib": busy / 2**20, "kib_per_call": (busy - idle) / 1024 / in_flight}
+                print(f"  {name} with {in_flight} calls in flight: {json.dumps(out[name])}", flush=True)
+        finally:
+            mock.stop()
         return out
 
     # -- 2. retry lateness ---------------------------------------------------------------
@@ -645,7 +902,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
 def markdown(r: dict[str, Any]) -> str:
     header = f"{r['when']} on {r['machine']}; backend latency {LATENCY_MS} ms, concurrency {CONCURRENCY}" + (" (quick)" if r["quick"] else "")
     lines = ["# dlqapp benchmark", "", header, ""]
-    for section, render in (("throughput", _md_throughput), ("latency", _md_latency), ("lateness", _md_lateness),
+    for section, render in (("throughput", _md_throughput), ("overhead", _md_overhead), ("llm_scale", _md_llm_scale), ("latency", _md_latency), ("lateness", _md_lateness),
                             ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery), ("stats_cost", _md_stats_cost),
                             ("flow_control", _md_flow_control)):
         if section in r:
@@ -658,6 +915,42 @@ def _md_throughput(t: dict[str, Any]) -> list[str]:
     for name in SYSTEMS:
         lines.append(f"| {name} | {t[name]['requests_per_s']:.1f} | {', '.join(f'{x:.1f}' for x in t[name]['runs'])} |")
     return lines + ["", f"dlqapp / A = **{t['ratio_dlqapp_to_a']:.1f}×**, dlqapp / B = **{t['ratio_dlqapp_to_b']:.2f}×** (10% failures: {t['ratio_dlqapp_10pct_to_b']:.2f}× of B)"]
+
+
+def _cell(figure: dict[str, float], digits: int = 1) -> str:
+    """Median (min–max) of one figure over runs."""
+    return f"{figure['median']:.{digits}f} ({figure['min']:.{digits}f}–{figure['max']:.{digits}f})"
+
+
+def _md_cost_rows(section: dict[str, Any], systems: tuple[str, ...]) -> list[str]:
+    lines = ["| System | Requests/s median (min–max) | Runs | CPU s per 1k requests | mock LLM CPU s per 1k |", "|---|---|---|---|---|"]
+    for name in systems:
+        v = section[name]
+        runs = ", ".join(f"{row['requests_per_s']:.1f}" for row in v["runs"])
+        lines.append(f"| {name} | {_cell(v['requests_per_s'])} | {runs} | {_cell(v['cpu_s_per_1k'], 2)} | {_cell(v['mock_cpu_s_per_1k'], 2)} |")
+    return lines
+
+
+def _md_ratio(ratio: dict[str, Any]) -> str:
+    return f"**{ratio['of_medians']:.2f}×** (per run: {', '.join(f'{x:.2f}' for x in ratio['per_run'])})"
+
+
+def _md_overhead(o: dict[str, Any]) -> list[str]:
+    lines = [f"## overhead: mock LLM at 0 ms, {o['concurrency']} in flight, {o['requests']:,} requests per run", ""]
+    lines += _md_cost_rows(o, ("baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures"))
+    return lines + ["", f"dlqapp / B = {_md_ratio(o['ratio_dlqapp_to_b'])}; dlqapp with 10% transient failures / dlqapp at 0% = {_md_ratio(o['ratio_10pct_to_0pct'])}"]
+
+
+def _md_llm_scale(s: dict[str, Any]) -> list[str]:
+    lines = [f"## llm_scale: mock LLM at {s['latency_ms']} ± {s['jitter_ms']} ms, {s['concurrency']} in flight (ceiling {s['ceiling_per_s']:.0f}/s), {s['requests']:,} requests per run", ""]
+    lines += _md_cost_rows(s, ("baseline_b_aiokafka", "dlqapp_0pct_failures"))
+    lines += ["", f"dlqapp / B = {_md_ratio(s['ratio_dlqapp_to_b'])}; dlqapp / ceiling = **{s['ratio_dlqapp_to_ceiling']:.2f}×**, B / ceiling = {s['ratio_b_to_ceiling']:.2f}×", ""]
+    rss = s["rss"]
+    lines += [f"| Resident memory, {rss['in_flight']:,} calls in flight | idle MiB | in flight MiB | KiB per call |", "|---|---|---|---|"]
+    for name in ("baseline_b_aiokafka", "dlqapp"):
+        v = rss[name]
+        lines.append(f"| {name} | {v['idle_rss_mib']:.0f} | {v['rss_mib']:.0f} | {v['kib_per_call']:.1f} |")
+    return lines
 
 
 def _md_latency(latency: dict[str, Any]) -> list[str]:
@@ -742,6 +1035,24 @@ def plots(r: dict[str, Any], samples: dict[str, list[float]], out: Path) -> None
         fig.tight_layout()
         fig.savefig(out / "throughput.png", dpi=110)
         plt.close(fig)
+    loads = [(name, r[name]) for name in ("overhead", "llm_scale") if name in r]
+    if loads:
+        fig, axes = plt.subplots(1, len(loads), figsize=(5 * len(loads), 4), squeeze=False)
+        for ax, (name, section) in zip(axes[0], loads):
+            systems = [n for n in ("baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures") if n in section]
+            medians = [section[n]["requests_per_s"]["median"] for n in systems]
+            errors = [[m - section[n]["requests_per_s"]["min"] for n, m in zip(systems, medians)], [section[n]["requests_per_s"]["max"] - m for n, m in zip(systems, medians)]]
+            ax.bar([{"baseline_b_aiokafka": "B: aiokafka", "dlqapp_0pct_failures": "dlqapp 0%", "dlqapp_10pct_failures": "dlqapp 10%"}[n] for n in systems], medians,
+                   yerr=errors, capsize=4, color=["#555", "#2f5bea", "#7f9cf5"][: len(systems)])
+            if "ceiling_per_s" in section:
+                ax.axhline(section["ceiling_per_s"], color="#c33", linestyle="--", label=f"ceiling {section['ceiling_per_s']:.0f}/s")
+                ax.legend()
+            ax.set_ylabel("requests/s (median, min–max)")
+            jitter = f" ± {section['jitter_ms']}" if "jitter_ms" in section else ""
+            ax.set_title(f"{name}: {section['latency_ms']}{jitter} ms, {section['concurrency']} in flight")
+        fig.tight_layout()
+        fig.savefig(out / "per_request_cost.png", dpi=110)
+        plt.close(fig)
     if samples:
         fig, ax = plt.subplots(figsize=(8, 4))
         for label, values in samples.items():
@@ -762,6 +1073,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one run each (keeps the harness from rotting)")
     parser.add_argument("--only", default="", help="comma-separated sections to run (default: all): " + ", ".join(SECTIONS))
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--requests", type=int, default=0, help="requests per run of overhead and llm_scale (default 20,000 and 12,000; 100 with --quick)")
+    parser.add_argument("--runs", type=int, default=0, help="runs of overhead and llm_scale (default 3; 1 with --quick)")
+    parser.add_argument("--profile", action="store_true", help="record the first run of each system in overhead and llm_scale with py-spy (flame graphs into --out)")
     args = parser.parse_args()
     chosen = [s.strip() for s in args.only.split(",") if s.strip()] or [s for s in SECTIONS if not (args.quick and s in NOT_IN_QUICK)]
     unknown = set(chosen) - set(SECTIONS)
@@ -775,7 +1089,7 @@ def main() -> None:
         env = broker.env()
         broker.run("start", env)
         bootstrap = broker.bootstrap
-    bench = Bench(bootstrap, tmp, args.quick)
+    bench = Bench(bootstrap, tmp, args.quick, Path(args.out) if args.profile else None, args.requests, args.runs)
     try:
         results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "quick": args.quick}
         for section in chosen:
@@ -798,6 +1112,8 @@ STATS_COST_LARGE = int(os.environ.get("BENCH_STATS_COST_REQUESTS", "1000000"))
 
 SECTIONS = {
     "throughput": "throughput",
+    "overhead": "overhead",
+    "llm_scale": "llm_scale",
     "latency": "paced_latency",
     "lateness": "lateness",
     "timer": "timer_tick",

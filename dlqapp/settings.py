@@ -200,6 +200,8 @@ class Settings:
     allowed_origins: tuple[str, ...] = _setting("DLQ_ALLOWED_ORIGINS", "", _name_list, "Extra browser origins (`https://ops.example.com`) allowed to send mutations; the worker's own origin always is.")
     log_level: str = _setting("DLQ_LOG_LEVEL", "info", _choice("debug", "info", "warning", "error"), "Level of dlqapp's own loggers.")
     log_format: str = _setting("DLQ_LOG_FORMAT", "text", _choice("text", "json"), "`text`: key=value lines. `json`: one JSON object per line.")
+    producer_linger_ms: int = _setting("DLQ_PRODUCER_LINGER", "5ms", parse_duration_ms, "How long the worker's Kafka producer waits to batch sends (results, retries, table changelogs) into one request; 0 sends each at once.")
+    event_loop: str = _setting("DLQ_EVENT_LOOP", "uvloop", _choice("uvloop", "asyncio"), "Event loop of the worker: `uvloop` (faster; the default) or Python's own `asyncio`.")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":

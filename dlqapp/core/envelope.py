@@ -7,7 +7,7 @@ to `results` or `dlq`.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from dlqapp.core.clock import now_ms
@@ -41,6 +41,18 @@ class Attempt:
     error_class: str | None = None
     error: str | None = None
 
+    def as_dict(self) -> dict[str, Any]:
+        """The history entry (what `dataclasses.asdict` gives, without its deep copy: a hot path)."""
+        return {
+            "attempt": self.attempt,
+            "at": self.at,
+            "topic": self.topic,
+            "scheduled": self.scheduled,
+            "duration_ms": self.duration_ms,
+            "error_class": self.error_class,
+            "error": self.error,
+        }
+
 
 @dataclass
 class Envelope:
@@ -67,7 +79,7 @@ class Envelope:
         self.attempts = attempt.attempt
         self.error_class = attempt.error_class
         self.last_error = attempt.error
-        self.history.append(asdict(attempt))
+        self.history.append(attempt.as_dict())
         del self.history[:-HISTORY_LIMIT]
 
     def headers(self, **extra: str | int | None) -> list[tuple[str, bytes]]:
@@ -140,4 +152,17 @@ class Result:
     history: list[dict[str, Any]] | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps(asdict(self), separators=(",", ":")).encode()
+        """The JSON published on `results` (fields in declaration order, like `dataclasses.asdict`;
+        built by hand: asdict deep-copies metadata and history on every result)."""
+        doc = {
+            "request_id": self.request_id,
+            "model": self.model,
+            "output": self.output,
+            "attempts": self.attempts,
+            "latency_ms": self.latency_ms,
+            "completed_at": self.completed_at,
+            "metadata": self.metadata,
+            "usage": self.usage,
+            "history": self.history,
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()

@@ -304,7 +304,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.limit_rpm or args.limit_tpm:
         state.limits = ProviderLimits(args.limit_rpm, args.limit_tpm)
     print(f"dlqapp-mock-llm on http://{args.host}:{args.port}/v1 (latency {args.latency_ms:g}±{args.jitter_ms:g} ms)", flush=True)
+    _use_uvloop()
     web.run_app(build_app(state), host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=1.0)
+
+
+def _use_uvloop() -> None:
+    """Serve on uvloop when it is installed: the mock must never be what limits a benchmark."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 if __name__ == "__main__":

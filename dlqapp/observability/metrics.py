@@ -7,7 +7,7 @@ Tier labels are topic names without DLQ_TOPIC_PREFIX (`input`, `retry-1s`, `fall
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import prometheus_client
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -20,20 +20,45 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
 
-requests = Counter("dlqapp_requests_total", "Requests by final outcome: succeeded, dead_lettered, duplicate_skipped.", ["outcome"])
-attempts = Counter("dlqapp_attempts_total", "Backend attempts by tier (input, retry tiers, fallback).", ["tier"])
-dead_letters = Counter("dlqapp_dead_letters_total", "Dead letters recorded, by error class.", ["error_class"])
+class _CachedLabels:
+    """`labels(...)` answered from a dict after the first call (prometheus_client validates
+    and locks on every call: a measurable share of a worker's CPU on the request path)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._cached_children: dict[tuple[str, ...], Any] = {}
+
+    def labels(self, *values: str, **named: str) -> Any:
+        if named:
+            return super().labels(*values, **named)  # type: ignore[misc]
+        child = self._cached_children.get(values)
+        if child is None:
+            child = self._cached_children[values] = super().labels(*values)  # type: ignore[misc]
+        return child
+
+
+class _Counter(_CachedLabels, Counter):
+    pass
+
+
+class _Histogram(_CachedLabels, Histogram):
+    pass
+
+
+requests = _Counter("dlqapp_requests_total", "Requests by final outcome: succeeded, dead_lettered, duplicate_skipped.", ["outcome"])
+attempts = _Counter("dlqapp_attempts_total", "Backend attempts by tier (input, retry tiers, fallback).", ["tier"])
+dead_letters = _Counter("dlqapp_dead_letters_total", "Dead letters recorded, by error class.", ["error_class"])
 duplicates = Counter("dlqapp_duplicates_skipped_total", "Copies of a request that were skipped (already succeeded or in progress).")
 replays = Counter("dlqapp_replays_total", "Dead letters sent back to input by an operator.")
 discards = Counter("dlqapp_discards_total", "Dead letters discarded by an operator.")
 held = Counter("dlqapp_held_during_outage_total", "Backend-wide failures not counted as attempts because the breaker was open.")
-backend_latency = Histogram("dlqapp_backend_call_duration_seconds", "Backend call latency by outcome (ok or error class).", ["outcome"], buckets=LATENCY_BUCKETS)
+backend_latency = _Histogram("dlqapp_backend_call_duration_seconds", "Backend call latency by outcome (ok or error class).", ["outcome"], buckets=LATENCY_BUCKETS)
 end_to_end = Histogram("dlqapp_end_to_end_latency_seconds", "From first receipt to the result.", buckets=E2E_BUCKETS)
 loop_lag = Gauge("dlqapp_event_loop_lag_seconds", "How late the event loop ran a 250 ms timer, worst of the last second: work that hogs the loop delays every retry.")
 concurrency_limit = Gauge("dlqapp_concurrency_limit", "Backend calls allowed in flight now: the adaptive limit, between DLQ_CONCURRENCY_FLOOR and DLQ_CONCURRENCY.")
 calls_in_flight = Gauge("dlqapp_backend_calls_in_flight", "Backend calls in flight now.")
 rate_wait = Histogram("dlqapp_rate_limit_wait_seconds", "Time a call waited for DLQ_RATE_LIMITS capacity, by model (`*`: a model the setting does not name).", ["model"], buckets=LATENESS_BUCKETS + (30, 60))
-lateness = Histogram("dlqapp_retry_lateness_seconds", "Actual attempt time minus scheduled_time, by tier.", ["tier"], buckets=LATENESS_BUCKETS)
+lateness = _Histogram("dlqapp_retry_lateness_seconds", "Actual attempt time minus scheduled_time, by tier.", ["tier"], buckets=LATENESS_BUCKETS)
 
 
 class StateCollector(Collector):

@@ -23,6 +23,20 @@ from dlqapp.worker.kafka_admin import TopicMismatchError, ensure_topics
 log = logging.getLogger(__name__)
 
 
+def install_event_loop(settings: Settings) -> None:
+    """Make DLQ_EVENT_LOOP the loop the worker runs on (before anything creates a loop).
+
+    uvloop runs the same asyncio code with its transports and scheduling in C: the
+    per-request cost of the loop itself (sockets to Kafka and the backend, task switches)
+    is a large share of a worker's CPU (bench/results/profiles/)."""
+    if settings.event_loop == "uvloop":
+        import asyncio
+
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 def load_settings() -> Settings:
     """Settings from the environment; exit with a message naming the bad variable."""
     try:
@@ -119,6 +133,7 @@ def create_app(settings: Settings) -> DlqApp:
         broker_heartbeat_interval=min(3.0, settings.session_timeout_ms / 3000),
         broker_max_poll_records=settings.max_poll_records,
         producer_acks=-1,
+        producer_linger=settings.producer_linger_ms / 1000,
         producer_max_request_size=settings.max_message_bytes,
         web_bind=settings.web_host,
         web_host=settings.web_host,

@@ -35,7 +35,7 @@ from dlqapp.retries.due_hop import DueHop
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.settings import Settings
-from dlqapp.worker.app import DlqApp, create_app, load_settings
+from dlqapp.worker.app import DlqApp, create_app, install_event_loop, load_settings
 from dlqapp.worker.counters import Counters
 from dlqapp.worker.crashguard import CrashGuard
 from dlqapp.worker.durability import at_end_of_step
@@ -188,6 +188,7 @@ def build_app(settings: Settings | None = None) -> DlqApp:
     from dlqapp.worker.agents import register_agents
 
     settings = settings or load_settings()
+    install_event_loop(settings)
     register_codecs()
     app = create_app(settings)
     topology = declare(app, settings)

@@ -41,7 +41,20 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
     assert results["recovery"]["parked_after_restart"] == results["recovery"]["parked"]
     cost = results["stats_cost"]["1000"]
     assert cost["stats_p99_ms"]["median"] > 0 and cost["metrics_p99_ms"]["median"] > 0 and cost["rss_mib"]["median"] > 0
+    for section, systems in (("overhead", ("baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures")), ("llm_scale", ("baseline_b_aiokafka", "dlqapp_0pct_failures"))):
+        cost = results[section]
+        for system in systems:
+            assert len(cost[system]["runs"]) == 1
+            assert cost[system]["requests_per_s"]["median"] > 0
+            assert cost[system]["cpu_s_per_1k"]["median"] > 0 and cost[system]["mock_cpu_s_per_1k"]["median"] > 0
+        assert cost["ratio_dlqapp_to_b"]["of_medians"] > 0 and len(cost["ratio_dlqapp_to_b"]["per_run"]) == 1
+    assert results["overhead"]["ratio_10pct_to_0pct"]["of_medians"] > 0
+    assert results["llm_scale"]["ceiling_per_s"] == 512 and results["llm_scale"]["ratio_dlqapp_to_ceiling"] > 0
+    rss = results["llm_scale"]["rss"]
+    for system in ("baseline_b_aiokafka", "dlqapp"):
+        assert rss[system]["rss_mib"] >= rss[system]["idle_rss_mib"] > 0
     report = (out / "latest.md").read_text()
     assert "dlqapp / A" in report and "1,000 parked" in report
-    for plot in ("throughput.png", "lateness_cdf.png"):
+    assert "## overhead" in report and "## llm_scale" in report and "calls in flight" in report
+    for plot in ("throughput.png", "per_request_cost.png", "lateness_cdf.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
