@@ -11,9 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(900)  # a dozen workers one after another; slow on a busy machine
 def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_path):
     out = tmp_path / "results"
     run = subprocess.run(
@@ -21,7 +24,7 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
         env={**os.environ, "KAFKA_BOOTSTRAP": kafka_bootstrap},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=880,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads((out / "latest.json").read_text())

@@ -11,6 +11,8 @@ import os
 import random
 import time
 
+import pytest
+
 from tests.chaos.ledger import FULL, Ledger
 from tests.support import (
     LocalKafka,
@@ -22,6 +24,8 @@ from tests.support import (
     unique,
     wait_until,
 )
+
+pytestmark = pytest.mark.timeout(3600 if FULL else 900)  # worker restarts are slow on a busy machine
 
 FAULT_ENV = {
     "DLQ_INFERENCE": "openai",
