@@ -381,9 +381,13 @@ class Bench:
             process.wait()
 
     def worker(self, **env: str) -> Worker:
-        """A dlqapp worker with the settings every measurement shares, plus `env`."""
+        """A dlqapp worker with the settings every measurement shares, plus `env`.
+
+        A fixed concurrency, like the baselines': the adaptive limit starts at its floor and
+        grows only as calls complete (a measurement that holds calls open would never see
+        more than one), and is measured on its own in `flow_control`."""
         return Worker(self.bootstrap, self.tmp, name=unique("bw"), env_extra={
-            "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning", **env})
+            "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning", "DLQ_ADAPTIVE_CONCURRENCY": "false", **env})
 
     def dlqapp_worker(self, mock: MockLLM, **env: str) -> Worker:
         """A worker on the `openai` backend against the mock."""
@@ -824,8 +828,8 @@ class Bench:
         model = "bench-model"
         setups = {
             "none": {"DLQ_ADAPTIVE_CONCURRENCY": "false"},
-            "adaptive_concurrency": {},
-            "rate_limits": {"DLQ_RATE_LIMITS": f"{model}={rpm}rpm"},
+            "adaptive_concurrency": {"DLQ_ADAPTIVE_CONCURRENCY": "true"},
+            "rate_limits": {"DLQ_ADAPTIVE_CONCURRENCY": "true", "DLQ_RATE_LIMITS": f"{model}={rpm}rpm"},
         }
         out: dict[str, Any] = {"provider_rpm": rpm, "requests": count, "latency_ms": FLOW_LATENCY_MS}
         for name, env in setups.items():
