@@ -245,7 +245,8 @@ class Api:
             state["dead_letter"] = summary(entry)
             logs[states.DEAD_LETTERED] = entry.get("history") or []
         # the attempt history of the request's current state; else the longest one known
-        state["attempts"] = logs.get(state.get("state")) or max(logs.values(), key=len)
+        # (`attempts` stays the count the state records)
+        state["attempt_history"] = logs.get(state.get("state")) or max(logs.values(), key=len)
         return state
 
     def status(self) -> dict[str, Any]:
