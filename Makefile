@@ -4,8 +4,9 @@
 run:            ## Kafka + one worker (simulated backend) in the foreground; Ctrl-C stops both
 	@scripts/run
 
-test:           ## the whole suite; starts (and stops) its own Kafka unless KAFKA_BOOTSTRAP is set
-	@scripts/test
+TEST_WORKERS ?= 2
+test:           ## the whole suite (TEST_WORKERS test files at a time); starts (and stops) its own Kafka unless KAFKA_BOOTSTRAP is set
+	@scripts/test -n $(TEST_WORKERS) --dist loadgroup
 
 chaos:          ## the full-size chaos suite (100k requests, kill -9, broker restart, 3 workers, a 3-broker cluster)
 	@CHAOS_FULL=1 CHAOS_REPORT=$(CURDIR)/chaos-report.jsonl scripts/test tests/chaos -s

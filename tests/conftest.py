@@ -15,6 +15,15 @@ from tests.cluster import LocalCluster
 from tests.support import LocalKafka, Worker, free_port
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under `pytest -n N --dist loadgroup` (make test): a file runs on one xdist worker,
+    so its module fixtures start once, and every test that needs the three-broker cluster
+    shares one worker, so the cluster starts once (and no two scenarios share it at once).
+    Marked as each test is collected, before xdist reads the groups."""
+    group = "kafka_cluster" if "kafka_cluster" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+    item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """KAFKA_BOOTSTRAP if set, else a broker started with scripts/kafka-local on a free port."""
