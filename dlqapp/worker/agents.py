@@ -125,8 +125,7 @@ class _Handlers:
             while due retries are on their way (dlqapp.worker.input_gate)."""
             window = self.window()
             async for event in stream.noack().events():
-                await gate.wait_open()
-                await window.submit(event.message.partition, event, lambda event=event: pipeline.on_input(event, topic))
+                await window.submit(event.message.partition, event, lambda event=event: pipeline.on_input(event, topic), ready=gate.wait_open)
 
         return input_requests
 

@@ -65,15 +65,21 @@ class InFlightWindow:
         """Handlers running now."""
         return len(self._tasks)
 
-    async def submit(self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]]) -> None:
-        """Start `handler()` for `event`; waits while the window is full.
+    async def submit(
+        self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]], ready: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Start `handler()` for `event`; waits for `ready()` (if given), then while the window is full.
 
         The task inherits the caller's context, so Faust's `current_event()` (and with
         it table writes) refers to `event` inside the handler. An event submitted while
-        the window is being released (or after a shutdown) is given back unacked at once.
+        the window is being released (or after a shutdown), or released while it waited,
+        is given back unacked: after a rebalance its partition was sought back to the
+        committed offset, so acking it now could let a commit pass an earlier message.
         """
         generation = self._generation
-        if self._accepting.is_set():
+        if ready is not None:
+            await ready()
+        if generation == self._generation and self._accepting.is_set():
             await self._slots.acquire()
             if generation == self._generation and self._accepting.is_set():
                 self._start(partition, event, handler)
