@@ -51,6 +51,7 @@ dead_letters = _Counter("dlqapp_dead_letters_total", "Dead letters recorded, by 
 duplicates = Counter("dlqapp_duplicates_skipped_total", "Copies of a request that were skipped (already succeeded or in progress).")
 replays = Counter("dlqapp_replays_total", "Dead letters sent back to input by an operator.")
 discards = Counter("dlqapp_discards_total", "Dead letters discarded by an operator.")
+offset_gaps = _Counter("dlqapp_consumer_offset_gaps_total", "Holes in the offsets a worker was handed, by topic: records skipped without being handled (transaction markers also leave one).", ["topic"])
 held = Counter("dlqapp_held_during_outage_total", "Backend-wide failures not counted as attempts because the breaker was open.")
 backend_latency = _Histogram("dlqapp_backend_call_duration_seconds", "Backend call latency by outcome (ok or error class).", ["outcome"], buckets=LATENCY_BUCKETS)
 end_to_end = Histogram("dlqapp_end_to_end_latency_seconds", "From first receipt to the result.", buckets=E2E_BUCKETS)

@@ -50,6 +50,7 @@ class WorkerLifecycle:
     async def release(self, reopen: bool) -> None:
         """Hand back what the windows hold: a rebalance (`reopen`) or a shutdown."""
         released = await self.parts.windows.release(reopen)
+        self.parts.offsets.reset()
         if reopen:
             self.parts.counters.on_revoked()
         else:
@@ -100,12 +101,18 @@ class _Handlers:
         log.error("handler failed on %s[%s]@%s; dead-lettering it as poison", *where, exc_info=None if isinstance(exc, PoisonMessage) else exc)
         await self.parts.pipeline.dead_letter_unprocessable(event, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000])
 
+    def watch(self, event: EventT) -> None:
+        """Notice a hole in the offsets handed to this agent (dlqapp.worker.offset_watch)."""
+        message = event.message
+        self.parts.offsets.seen(message.topic, message.partition, message.offset)
+
     def window(self) -> Any:
         return self.parts.windows.new(self.poison, self.fatal, lambda event: forget_unacked(self.app, event), self.parts.crash_guard)
 
     async def each_event(self, stream: StreamT, handle: Callable[[EventT], Awaitable[None]]) -> None:
         """Handle events one at a time; a failing one is dead-lettered as poison, never fatal."""
         async for event in stream.events():
+            self.watch(event)
             try:
                 async with changelog_barrier():
                     await handle(event)
@@ -125,6 +132,7 @@ class _Handlers:
             while due retries are on their way (dlqapp.worker.input_gate)."""
             window = self.window()
             async for event in stream.noack().events():
+                self.watch(event)
                 await window.submit(event.message.partition, event, lambda event=event: pipeline.on_input(event, topic), ready=gate.wait_open)
 
         return input_requests
@@ -136,6 +144,7 @@ class _Handlers:
             """Due retries handed over by the timer: attempted ahead of fresh input."""
             window = self.window()
             async for event in stream.noack().events():
+                self.watch(event)
                 await window.submit(event.message.partition, event, lambda event=event: scheduler.on_due(event))
 
         return due

@@ -42,6 +42,7 @@ from dlqapp.worker.durability import at_end_of_step
 from dlqapp.worker.faust_compat import consumer_lag
 from dlqapp.worker.flow import InFlightWindows
 from dlqapp.worker.input_gate import InputGate
+from dlqapp.worker.offset_watch import OffsetWatch
 from dlqapp.worker.partition_io import PartitionIO
 from dlqapp.worker.pipeline import Outlets, Pipeline
 from dlqapp.worker.retention import (
@@ -85,6 +86,7 @@ class Components:
     replay_jobs: ReplayJobs
     oldest_dead_letter: OldestDeadLetter
     rates: MinuteRates
+    offsets: OffsetWatch
 
 
 def build_components(app: DlqApp, settings: Settings, topology: Topology, clock: Clock = now_ms) -> Components:
@@ -160,6 +162,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         replay_jobs=ReplayJobs(),
         oldest_dead_letter=OldestDeadLetter(topology.dead_letters),
         rates=rates,
+        offsets=OffsetWatch(lambda topic, skipped: metrics.offset_gaps.labels(topic).inc()),
     )
 
 

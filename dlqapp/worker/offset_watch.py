@@ -1,0 +1,52 @@
+"""Every offset a worker is handed, in order: a hole in a partition's offsets is made visible.
+
+Kafka numbers the records of a partition without holes unless a producer used
+transactions (each commit or abort marker takes an offset) or the topic is compacted. A
+worker that receives offset 41 and then 44 of an `input` partition written without
+transactions was never handed 42 and 43: if their offsets are then committed, those
+requests are lost without a trace. The watch counts such holes per topic
+(`dlqapp_consumer_offset_gaps_total`) and logs each one with its partition and offsets,
+so an operator can find the records (`kafka-console-consumer --partition --offset`) and
+replay them.
+
+A re-delivery (an offset at or below the last one seen, after a rebalance or a seek back
+to the committed offset) is normal under at-least-once delivery and not counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+from dlqapp.observability.logs import log_event
+
+log = logging.getLogger(__name__)
+
+OnGap = Callable[[str, int], None]
+"""Called with the topic and how many offsets were skipped."""
+
+
+class OffsetWatch:
+    """The last offset handed over per partition; notices when the next one skips ahead."""
+
+    def __init__(self, on_gap: OnGap) -> None:
+        self._last: dict[tuple[str, int], int] = {}
+        self._on_gap = on_gap
+        self.gaps = 0
+
+    def seen(self, topic: str, partition: int, offset: int) -> int:
+        """Record that `offset` was handed over; returns how many offsets it skipped (0 normally)."""
+        key = (topic, partition)
+        last = self._last.get(key)
+        self._last[key] = offset
+        if last is None or offset <= last + 1:
+            return 0
+        skipped = offset - last - 1
+        self.gaps += 1
+        self._on_gap(topic, skipped)
+        log_event(log, logging.WARNING, "offset_gap", topic=topic, partition=partition, after=last, next=offset, skipped=skipped)
+        return skipped
+
+    def reset(self) -> None:
+        """After a rebalance partitions restart from their committed offsets: no baseline."""
+        self._last.clear()
