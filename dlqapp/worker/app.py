@@ -18,9 +18,14 @@ from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.observability.logs import apply_log_format, configure_logging
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.worker.durability import ConfirmedTable
+from dlqapp.worker.faust_compat import consumer_with_fetch_wait, widen_changelog_buffer
 from dlqapp.worker.kafka_admin import TopicMismatchError, ensure_topics
 
 log = logging.getLogger(__name__)
+
+PRODUCER_BUFFER_MESSAGES = 10_000
+"""Table writes Faust's producer may queue before it stops feeding the agents. The windows
+bound the handlers in flight and each waits for its writes, so this is only a memory cap."""
 
 
 def install_event_loop(settings: Settings) -> None:
@@ -104,9 +109,23 @@ class DlqApp(faust.App):
             await self.lifecycle.release(reopen=True)
         await super()._on_partitions_revoked(revoked)
 
+    def _new_consumer(self) -> Any:
+        # faust_compat: Faust fixes the consumer's fetch wait at 1.5 s; see consumer_with_fetch_wait.
+        consumer_class = consumer_with_fetch_wait(self.dlq_settings.fetch_max_wait_ms)
+        return consumer_class(
+            self.transport,
+            callback=self.topics.on_message,
+            loop=self.loop,
+            on_partitions_revoked=self._on_partitions_revoked,
+            on_partitions_assigned=self._on_partitions_assigned,
+            beacon=self.beacon,
+        )
+
     def _new_producer(self) -> IdempotentProducer:
         # faust_compat: Faust has no setting for producer idempotence outside exactly-once.
-        return IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
+        producer = IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
+        widen_changelog_buffer(producer, PRODUCER_BUFFER_MESSAGES)
+        return producer
 
 
 def access_policy(settings: Settings) -> AccessPolicy:

@@ -3,8 +3,9 @@
 Each helper names the private member it touches and why. Checked against
 faust-streaming 0.15.3 and rocksdict 0.3; read these first after an upgrade.
 
-Elsewhere, three overrides of Faust hooks (dlqapp.worker.app): `_settings_extra` of the
-aiokafka producer (idempotence), `App._new_producer` (to use that producer) and
+Elsewhere, four overrides of Faust hooks (dlqapp.worker.app): `_settings_extra` of the
+aiokafka producer (idempotence), `App._new_producer` (to use that producer),
+`App._new_consumer` (to use `consumer_with_fetch_wait`) and
 `App._on_partitions_revoked` (to hand work back before Faust waits for acks); and the
 `_loads` of Faust's JSON codec (dlqapp.worker.topology).
 """
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from rocksdict import ReadOptions
 
 
@@ -144,3 +147,42 @@ async def set_topic_paused(app: Any, topic: str, paused: bool) -> None:
             aio.resume(*mine)
 
     await thread.call_thread(apply)
+
+
+class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
+    fetch_max_wait_ms = 1500
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = self.fetch_max_wait_ms  # read by AIOKafkaConsumer.start() for its Fetcher
+        return consumer
+
+
+def consumer_with_fetch_wait(fetch_max_wait_ms: int) -> type:
+    """Faust's aiokafka consumer, with aiokafka's `fetch_max_wait_ms` set.
+
+    Faust passes a fixed `fetch_max_wait_ms=1500` (`AIOKafkaConsumerThread._create_worker_consumer`)
+    and has no setting for it. aiokafka leaves a partition out of a fetch while records of
+    it are still buffered, and sends no new fetch to a broker until the last one returns,
+    so a record written meanwhile (a due retry's hint) waited up to 1.5 s.
+    """
+    thread_class = type("FetchWaitConsumerThread", (_FetchWaitConsumerThread,), {"fetch_max_wait_ms": fetch_max_wait_ms})
+
+    class FetchWaitConsumer(AIOKafkaConsumer):
+        def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
+            return thread_class(self, loop=self.loop, beacon=self.beacon)
+
+    return FetchWaitConsumer
+
+
+def widen_changelog_buffer(producer: Any, max_messages: int) -> None:
+    """Let Faust's producer buffer hold `max_messages` table writes before it stops the consumer.
+
+    Faust queues each table write in `Producer.buffer` and, once more than
+    `ProducerBuffer.max_messages` (100) wait, stops handing records of every topic to
+    the agents until 100 are sent (`Conductor.on_message` -> `wait_until_ebb`). A burst of
+    300 retries (five or so writes each) held due retries back that way 0.1-0.35 s at a time,
+    with a WARNING each time. dlqapp's handlers already wait for their own writes
+    (dlqapp.worker.durability), so the writes pending are bounded by the handlers in flight.
+    """
+    producer.buffer.max_messages = max_messages

@@ -37,3 +37,28 @@ def test_build_app_registers_every_agent_and_command(tmp_path):
     usage = subprocess.run([sys.executable, "-m", "dlqapp", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     for command in ("dlq-list", "dlq-show", "dlq-reprocess", "dlq-discard", "dlq-stats", "request-status", "generate", "worker"):
         assert command in usage.stdout, usage.stdout + usage.stderr
+
+
+def test_the_consumer_fetch_wait_comes_from_dlq_fetch_max_wait(tmp_path):
+    """Faust fixes aiokafka's fetch_max_wait_ms at 1500; dlqapp's consumer takes the setting."""
+    probe = (
+        "import asyncio, dlqapp\n"
+        "async def main():\n"
+        "    c = dlqapp.app.consumer; k = c._thread._create_worker_consumer(dlqapp.app.transport)\n"
+        "    print(type(c).__name__, k._fetch_max_wait_ms)\n"
+        "asyncio.run(main())"
+    )
+    for value, expected in ((None, "50"), ("200ms", "200")):
+        env = {k: v for k, v in os.environ.items() if k != "DLQ_FETCH_MAX_WAIT"}
+        env.update({"DLQ_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT), **({"DLQ_FETCH_MAX_WAIT": value} if value else {})})
+        result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == ["FetchWaitConsumer", expected], result.stdout
+
+
+def test_table_writes_do_not_stop_the_consumer_at_faust_s_100_message_buffer(tmp_path):
+    env = {**os.environ, "DLQ_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
+    probe = "import dlqapp; print(dlqapp.app.producer.buffer.max_messages)"
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) >= 10_000
