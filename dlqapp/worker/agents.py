@@ -133,9 +133,15 @@ class _Handlers:
             """Fresh requests: many in flight at once, acked in offset order; none started
             while due retries are on their way (dlqapp.worker.input_gate)."""
             window = self.window()
-            async for event in stream.noack().events():
-                self.watch(event)
-                await window.submit(event.message.partition, event, lambda event=event: pipeline.on_input(event, topic), ready=gate.wait_open)
+            feed = self.parts.windows.feed(window, gate, closed_limit=self.app.conf.stream_buffer_maxsize + 4 * self.app.conf.broker_max_poll_records)
+            pump = asyncio.create_task(feed.run())
+            pump.add_done_callback(lambda task: task.cancelled() or task.exception() is None or self.fatal(task.exception()))
+            try:
+                async for event in stream.noack().events():
+                    self.watch(event)
+                    await feed.put(event.message.partition, event, lambda event=event: pipeline.on_input(event, topic))
+            finally:
+                pump.cancel()
 
         return input_requests
 

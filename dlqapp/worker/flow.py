@@ -13,6 +13,7 @@ before fresh input.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Protocol
@@ -65,32 +66,46 @@ class InFlightWindow:
         """Handlers running now."""
         return len(self._tasks)
 
+    @property
+    def generation(self) -> int:
+        """Bumped by every release: an event received before it belongs to an old assignment."""
+        return self._generation
+
     async def submit(
-        self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]], ready: Callable[[], Awaitable[None]] | None = None
+        self,
+        partition: Hashable,
+        event: Ackable,
+        handler: Callable[[], Awaitable[None]],
+        ready: Callable[[], Awaitable[None]] | None = None,
+        *,
+        context: contextvars.Context | None = None,
+        generation: int | None = None,
     ) -> None:
         """Start `handler()` for `event`; waits for `ready()` (if given), then while the window is full.
 
-        The task inherits the caller's context, so Faust's `current_event()` (and with
-        it table writes) refers to `event` inside the handler. An event submitted while
-        the window is being released (or after a shutdown), or released while it waited,
-        is given back unacked: after a rebalance its partition was sought back to the
+        The task runs in `context`, by default a copy of the caller's, so Faust's
+        `current_event()` (and with it table writes) refers to `event` inside the handler.
+        An event received in an older `generation` (default: now), submitted while the
+        window is being released (or after a shutdown), or released while it waited, is
+        given back unacked: after a rebalance its partition was sought back to the
         committed offset, so acking it now could let a commit pass an earlier message.
         """
-        generation = self._generation
+        if generation is None:
+            generation = self._generation
         if ready is not None:
             await ready()
         if generation == self._generation and self._accepting.is_set():
             await self._slots.acquire()
             if generation == self._generation and self._accepting.is_set():
-                self._start(partition, event, handler)
+                self._start(partition, event, handler, context)
                 return
             self._slots.release()
         self._forget(event)
 
-    def _start(self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]]) -> None:
+    def _start(self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]], context: contextvars.Context | None) -> None:
         entry = [event, False]
         self._pending.setdefault(partition, deque()).append(entry)
-        task = asyncio.create_task(self._run(partition, entry, handler))
+        task = asyncio.create_task(self._run(partition, entry, handler), context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -131,6 +146,10 @@ class InFlightWindow:
         else:
             await handler()
 
+    def forget(self, event: Any) -> None:
+        """Give `event` back unacked without starting it."""
+        self._forget(event)
+
     def _ack_ready(self, partition: Hashable) -> None:
         queue = self._pending.get(partition)
         while queue and queue[0][1]:
@@ -168,6 +187,82 @@ class InFlightWindow:
         return released
 
 
+class Gate(Protocol):
+    """What a `GatedFeed` needs of dlqapp.worker.input_gate.InputGate."""
+
+    @property
+    def is_open(self) -> bool: ...
+
+    async def wait_open(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
+
+
+class GatedFeed:
+    """Events from a Faust stream to a window, started only while a gate is open.
+
+    Faust's consumer hands the records of every topic to the agents in one loop, and that
+    loop stops whenever an agent's queue is full. An input agent that stopped taking
+    events while the input gate is closed would, with its queue full (any flood), hold
+    back the very due hints the gate is waiting for, until the gate's maximum hold. So the
+    agent always takes its events at once (`put`); the feed keeps them, in order, and
+    `run` submits them while the gate is open. While the gate is open `put` waits once
+    `open_limit` events are held (the window is full: back-pressure as before); while it
+    is closed, only at `closed_limit` (input fetching is paused then, so only what was
+    already fetched can arrive).
+    """
+
+    def __init__(self, window: InFlightWindow, gate: Gate, open_limit: int, closed_limit: int) -> None:
+        self._window = window
+        self._gate = gate
+        self._open_limit = open_limit
+        self._closed_limit = max(closed_limit, open_limit)
+        self._held: deque[tuple[Hashable, Any, Callable[[], Awaitable[None]], contextvars.Context, int]] = deque()
+        self._more = asyncio.Event()
+        self._room = asyncio.Event()
+
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    async def put(self, partition: Hashable, event: Any, handler: Callable[[], Awaitable[None]]) -> None:
+        """Keep `event` (with the caller's context, for its table writes) until the gate lets it start."""
+        self._held.append((partition, event, handler, contextvars.copy_context(), self._window.generation))
+        self._more.set()
+        while len(self._held) >= (self._open_limit if self._gate.is_open else self._closed_limit):
+            self._room.clear()
+            waits = [asyncio.ensure_future(self._room.wait())]
+            if self._gate.is_open:
+                waits.append(asyncio.ensure_future(self._gate.wait_closed()))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+
+    async def run(self) -> None:
+        """Submit the held events in order while the gate is open (a task for the agent's life)."""
+        while True:
+            if not self._held:
+                self._more.clear()
+                await self._more.wait()
+                continue
+            await self._gate.wait_open()
+            if not self._held:
+                continue
+            partition, event, handler, context, generation = self._held.popleft()
+            self._room.set()
+            await self._window.submit(partition, event, handler, context=context, generation=generation)
+
+    def release(self) -> int:
+        """Give every held event back unacked (a rebalance or a shutdown). Returns how many."""
+        released = len(self._held)
+        while self._held:
+            self._window.forget(self._held.popleft()[1])
+        self._room.set()
+        return released
+
+
 class InFlightWindows:
     """The worker's in-flight windows (input, due), created and released together."""
 
@@ -175,6 +270,13 @@ class InFlightWindows:
         self.limit = limit
         self.drain_timeout_s = drain_timeout_s
         self._windows: list[InFlightWindow] = []
+        self._feeds: list[GatedFeed] = []
+
+    def feed(self, window: InFlightWindow, gate: Gate, closed_limit: int) -> GatedFeed:
+        """A gated feed into `window`, released with it (see GatedFeed)."""
+        feed = GatedFeed(window, gate, open_limit=self.limit, closed_limit=closed_limit)
+        self._feeds.append(feed)
+        return feed
 
     def new(self, on_error: OnError, on_fatal: Callable[[BaseException], None], forget: Callable[[Any], None], guard: CrashGuard | None) -> InFlightWindow:
         window = InFlightWindow(self.limit, on_error=on_error, on_fatal=on_fatal, forget=forget, guard=guard)
@@ -186,8 +288,8 @@ class InFlightWindows:
         return sum(window.in_flight for window in self._windows)
 
     async def release(self, reopen: bool) -> int:
-        """Hand back what every window holds (see InFlightWindow.release)."""
-        released = 0
+        """Hand back what every feed and window holds (see InFlightWindow.release)."""
+        released = sum(feed.release() for feed in self._feeds)
         for window in self._windows:
             released += await window.release(self.drain_timeout_s, reopen=reopen)
         return released

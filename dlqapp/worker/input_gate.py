@@ -9,7 +9,7 @@ it, although once there it got a backend slot within milliseconds.
 
 So while any due hint is on its way, the gate is closed: the input partitions are paused
 at the consumer (nothing more is fetched or buffered for them) and the input agent starts
-no new handler. Fresh requests already running carry on; they rank below retries for
+no new handler (it keeps taking events off its queue, though: see dlqapp.worker.flow.GatedFeed). Fresh requests already running carry on; they rank below retries for
 backend slots anyway (dlqapp.flowcontrol.slots). The gate opens again as soon
 as the last hint has arrived, or after `max_hold_ms` (a hint lost to a crash must not
 stall input; the timer fires it again later).
@@ -46,6 +46,7 @@ class InputGate:
         self._in_hop: dict[bytes, int] = {}  # due key -> when it was fired, oldest first
         self._open = asyncio.Event()
         self._open.set()
+        self._closed = asyncio.Event()
         self._changed = asyncio.Event()
         self.holds = 0
 
@@ -82,16 +83,22 @@ class InputGate:
         if self._in_hop and self._breaker_closed():
             if self._open.is_set():
                 self._open.clear()
+                self._closed.set()
                 self.holds += 1
             self._changed.set()  # also while closed: a rebalance resumes newly assigned partitions
         elif not self._open.is_set():
             self._open.set()
+            self._closed.clear()
             self._changed.set()
 
     async def wait_open(self) -> None:
         """Return once fresh input may start another handler."""
         if not self._open.is_set():
             await self._open.wait()
+
+    async def wait_closed(self) -> None:
+        """Return once the gate is closed."""
+        await self._closed.wait()
 
     async def run(self, set_paused: SetPaused) -> None:
         """Carry each decision to the consumer (runs for the life of the worker).

@@ -1,6 +1,6 @@
 import asyncio
 
-from dlqapp.worker.flow import HIGH, LOW, InFlightWindow, PriorityLimiter
+from dlqapp.worker.flow import HIGH, LOW, GatedFeed, InFlightWindow, PriorityLimiter
 
 
 class FakeEvent:
@@ -226,5 +226,96 @@ def test_an_event_held_before_submit_across_a_rebalance_is_given_back_not_handle
         await window.submit("p0", FakeEvent(3, acked), lambda: handle(3), ready=gate_open.wait)  # the re-read, new generation
         await window.join()
         assert handled == [3] and acked == [3] and forgotten == [7]
+
+    asyncio.run(run())
+
+
+def _gate():
+    from dlqapp.worker.input_gate import InputGate
+
+    return InputGate(lambda: True, clock=lambda: 0)
+
+
+def test_a_closed_gate_keeps_taking_events_and_starts_them_in_order_once_it_opens():
+    """The input agent must keep emptying its queue while the gate is closed (Faust's
+    delivery loop, shared with due hints, stops whenever a queue is full); the events wait
+    in the feed and start in order, each with its own context, when the gate opens."""
+    import contextvars
+
+    current = contextvars.ContextVar("current")
+
+    async def run():
+        acked, seen = [], []
+        gate = _gate()
+        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None)
+        feed = GatedFeed(window, gate, open_limit=4, closed_limit=50)
+        pump = asyncio.create_task(feed.run())
+        gate.fired([b"hint"])  # closed
+        for i in range(30):  # far more than the window: none of these puts may block
+            current.set(i)
+            await asyncio.wait_for(feed.put("p0", FakeEvent(i, acked), lambda: _record(seen, current)), 1)
+        await asyncio.sleep(0.01)
+        assert seen == [] and feed.held == 30
+        gate.received(b"hint")  # open
+        await _until(lambda: len(acked) == 30)
+        assert seen == list(range(30)) and acked == list(range(30))
+        pump.cancel()
+
+    asyncio.run(run())
+
+
+async def _record(seen, current):
+    seen.append(current.get())
+
+
+async def _until(condition, timeout=2.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not condition():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.005)
+
+
+def test_an_open_gate_pushes_back_at_the_open_limit_and_a_closing_gate_lifts_it():
+    async def run():
+        acked = []
+        gate = _gate()
+        release = asyncio.Event()
+        window = InFlightWindow(1, on_error=_reraise, on_fatal=lambda exc: None)
+        feed = GatedFeed(window, gate, open_limit=2, closed_limit=5)
+        pump = asyncio.create_task(feed.run())
+
+        async def slow():
+            await release.wait()
+
+        await feed.put("p0", FakeEvent(0, acked), slow)  # started: the window's only slot
+        await _until(lambda: feed.held == 0)
+        await feed.put("p0", FakeEvent(1, acked), slow)  # the pump waits for a slot with it
+        await feed.put("p0", FakeEvent(2, acked), slow)
+        blocked = asyncio.create_task(feed.put("p0", FakeEvent(3, acked), slow))  # 2 held: at the open limit
+        await asyncio.sleep(0.02)
+        assert not blocked.done()
+        gate.fired([b"hint"])  # closing lifts the limit to 5
+        await asyncio.wait_for(blocked, 1)
+        assert feed.held == 2
+        release.set()
+        gate.received(b"hint")
+        await _until(lambda: len(acked) == 4)
+        assert acked == [0, 1, 2, 3]
+        pump.cancel()
+
+    asyncio.run(run())
+
+
+def test_releasing_a_feed_gives_its_held_events_back_unacked():
+    async def run():
+        acked, forgotten = [], []
+        gate = _gate()
+        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+        feed = GatedFeed(window, gate, open_limit=4, closed_limit=10)
+        gate.fired([b"hint"])
+        for i in range(3):
+            await feed.put("p0", FakeEvent(i, acked), _reraise)
+        assert feed.release() == 3 and forgotten == [0, 1, 2] and feed.held == 0 and acked == []
 
     asyncio.run(run())
