@@ -134,6 +134,7 @@ class _Handlers:
             while due retries are on their way (dlqapp.worker.input_gate)."""
             window = self.window()
             feed = self.parts.windows.feed(window, gate, closed_limit=self.app.conf.stream_buffer_maxsize + 4 * self.app.conf.broker_max_poll_records)
+            gate.pause_fetching_when(feed.backlogged)
             pump = asyncio.create_task(feed.run())
             pump.add_done_callback(lambda task: task.cancelled() or task.exception() is None or self.fatal(task.exception()))
             try:

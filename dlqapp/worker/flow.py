@@ -197,6 +197,8 @@ class Gate(Protocol):
 
     async def wait_closed(self) -> None: ...
 
+    def reconsider(self) -> None: ...
+
 
 class GatedFeed:
     """Events from a Faust stream to a window, started only while a gate is open.
@@ -221,14 +223,23 @@ class GatedFeed:
         self._more = asyncio.Event()
         self._room = asyncio.Event()
 
+    backlog_at = 100
+    """Held events that make input count as backlogged (see `backlogged`)."""
+
     @property
     def held(self) -> int:
         return len(self._held)
+
+    def backlogged(self) -> bool:
+        """Input arrives faster than it starts: held events pile up, or the window is half full."""
+        return len(self._held) >= self.backlog_at or self._window.in_flight * 2 >= self._open_limit
 
     async def put(self, partition: Hashable, event: Any, handler: Callable[[], Awaitable[None]]) -> None:
         """Keep `event` (with the caller's context, for its table writes) until the gate lets it start."""
         self._held.append((partition, event, handler, contextvars.copy_context(), self._window.generation))
         self._more.set()
+        if len(self._held) == self.backlog_at and not self._gate.is_open:
+            self._gate.reconsider()  # input piles up behind the closed gate: time to pause fetching
         while len(self._held) >= (self._open_limit if self._gate.is_open else self._closed_limit):
             self._room.clear()
             waits = [asyncio.ensure_future(self._room.wait())]

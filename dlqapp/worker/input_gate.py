@@ -48,6 +48,7 @@ class InputGate:
         self._open.set()
         self._closed = asyncio.Event()
         self._changed = asyncio.Event()
+        self._input_busy: Callable[[], bool] = lambda: True
         self.holds = 0
 
     @property
@@ -91,6 +92,17 @@ class InputGate:
             self._closed.clear()
             self._changed.set()
 
+    def pause_fetching_when(self, input_busy: Callable[[], bool]) -> None:
+        """Pause fetching only when `input_busy()` says input is backlogged as the gate closes.
+
+        On a quiet worker a pause saves nothing and costs a refetch (aiokafka drops the
+        records it prefetched for paused partitions); the feed holds input back anyway."""
+        self._input_busy = input_busy
+
+    def reconsider(self) -> None:
+        """Apply the decision again (input became busy while the gate was closed)."""
+        self._changed.set()
+
     async def wait_open(self) -> None:
         """Return once fresh input may start another handler."""
         if not self._open.is_set():
@@ -110,7 +122,7 @@ class InputGate:
             await self._changed.wait()
             self._changed.clear()
             try:
-                await set_paused(not self._open.is_set())
+                await set_paused(not self._open.is_set() and self._input_busy())
             except Exception:
                 self._changed.set()
                 await asyncio.sleep(RETRY_APPLY_S)

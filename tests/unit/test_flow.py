@@ -319,3 +319,27 @@ def test_releasing_a_feed_gives_its_held_events_back_unacked():
         assert feed.release() == 3 and forgotten == [0, 1, 2] and feed.held == 0 and acked == []
 
     asyncio.run(run())
+
+
+def test_input_piling_up_behind_a_closed_gate_counts_as_backlogged_and_asks_the_gate_to_pause_fetching():
+    async def run():
+        gate = _gate()
+        window = InFlightWindow(8, on_error=_reraise, on_fatal=lambda exc: None)
+        feed = GatedFeed(window, gate, open_limit=8, closed_limit=500)
+        feed.backlog_at = 5
+        gate.pause_fetching_when(feed.backlogged)
+        applied = []
+
+        async def set_paused(paused):
+            applied.append(paused)
+
+        runner = asyncio.create_task(gate.run(set_paused))
+        gate.fired([b"hint"])
+        await _until(lambda: applied[-1:] == [False])  # closed, but input is quiet: fetching goes on
+        for i in range(5):
+            await feed.put("p0", FakeEvent(i, []), _reraise)
+        await _until(lambda: applied[-1:] == [True])  # five held: now fetching pauses
+        assert feed.backlogged()
+        runner.cancel()
+
+    asyncio.run(run())

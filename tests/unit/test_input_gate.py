@@ -114,3 +114,30 @@ def test_a_resume_that_fails_is_tried_again_until_it_is_applied():
 
     applied = asyncio.run(scenario())
     assert applied == [True, False]
+
+
+def test_fetching_is_paused_only_when_input_is_busy_as_the_gate_closes():
+    async def scenario() -> list[bool]:
+        g, _, _ = gate()
+        busy = {"now": False}
+        g.pause_fetching_when(lambda: busy["now"])
+        applied: list[bool] = []
+
+        async def set_paused(paused: bool) -> None:
+            applied.append(paused)
+
+        runner = asyncio.create_task(g.run(set_paused))
+        g.fired([b"idle"])  # closed, input idle: fetching goes on (the feed still holds input back)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not g.is_open
+        g.received(b"idle")
+        busy["now"] = True
+        g.fired([b"flood"])  # closed while input is backlogged: fetching pauses
+        for _ in range(3):
+            await asyncio.sleep(0)
+        runner.cancel()
+        return applied
+
+    applied = asyncio.run(scenario())
+    assert True not in applied[:1] and applied[-1] is True
