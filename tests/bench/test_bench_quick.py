@@ -33,7 +33,8 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
         assert throughput[system]["requests_per_s"] > 0
     assert throughput["ratio_dlqapp_to_a"] > 0 and throughput["ratio_dlqapp_to_b"] > 0
     lateness = results["lateness"]
-    assert {"idle", "burst", "under_flood"} <= set(lateness)
+    assert {"idle", "paced_under_flood", "burst", "under_flood"} <= set(lateness)
+    assert lateness["paced_flood_to_idle_worst_tier_p99"] > 0 and lateness["flood_to_burst_worst_tier_p99"] > 0
     assert all(tier["n"] > 0 and tier["p99_ms"]["min"] >= 0 for tier in lateness["idle"].values())  # never early
     assert lateness["flood_to_idle_worst_tier_p99"] > 0 and "loop_lag_max_ms" in lateness["under_flood_runs"][0]
     assert results["timer"]["1000"]["tick_ratio_to_1k"] == 1.0
