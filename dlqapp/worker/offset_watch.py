@@ -10,12 +10,15 @@ so an operator can find the records (`kafka-console-consumer --partition --offse
 replay them.
 
 A re-delivery (an offset at or below the last one seen, after a rebalance or a seek back
-to the committed offset) is normal under at-least-once delivery and not counted.
+to the committed offset) is normal under at-least-once delivery and not counted. Input
+written with transactions leaves one such hole per transaction, so the log line comes at
+most once a minute per topic, with the number of holes since the last one.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable
 
 from dlqapp.observability.logs import log_event
@@ -29,9 +32,13 @@ OnGap = Callable[[str, int], None]
 class OffsetWatch:
     """The last offset handed over per partition; notices when the next one skips ahead."""
 
-    def __init__(self, on_gap: OnGap) -> None:
+    def __init__(self, on_gap: OnGap, clock: Callable[[], float] = time.monotonic, log_every_s: float = 60.0) -> None:
         self._last: dict[tuple[str, int], int] = {}
         self._on_gap = on_gap
+        self._clock = clock
+        self._log_every_s = log_every_s
+        self._logged_at: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
         self.gaps = 0
 
     def seen(self, topic: str, partition: int, offset: int) -> int:
@@ -44,7 +51,13 @@ class OffsetWatch:
         skipped = offset - last - 1
         self.gaps += 1
         self._on_gap(topic, skipped)
-        log_event(log, logging.WARNING, "offset_gap", topic=topic, partition=partition, after=last, next=offset, skipped=skipped)
+        now = self._clock()
+        if now - self._logged_at.get(topic, float("-inf")) >= self._log_every_s:
+            self._logged_at[topic] = now
+            more = self._unlogged.pop(topic, 0)
+            log_event(log, logging.WARNING, "offset_gap", topic=topic, partition=partition, after=last, next=offset, skipped=skipped, holes_since_last_line=more or None)
+        else:
+            self._unlogged[topic] = self._unlogged.get(topic, 0) + 1
         return skipped
 
     def reset(self) -> None:

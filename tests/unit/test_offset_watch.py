@@ -19,3 +19,15 @@ def test_after_a_rebalance_partitions_start_without_a_baseline():
     watch.seen("in", 0, 100)
     watch.reset()
     assert watch.seen("in", 0, 7) == 0 and watch.seen("in", 0, 8) == 0 and gaps == []
+
+
+def test_holes_are_logged_at_most_once_a_minute_per_topic(caplog):
+    now = [0.0]
+    watch = OffsetWatch(lambda topic, skipped: None, clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger="dlqapp.worker.offset_watch"):
+        for offset in range(0, 20, 2):  # a transaction marker after every record: nine holes
+            watch.seen("in", 0, offset)
+        now[0] = 61.0
+        watch.seen("in", 0, 30)
+    lines = [r.getMessage() for r in caplog.records]
+    assert watch.gaps == 10 and len(lines) == 2 and "holes_since_last_line=8" in lines[1]
