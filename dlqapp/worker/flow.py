@@ -67,6 +67,11 @@ class InFlightWindow:
         return len(self._tasks)
 
     @property
+    def accepting(self) -> bool:
+        """False while the window is being released (or after a shutdown)."""
+        return self._accepting.is_set()
+
+    @property
     def generation(self) -> int:
         """Bumped by every release: an event received before it belongs to an old assignment."""
         return self._generation
@@ -235,7 +240,13 @@ class GatedFeed:
         return len(self._held) >= self.backlog_at or self._window.in_flight * 2 >= self._open_limit
 
     async def put(self, partition: Hashable, event: Any, handler: Callable[[], Awaitable[None]]) -> None:
-        """Keep `event` (with the caller's context, for its table writes) until the gate lets it start."""
+        """Keep `event` (with the caller's context, for its table writes) until the gate lets it start.
+
+        An event taken while the window is being released belongs to the assignment being
+        revoked: it is given back at once."""
+        if not self._window.accepting:
+            self._window.forget(event)
+            return
         self._held.append((partition, event, handler, contextvars.copy_context(), self._window.generation))
         self._more.set()
         if len(self._held) == self.backlog_at and not self._gate.is_open:
@@ -299,11 +310,14 @@ class InFlightWindows:
         return sum(window.in_flight for window in self._windows)
 
     async def release(self, reopen: bool) -> int:
-        """Hand back what every feed and window holds (see InFlightWindow.release)."""
-        released = sum(feed.release() for feed in self._feeds)
+        """Hand back what every window and feed holds (see InFlightWindow.release).
+
+        The feeds last: their agents may take events while the windows give running
+        handlers their grace period, and those belong to the assignment being revoked."""
+        released = 0
         for window in self._windows:
             released += await window.release(self.drain_timeout_s, reopen=reopen)
-        return released
+        return released + sum(feed.release() for feed in self._feeds)
 
 
 HIGH, LOW = DUE, NORMAL

@@ -343,3 +343,39 @@ def test_input_piling_up_behind_a_closed_gate_counts_as_backlogged_and_asks_the_
         runner.cancel()
 
     asyncio.run(run())
+
+
+def test_events_taken_while_the_windows_are_released_are_given_back_not_started_after_it():
+    """During a rebalance the windows give running handlers a grace period; events the
+    input agent takes meanwhile belong to the revoked assignment. Started afterwards, one
+    held by an open breaker would never be acked and Faust would wait for it until the
+    rebalance timed out."""
+    from dlqapp.worker.flow import InFlightWindows
+
+    async def run():
+        acked, forgotten, started = [], [], []
+        windows = InFlightWindows(limit=4, drain_timeout_s=0.2)
+        window = windows.new(_reraise, lambda exc: None, lambda e: forgotten.append(e.offset), None)
+        gate = _gate()
+        feed = windows.feed(window, gate, closed_limit=10)
+        pump = asyncio.create_task(feed.run())
+        hold = asyncio.Event()
+
+        async def held():
+            started.append("held")
+            await hold.wait()
+
+        await feed.put("p0", FakeEvent(0, acked), held)
+        await _until(lambda: started == ["held"])
+        releasing = asyncio.create_task(windows.release(reopen=True))  # 0 gets its grace period
+        await asyncio.sleep(0.01)
+        await feed.put("p0", FakeEvent(1, acked), held)  # taken during the release
+        gate.fired([b"hint"])
+        await feed.put("p0", FakeEvent(2, acked), held)  # and while the gate is closed
+        await releasing
+        gate.received(b"hint")
+        await asyncio.sleep(0.05)
+        assert started == ["held"] and acked == [] and sorted(forgotten) == [0, 1, 2]
+        pump.cancel()
+
+    asyncio.run(run())
