@@ -100,6 +100,11 @@ class _Handlers:
         if isinstance(exc, KafkaError):
             raise exc
         where = (event.message.topic, event.message.partition, event.message.offset)
+        if isinstance(exc, PoisonMessage) and self.parts.pipeline.already_succeeded(event):
+            # In progress at every crash only because it is first in line after each restart
+            # (its result was written, its offset not yet committed): nothing to dead-letter.
+            log_event(log, logging.INFO, "poison_skipped", topic=where[0], partition=where[1], offset=where[2], reason="its request already succeeded")
+            return
         log.error("handler failed on %s[%s]@%s; dead-lettering it as poison", *where, exc_info=None if isinstance(exc, PoisonMessage) else exc)
         await self.parts.pipeline.dead_letter_unprocessable(event, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000])
 

@@ -340,6 +340,15 @@ class Pipeline:
         """Send an invalid message to the DLQ at once, with its original bytes and headers."""
         await self.dead_letter_unprocessable(event, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", exc.request_id)
 
+    def already_succeeded(self, event: EventT) -> bool:
+        """The request this message carries (by the id in its payload) has a result already."""
+        payload = event.message.value if isinstance(event.message.value, (bytes, type(None))) else None
+        request_id = salvage_request_id(payload)
+        if not request_id or self.io.owner(request_id) != event.message.partition:
+            return False
+        state = self.io.load_state(request_id)
+        return bool(state) and state.get("state") == states.SUCCEEDED
+
     async def dead_letter_unprocessable(self, event: EventT, error_class: ErrorClass, reason: str, request_id: str | None = None) -> None:
         """Dead-letter a message dlqapp cannot handle (invalid, or `poison`: its handler failed).
 
