@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from tests.support import all_keys_seen, http_json, read_topic
 
@@ -59,7 +60,7 @@ class Ledger:
         calls = http_json(mock_url + "/_mock/calls", timeout=60)[1]
         return sum(calls.get(rid, 0) for rid in self.ids) - sum(self.attempts.get(rid, 0) for rid in self.ids)
 
-    def summary(self, mock_url: str | None = None) -> dict[str, int]:
+    def summary(self, mock_url: str | None = None) -> dict[str, Any]:
         report = {
             "requests": len(self.ids),
             "results": len(self.results),
@@ -68,6 +69,8 @@ class Ledger:
             "duplicate_outcomes": self.duplicate_outcomes,
             "mixed_outcomes": len(self.mixed),
         }
+        if self.mixed:
+            report["mixed_sample"] = self.mixed[:5]  # ids to look up in the workers' logs
         if mock_url:
             report["extra_calls"] = self.extra_calls(mock_url)
         return report
