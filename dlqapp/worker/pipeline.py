@@ -137,19 +137,23 @@ class Pipeline:
         if not self.io.owns(event, request_id):
             await self.io.forward(event, topic, request_id)
             return
-        if self.is_duplicate(request_id, event.message.topic):
+        if self.is_duplicate(request_id, event.message.topic, self.message_time_ms(event)):
             return
         envelope = self.new_envelope(event, request_id, payload or b"")
         await self.attempt(envelope, request, event.message.topic, None, priority=PRIORITIES[request.priority])
 
-    def is_duplicate(self, request_id: str, source: str) -> bool:
-        """True (and counted) when the request is in flight, being retried or succeeded."""
+    def is_duplicate(self, request_id: str, source: str, message_time_ms: int | None = None) -> bool:
+        """True (and counted) when the request is in flight, being retried or succeeded, or
+        when this message was written before the request was first seen (the same message
+        again, redelivered after a crash; only a copy sent later is a new request)."""
         previous = self.io.load_state(request_id)
         if request_id in self.in_flight:
             if previous is None:  # first seen moments ago: count it now, its outcome will find this record
                 previous = states.transition(None, request_id, states.IN_FLIGHT, self.clock())
                 self.io.counters.add("received")
-        elif previous is None or previous["state"] not in states.SETTLED_FOR_DEDUP:
+        elif previous is None:
+            return False
+        elif previous["state"] not in states.SETTLED_FOR_DEDUP and not (message_time_ms is not None and message_time_ms <= previous.get("first_seen", -1)):
             return False
         self.io.store_state(request_id, states.count_duplicate(previous, self.clock(), source))
         self.io.counters.add("duplicates_skipped")
@@ -158,6 +162,11 @@ class Pipeline:
         log_event(log, logging.INFO, "duplicate_skipped", request_id=request_id, topic=source, state=previous["state"])
         return True
 
+    def message_time_ms(self, event: EventT) -> int:
+        """When the request's message was first written: its `original_timestamp` header
+        (set when dlqapp re-sends it to the owning partition, or by a replay) or its Kafka time."""
+        return header_int(header_dict(event.headers), H_ORIGINAL_TIMESTAMP) or self.io.event_time_ms(event)
+
     def new_envelope(self, event: EventT, request_id: str, payload: bytes) -> Envelope:
         """A fresh envelope for a request first seen in `event` (keeps replay lineage)."""
         envelope = Envelope.from_headers(request_id, payload, event.headers or {})
@@ -165,7 +174,7 @@ class Pipeline:
         envelope.scheduled_time = None
         envelope.error_class = envelope.last_error = None
         envelope.history = []
-        envelope.original_timestamp = header_int(header_dict(event.headers), H_ORIGINAL_TIMESTAMP) or self.io.event_time_ms(event)
+        envelope.original_timestamp = self.message_time_ms(event)
         if not envelope.source:
             envelope.source = source_of(event)
         return envelope

@@ -111,7 +111,9 @@ def test_replay_sends_the_payload_back_removes_the_entry_and_writes_state_first(
 def test_replay_of_a_request_that_succeeded_since_is_refused_unless_forced(tmp_path):
     w = worker(tmp_path, ScriptedBackend({"r7": 1}, error=ErrorClass.AUTH_ERROR))
     _dead(w, "r7")
-    run(w.pipeline.on_input(input_event("r7", offset=5), w.input))  # re-sent; the second call succeeds
+    w.clock.now += 60_000
+    resent = FakeEvent(b"r7", request("r7"), message=FakeMessage("input", 0, 5, timestamp=w.clock.now / 1000))
+    run(w.pipeline.on_input(resent, w.input))  # re-sent a minute later; the second call succeeds
     assert state_of(w, "r7")["state"] == "succeeded"
     refused = run(w.operator.execute({"action": "replay", "request_id": "r7", "actor": "test"}))
     assert refused["status"] == "refused" and "force" in refused["reason"] and w.input.sent == []
@@ -172,3 +174,18 @@ def test_a_message_whose_request_already_succeeded_is_known_as_such_before_it_is
     assert w.pipeline.already_succeeded(input_event("r9", offset=1))
     assert not w.pipeline.already_succeeded(input_event("never-seen", offset=2))
     assert not w.pipeline.already_succeeded(input_event("r9", b"\xff not json", offset=3))
+
+
+def test_the_same_message_redelivered_after_its_request_was_dead_lettered_is_a_duplicate_but_a_later_copy_is_new(tmp_path):
+    """After a crash the input message that started a request can come again (its offset was
+    not committed); by then the request may be dead-lettered, and calling it again would pay
+    twice and give it a result beside its dead letter. A copy written later is a new request."""
+    w = worker(tmp_path, ScriptedBackend({"r10": 1}, error=ErrorClass.AUTH_ERROR))
+    sent_at = w.clock.now / 1000 - 5  # written five seconds before the worker first saw it
+    run(w.pipeline.on_input(FakeEvent(b"r10", request("r10"), message=FakeMessage("input", 0, 0, timestamp=sent_at)), w.input))
+    assert state_of(w, "r10")["state"] == "dead_lettered" and w.backend.calls_for("r10") == 1
+    run(w.pipeline.on_input(FakeEvent(b"r10", request("r10"), message=FakeMessage("input", 0, 0, timestamp=sent_at)), w.input))
+    assert w.backend.calls_for("r10") == 1 and state_of(w, "r10")["duplicates"] == 1  # the same message again
+    w.clock.now += 60_000
+    run(w.pipeline.on_input(FakeEvent(b"r10", request("r10"), message=FakeMessage("input", 0, 5, timestamp=w.clock.now / 1000)), w.input))
+    assert w.backend.calls_for("r10") == 2 and state_of(w, "r10")["state"] == "succeeded"  # re-sent later: a new request
