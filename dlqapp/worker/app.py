@@ -20,7 +20,6 @@ from dlqapp.settings import Settings, SettingsError
 from dlqapp.worker.durability import ConfirmedTable
 from dlqapp.worker.faust_compat import consumer_with_fetch_wait, widen_changelog_buffer
 from dlqapp.worker.kafka_admin import TopicMismatchError, ensure_topics
-from dlqapp.worker.offset_probe import OffsetProbe
 
 log = logging.getLogger(__name__)
 
@@ -111,9 +110,8 @@ class DlqApp(faust.App):
         await super()._on_partitions_revoked(revoked)
 
     def _new_consumer(self) -> Any:
-        # faust_compat: Faust fixes the consumer's fetch wait at 1.5 s, and its commit can pass an
-        # offset never handled; see consumer_with_fetch_wait and StrictHeadCommits.
-        consumer_class = consumer_with_fetch_wait(self.dlq_settings.fetch_max_wait_ms, probe=OffsetProbe(self.dlq_settings.kafka_bootstrap))
+        # faust_compat: Faust fixes the consumer's fetch wait at 1.5 s; see consumer_with_fetch_wait.
+        consumer_class = consumer_with_fetch_wait(self.dlq_settings.fetch_max_wait_ms)
         return consumer_class(
             self.transport,
             callback=self.topics.on_message,

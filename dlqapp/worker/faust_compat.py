@@ -12,15 +12,11 @@ aiokafka producer (idempotence), `App._new_producer` (to use that producer),
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from typing import Any, Awaitable, Callable, Iterator, Optional
+from typing import Any, Iterator
 
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from rocksdict import ReadOptions
-
-log = logging.getLogger(__name__)
 
 
 def forget_unacked(app: Any, event: Any) -> None:
@@ -162,82 +158,8 @@ class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
-HeadProbe = Callable[[Any, int], Awaitable[Optional[bool]]]
-"""Whether partition `tp` holds a record at `offset` (None: could not tell now)."""
-
-
-class StrictHeadCommits:
-    """Never commit past an offset that was not handled: Faust's commit, with its head check fixed.
-
-    Faust's `Consumer._new_offset` commits the run of acked offsets that follows the
-    committed one, but its check that the run starts there is one short
-    (`min(acked) - committed > 1`): when exactly the record at the committed offset was
-    never handed to an agent (a batch fetched across a rebalance is one way) and the next
-    ones were acked, it commits past that record, which is then never handled. An offset
-    without a record (a transaction marker, compaction) looks the same, which is what the
-    lenient check tolerates.
-
-    So a run that does not start at the committed offset C is held back, and `head_probe`
-    (a plain consumer reading offset C) tells the two apart: no record there, and the
-    hole is committed over as Faust would; a record there, and the partition is sought
-    back to C, so it is handed over and handled (the ones after it again, as duplicates).
-    """
-
-    head_probe: HeadProbe | None = None
-    _head_checks: dict
-
-    def _new_offset(self, tp: Any) -> int | None:
-        acked = self._acked[tp]  # type: ignore[attr-defined]
-        committed = self._committed_offset[tp]  # type: ignore[attr-defined]
-        if not acked or committed is None or self.head_probe is None:
-            return super()._new_offset(tp)  # type: ignore[misc]
-        gaps = self._gap.get(tp)  # type: ignore[attr-defined]
-        first = min(acked)
-        if gaps:
-            first = min(first, min((interval.begin for interval in gaps), default=first))
-        if first <= committed:
-            return super()._new_offset(tp)  # type: ignore[misc]
-        if self._head_is_a_hole(tp, committed):
-            self._gap[tp].addi(committed, first)  # type: ignore[attr-defined]
-            return super()._new_offset(tp)  # type: ignore[misc]
-        return None
-
-    def _head_is_a_hole(self, tp: Any, committed: int) -> bool:
-        """True once the probe found no record at `committed`; starts the probe (once per offset)."""
-        if not hasattr(self, "_head_checks"):
-            self._head_checks = {}
-        check = self._head_checks.get(tp)
-        if check is None or check[0] != committed:
-            self._head_checks[tp] = (committed, None)
-            asyncio.ensure_future(self._check_head(tp, committed))
-            return False
-        if check[1] == "hole":
-            del self._head_checks[tp]
-            return True
-        return False
-
-    async def _check_head(self, tp: Any, offset: int) -> None:
-        try:
-            record_there = await self.head_probe(tp, offset)  # type: ignore[misc]
-        except Exception as exc:
-            record_there = None
-            log.info("offset_head_gap probe failed topic=%s partition=%s offset=%s: %r", tp.topic, tp.partition, offset, exc)
-        if record_there is None:
-            self._head_checks.pop(tp, None)  # ask again at the next commit
-        elif not record_there:
-            self._head_checks[tp] = (offset, "hole")
-        else:
-            self._head_checks[tp] = (offset, "sought")
-            log.warning("offset_head_gap topic=%s partition=%s offset=%s: a record there was never handled; seeking back to it", tp.topic, tp.partition, offset)
-            try:
-                await self.seek(tp, offset)  # type: ignore[attr-defined]
-            except Exception as exc:  # revoked meanwhile: its next owner starts from the committed offset
-                log.info("offset_head_gap seek back failed for %s: %r", tp, exc)
-                self._head_checks.pop(tp, None)
-
-
-def consumer_with_fetch_wait(fetch_max_wait_ms: int, probe: HeadProbe | None = None) -> type:
-    """Faust's aiokafka consumer, with aiokafka's `fetch_max_wait_ms` set and `StrictHeadCommits`.
+def consumer_with_fetch_wait(fetch_max_wait_ms: int) -> type:
+    """Faust's aiokafka consumer, with aiokafka's `fetch_max_wait_ms` set.
 
     Faust passes a fixed `fetch_max_wait_ms=1500` (`AIOKafkaConsumerThread._create_worker_consumer`)
     and has no setting for it. aiokafka leaves a partition out of a fetch while records of
@@ -246,9 +168,7 @@ def consumer_with_fetch_wait(fetch_max_wait_ms: int, probe: HeadProbe | None = N
     """
     thread_class = type("FetchWaitConsumerThread", (_FetchWaitConsumerThread,), {"fetch_max_wait_ms": fetch_max_wait_ms})
 
-    class FetchWaitConsumer(StrictHeadCommits, AIOKafkaConsumer):
-        head_probe = staticmethod(probe) if probe is not None else None
-
+    class FetchWaitConsumer(AIOKafkaConsumer):
         def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
             return thread_class(self, loop=self.loop, beacon=self.beacon)
 
