@@ -51,8 +51,10 @@ class WorkerLifecycle:
 
     async def release(self, reopen: bool) -> None:
         """Hand back what the windows hold: a rebalance (`reopen`) or a shutdown."""
-        released = await self.parts.windows.release(reopen)
-        self.parts.offsets.reset()
+        try:
+            released = await self.parts.windows.release(reopen)
+        finally:
+            self.parts.offsets.reset()  # the next assignment starts from committed offsets
         if reopen:
             self.parts.counters.on_revoked()
         else:
