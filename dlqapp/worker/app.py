@@ -18,7 +18,7 @@ from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.observability.logs import apply_log_format, configure_logging
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.worker.durability import ConfirmedTable
-from dlqapp.worker.faust_compat import consumer_with_fetch_wait, widen_changelog_buffer
+from dlqapp.worker.faust_compat import dlq_consumer_class, widen_changelog_buffer
 from dlqapp.worker.kafka_admin import TopicMismatchError, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,8 @@ class DlqApp(faust.App):
         await super()._on_partitions_revoked(revoked)
 
     def _new_consumer(self) -> Any:
-        # faust_compat: Faust fixes the consumer's fetch wait at 1.5 s; see consumer_with_fetch_wait.
-        consumer_class = consumer_with_fetch_wait(self.dlq_settings.fetch_max_wait_ms)
+        # faust_compat: the fetch wait Faust fixes at 1.5 s, and records in offset order; see dlq_consumer_class.
+        consumer_class = dlq_consumer_class(self.dlq_settings.fetch_max_wait_ms)
         return consumer_class(
             self.transport,
             callback=self.topics.on_message,

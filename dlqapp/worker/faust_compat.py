@@ -5,18 +5,30 @@ faust-streaming 0.15.3 and rocksdict 0.3; read these first after an upgrade.
 
 Elsewhere, four overrides of Faust hooks (dlqapp.worker.app): `_settings_extra` of the
 aiokafka producer (idempotence), `App._new_producer` (to use that producer),
-`App._new_consumer` (to use `consumer_with_fetch_wait`) and
+`App._new_consumer` (to use `dlq_consumer_class`) and
 `App._on_partitions_revoked` (to hand work back before Faust waits for acks); and the
 `_loads` of Faust's JSON codec (dlqapp.worker.topology).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import asyncio
+import logging
+from time import monotonic
+from typing import Any, Iterator, Mapping
 
+from faust.transport.consumer import CONSUMER_FETCHING, ensure_TP
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from rocksdict import ReadOptions
+
+from dlqapp.observability.logs import log_event
+from dlqapp.worker.delivery_order import DeliveryOrder, Verdict
+
+_log = logging.getLogger("dlqapp.worker.delivery")
+
+IDLE_CHECK_S = 1.0
+"""How often an idle consumer looks for partitions whose position passed undelivered records."""
 
 
 def forget_unacked(app: Any, event: Any) -> None:
@@ -158,21 +170,163 @@ class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
         return consumer
 
 
-def consumer_with_fetch_wait(fetch_max_wait_ms: int) -> type:
-    """Faust's aiokafka consumer, with aiokafka's `fetch_max_wait_ms` set.
+def dlq_consumer_class(fetch_max_wait_ms: int) -> type:
+    """Faust's aiokafka consumer with aiokafka's `fetch_max_wait_ms` set and records handed
+    to the agents strictly in offset order (dlqapp.worker.delivery_order).
 
-    Faust passes a fixed `fetch_max_wait_ms=1500` (`AIOKafkaConsumerThread._create_worker_consumer`)
-    and has no setting for it. aiokafka leaves a partition out of a fetch while records of
-    it are still buffered, and sends no new fetch to a broker until the last one returns,
-    so a record written meanwhile (a due retry's hint) waited up to 1.5 s.
+    Fetch wait: Faust passes a fixed `fetch_max_wait_ms=1500`
+    (`AIOKafkaConsumerThread._create_worker_consumer`) and has no setting for it. aiokafka
+    leaves a partition out of a fetch while records of it are still buffered, and sends no
+    new fetch to a broker until the last one returns, so a record written meanwhile (a due
+    retry's hint) waited up to 1.5 s.
+
+    Order: `Consumer._drain_messages` (the loop that hands fetched records to the streams)
+    and `perform_seek` (the seek to committed offsets after each rebalance) are replaced,
+    and the partitions a rebalance revokes are forgotten (`on_partitions_revoked`).
     """
     thread_class = type("FetchWaitConsumerThread", (_FetchWaitConsumerThread,), {"fetch_max_wait_ms": fetch_max_wait_ms})
 
-    class FetchWaitConsumer(AIOKafkaConsumer):
+    class OrderedConsumer(_OrderedConsumer):
         def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
             return thread_class(self, loop=self.loop, beacon=self.beacon)
 
-    return FetchWaitConsumer
+    return OrderedConsumer
+
+
+class _OrderedConsumer(AIOKafkaConsumer):
+    """See `dlq_consumer_class`. Checked against Faust 0.15.3's `Consumer._drain_messages`:
+    the loop is Faust's except for the `DeliveryOrder` verdict of each record of an acked
+    topic, and the gap Faust records on any jump of offsets (it includes the record being
+    handed over, so a commit could pass it before it was handled)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.delivery_order = DeliveryOrder()
+        self._fetch_batch = 0
+
+    async def on_partitions_revoked(self, revoked: set[Any]) -> None:
+        self.delivery_order.forget(revoked)
+        await super().on_partitions_revoked(revoked)
+
+    async def perform_seek(self) -> None:
+        """Seek every assigned partition to its committed offset, and start delivering the
+        acked ones from there (from their first offset if none is committed yet). A newer
+        rebalance during the lookups makes this a no-op: it seeks for itself."""
+        generation = self.app.consumer_generation_id
+        committed = {ensure_TP(tp): offset for tp, offset in (await self.seek_to_committed()).items()}
+        acked = [tp for tp in committed if self.app.topics.acks_enabled_for(tp.topic)]
+        targets = {tp: committed[tp] for tp in acked if committed[tp] is not None and committed[tp] >= 0}
+        missing = [tp for tp in acked if tp not in targets]
+        if missing and generation == self.app.consumer_generation_id:
+            firsts = await self._thread.call_thread(self._thread._ensure_consumer().beginning_offsets, missing)
+            targets.update({ensure_TP(tp): offset for tp, offset in firsts.items()})
+        if generation != self.app.consumer_generation_id:
+            return
+        for tp, offset in committed.items():  # Faust's own bookkeeping (Consumer.perform_seek)
+            self._read_offset[tp] = offset if offset is not None and offset >= 0 else None
+            if offset:
+                self._committed_offset[tp] = offset
+        for tp, offset in targets.items():
+            self.delivery_order.start(tp, offset, self._fetch_batch)
+        await self._seek_all(targets)
+
+    async def _seek_all(self, targets: Mapping[Any, int]) -> None:
+        """Seek in the consumer's own thread (aiokafka is not thread-safe); a partition
+        revoked meanwhile is left alone."""
+
+        async def seek() -> None:
+            consumer = self._thread._ensure_consumer()
+            assigned = consumer.assignment()
+            for tp, offset in targets.items():
+                if tp in assigned:
+                    consumer.seek(tp, offset)
+            for tp, offset in targets.items():
+                self._read_offset[ensure_TP(tp)] = offset or None
+
+        await self._thread.call_thread(seek)
+
+    async def _rewind_behind(self, batch: int) -> None:
+        """While idle: rewind every partition whose fetch position passed records never delivered."""
+        positions = await self._thread.call_thread(self._positions)
+        for tp in self.delivery_order.behind(positions):
+            expected = self.delivery_order.rewinding(tp, positions[tp], batch)
+            log_event(_log, logging.INFO, "delivery_rewound", topic=tp.topic, partition=tp.partition, expected=expected, position=positions[tp])
+            await self._seek_all({tp: expected})
+
+    async def _positions(self) -> dict[Any, int]:
+        """The fetch position of each assigned partition that has one (aiokafka's `SubscriptionState`)."""
+        assignment = self._thread._ensure_consumer()._subscription.subscription
+        assignment = assignment.assignment if assignment is not None else None
+        if assignment is None:
+            return {}
+        positions = {}
+        for tp in assignment.tps:
+            state = assignment.state_value(tp)
+            if state is not None and state.has_valid_position:
+                positions[ensure_TP(tp)] = state.position
+        return positions
+
+    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in every worker
+        callback = self.callback
+        consumer_should_stop = self._stopped.is_set
+        fetcher_should_stop = fetcher._stopped.is_set
+        acks_enabled_for = self.app.topics.acks_enabled_for
+        order = self.delivery_order
+        set_flag, unset_flag = self.diag.set_flag, self.diag.unset_flag
+        since_yield = 0
+        idle_checked = monotonic()
+        try:
+            while not (consumer_should_stop() or fetcher_should_stop()):
+                set_flag(CONSUMER_FETCHING)
+                records = self.getmany(timeout=1.0)
+                await self.sleep(0)  # getmany may return at once, again and again
+                if self.should_stop:
+                    continue
+                self._fetch_batch += 1
+                batch = self._fetch_batch
+                fetched = 0
+                async for tp, message in records:
+                    fetched += 1
+                    since_yield += 1
+                    if since_yield > 100:
+                        await asyncio.sleep(0)
+                        since_yield = 0
+                    offset = message.offset
+                    if acks_enabled_for(message.topic):
+                        verdict = order.decide(tp, offset, batch)
+                        if verdict is Verdict.DROP:
+                            continue
+                        if verdict is Verdict.REWIND:
+                            expected = order.rewinding(tp, offset, batch)
+                            log_event(_log, logging.INFO, "delivery_rewound", topic=tp.topic, partition=tp.partition, expected=expected, fetched=offset)
+                            await self._seek_all({tp: expected})
+                            continue
+                        if verdict is Verdict.GAP:
+                            await self._add_gap(tp, order.expected(tp), offset - 1)
+                    if self._commit_every is not None and self._n_acked >= self._commit_every:
+                        self._n_acked = 0
+                        await self.commit()
+                    generation = self.app.consumer_generation_id
+                    delivery = callback(message)
+                    handed = await self.wait_first(delivery, self.suspend_flow.wait())
+                    if delivery not in handed.done or generation != self.app.consumer_generation_id:
+                        continue  # not handed over (or handed to an assignment that is gone)
+                    order.delivered(tp, offset)
+                    self._read_offset[tp] = offset
+                unset_flag(CONSUMER_FETCHING)
+                if not fetched and monotonic() - idle_checked >= IDLE_CHECK_S:
+                    idle_checked = monotonic()
+                    await self._rewind_behind(batch)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                return
+            raise
+        finally:
+            unset_flag(CONSUMER_FETCHING)
 
 
 def widen_changelog_buffer(producer: Any, max_messages: int) -> None:

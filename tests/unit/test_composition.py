@@ -53,7 +53,7 @@ def test_the_consumer_fetch_wait_comes_from_dlq_fetch_max_wait(tmp_path):
         env.update({"DLQ_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT), **({"DLQ_FETCH_MAX_WAIT": value} if value else {})})
         result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
-        assert result.stdout.split() == ["FetchWaitConsumer", expected], result.stdout
+        assert result.stdout.split() == ["OrderedConsumer", expected], result.stdout
 
 
 def test_table_writes_do_not_stop_the_consumer_at_faust_s_100_message_buffer(tmp_path):

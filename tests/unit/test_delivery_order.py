@@ -1,0 +1,105 @@
+"""DeliveryOrder: records reach the agents in offset order, none skipped, each once."""
+
+from __future__ import annotations
+
+import random
+
+from dlqapp.worker.delivery_order import DeliveryOrder, Verdict
+
+TP = ("input", 0)
+
+
+def started(offset: int = 10, batch: int = 1) -> DeliveryOrder:
+    order = DeliveryOrder()
+    order.start(TP, offset, batch)
+    return order
+
+
+def test_nothing_is_delivered_before_the_partition_is_sought_in_this_assignment():
+    order = DeliveryOrder()
+    assert order.decide(TP, 0, batch=1) is Verdict.DROP
+    order.start(TP, 0, batch=1)
+    assert order.decide(TP, 0, batch=2) is Verdict.DELIVER
+
+
+def test_the_expected_offset_is_delivered_and_a_repeat_is_dropped():
+    order = started(10)
+    assert order.decide(TP, 10, batch=2) is Verdict.DELIVER
+    order.delivered(TP, 10)
+    assert order.decide(TP, 10, batch=2) is Verdict.DROP
+    assert order.decide(TP, 11, batch=2) is Verdict.DELIVER
+
+
+def test_records_fetched_before_the_seek_are_dropped_not_rewound():
+    order = started(10, batch=5)
+    assert order.decide(TP, 400, batch=5) is Verdict.DROP
+    assert order.decide(TP, 400, batch=6) is Verdict.REWIND
+
+
+def test_a_jump_rewinds_to_the_offset_expected_and_the_rest_of_that_fetch_is_dropped():
+    order = started(10)
+    order.delivered(TP, 10)
+    assert order.decide(TP, 500, batch=3) is Verdict.REWIND
+    assert order.rewinding(TP, 500, batch=3) == 11
+    assert order.decide(TP, 501, batch=3) is Verdict.DROP
+    assert order.decide(TP, 11, batch=4) is Verdict.DELIVER
+
+
+def test_a_jump_to_the_same_record_after_rewind_after_rewind_is_a_real_gap():
+    order = started(10)
+    for batch in range(3, 3 + DeliveryOrder.GAP_AFTER_REWINDS - 1):
+        assert order.decide(TP, 50, batch=batch) is Verdict.REWIND
+        order.rewinding(TP, 50, batch=batch)
+    assert order.decide(TP, 50, batch=batch + 1) is Verdict.GAP
+    order.delivered(TP, 50)
+    assert order.decide(TP, 51, batch=4) is Verdict.DELIVER
+
+
+def test_a_jump_to_another_record_after_a_rewind_rewinds_again():
+    order = started(10)
+    order.rewinding(TP, 50, batch=3)
+    assert order.decide(TP, 70, batch=4) is Verdict.REWIND
+
+
+def test_an_idle_partition_whose_position_is_past_the_offset_expected_is_behind():
+    order = started(10)
+    order.delivered(TP, 10)
+    assert order.behind({TP: 11, ("input", 1): 99}) == []
+    assert order.behind({TP: 40}) == [TP]
+
+
+def test_revoked_partitions_deliver_nothing_until_sought_again():
+    order = started(10)
+    order.forget([TP])
+    assert order.decide(TP, 10, batch=9) is Verdict.DROP
+    order.delivered(TP, 10)  # a delivery that finished after the revocation changes nothing
+    assert order.expected(TP) is None
+
+
+def test_whatever_the_fetches_skip_every_offset_is_delivered_once_and_in_order():
+    """A fetch stream that skips records at random: following the verdicts (seeking on a
+    rewind) delivers 0..N-1 exactly once each, in order."""
+    rng = random.Random(7)
+    log_end = 2_000
+    order = started(0)
+    position, batch, delivered = 0, 1, []
+    while len(delivered) < log_end:
+        batch += 1
+        if position == log_end:  # nothing more to fetch: the consumer is idle
+            for tp in order.behind({TP: position}):
+                position = order.rewinding(tp, position, batch)
+            continue
+        fetched = list(range(position, min(position + rng.randint(1, 200), log_end)))
+        position = fetched[-1] + 1
+        if rng.random() < 0.3:  # Faust dropped part of the fetch (a pause, a cancelled hand-over)
+            cut = rng.randrange(len(fetched))
+            fetched = fetched[:cut] + fetched[cut + rng.randint(1, 50) :]
+        for offset in fetched:
+            verdict = order.decide(TP, offset, batch)
+            if verdict is Verdict.REWIND:
+                position = order.rewinding(TP, offset, batch)
+            elif verdict in (Verdict.DELIVER, Verdict.GAP):
+                assert verdict is Verdict.DELIVER, f"a skip was taken for a gap at {offset}"
+                order.delivered(TP, offset)
+                delivered.append(offset)
+    assert delivered == list(range(log_end))
