@@ -24,7 +24,7 @@ from dlqapp.core.errors import ErrorClass
 from dlqapp.observability.logs import log_event
 from dlqapp.worker.crashguard import PoisonMessage
 from dlqapp.worker.durability import changelog_barrier
-from dlqapp.worker.faust_compat import crash, forget_unacked
+from dlqapp.worker.faust_compat import crash, forget_unacked, send_to_changelog
 from dlqapp.worker.topology import TierTopic
 
 log = logging.getLogger("dlqapp.worker.agents")
@@ -53,6 +53,7 @@ class WorkerLifecycle:
         """Hand back what the windows hold: a rebalance (`reopen`) or a shutdown."""
         try:
             released = await self.parts.windows.release(reopen)
+            await self._write_counts()
         finally:
             self.parts.offsets.reset()  # the next assignment starts from committed offsets
         if reopen:
@@ -61,6 +62,14 @@ class WorkerLifecycle:
             self.parts.crash_guard.close()
         if released:
             log_event(log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown")
+
+
+    async def _write_counts(self) -> None:
+        stats = self.parts.topology.stats
+        try:
+            await self.parts.counters.write_unwritten(lambda key, blob, partition: send_to_changelog(stats, key, blob, partition))
+        except Exception as exc:  # the broker is gone: the counts of the last moment are lost, as in a crash
+            log_event(log, logging.WARNING, "counts_not_written", error=repr(exc))
 
 
 def register_agents(app: Any, parts: Any) -> Agents:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from typing import Any, Callable, Iterable
+from typing import Any, Awaitable, Callable, Iterable
 
 from faust import current_event
 
@@ -63,6 +63,20 @@ class Counters:
             self._written[partition] = blob
             self._written_at[partition] = now
             self._dirty.discard(partition)
+
+    async def write_unwritten(self, send: Callable[[bytes, bytes, int], Awaitable[None]]) -> int:
+        """Write every partition's counts not yet written with `send(key, blob, partition)`
+        (straight to the changelog): on a rebalance or a shutdown no stream step is left to
+        write them, and the next owner would start from older counts. Returns how many."""
+        written = 0
+        for partition in sorted(self._dirty):
+            blob = json.dumps(self._counts[partition], separators=(",", ":")).encode()
+            await send(_key(partition), blob, partition)
+            self._written[partition] = blob
+            self._written_at[partition] = time.monotonic()
+            written += 1
+        self._dirty.clear()
+        return written
 
     def on_revoked(self) -> None:
         """A rebalance: keep what was counted, to resume with it should the partition come

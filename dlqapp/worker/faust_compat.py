@@ -44,6 +44,16 @@ def forget_unacked(app: Any, event: Any) -> None:
         consumer._unacked_messages.discard(event.message)
 
 
+async def send_to_changelog(table: Any, key: bytes, value: bytes, partition: int) -> None:
+    """Write `key` = `value` of one table partition straight to its changelog, outside a stream.
+
+    Faust writes a table only inside a stream step (the event names the partition); this is
+    for the moment no step is left (a rebalance, a shutdown). The worker's own store is not
+    updated: the partition's next owner, this worker included, reads it when it recovers.
+    """
+    await table.app.producer.send_and_wait(table.changelog_topic.get_topic_name(), key, value, partition, None, None)
+
+
 def partition_db(table: Any, partition: int) -> Any:
     """The `rocksdict.Rdict` of one table partition (`Store._db_for_partition`): Faust has no range scan."""
     return table.data._db_for_partition(partition)
