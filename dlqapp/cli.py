@@ -369,6 +369,38 @@ async def generate(self: Any, count: int, rate: float | None, fail_share: float,
     emit({"produced": count, "topic": settings.input, "seconds": round(elapsed, 3), "prefix": run_id}, as_json, f"produced {count} requests to {settings.input} in {elapsed:.1f}s (ids {run_id}-*)")
 
 
+@command(
+    option("--to", "to", type=int, required=True, help="The partition count to grow to (more than DLQ_PARTITIONS)."),
+    JSON,
+)
+async def grow_partitions(self: Any, to: int, as_json: bool) -> None:
+    """Move a stopped deployment to more partitions, state included (stop every worker first)."""
+    settings: Settings = self.app.dlq_settings
+    from aiokafka.errors import KafkaError
+
+    from dlqapp.maintenance.grow import GrowRefused, grow
+
+    try:
+        report = await grow(settings, to)
+    except GrowRefused as exc:
+        fail(str(exc), EXIT_USAGE)
+    except KafkaError as exc:
+        fail(f"Kafka at {settings.kafka_bootstrap}: {exc!r}; set DLQ_KAFKA_BOOTSTRAP", EXIT_UNREACHABLE)
+    data = {
+        "partitions_before": report.partitions_before,
+        "partitions_after": report.partitions_after,
+        "topics_grown": report.topics_grown,
+        "entries_moved": dict(report.entries_moved),
+        "records_moved": dict(report.records_moved),
+    }
+    human = (
+        f"grew {len(report.topics_grown)} topics from {report.partitions_before} to {report.partitions_after} partitions; "
+        f"moved {sum(report.entries_moved.values())} table entries and {sum(report.records_moved.values())} unconsumed records. "
+        f"Start the workers with DLQ_PARTITIONS={report.partitions_after}."
+    )
+    emit(data, as_json, human)
+
+
 def synthetic_request(request_id: str, fail_share: float, invalid_share: float) -> tuple[bytes | None, bytes]:
     """(key, value) of one synthetic request."""
     roll = random.random()

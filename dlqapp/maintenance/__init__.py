@@ -1,0 +1,1 @@
+"""Operations on a stopped deployment (growing to more partitions)."""
