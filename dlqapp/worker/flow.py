@@ -81,12 +81,11 @@ class InFlightWindow:
         partition: Hashable,
         event: Ackable,
         handler: Callable[[], Awaitable[None]],
-        ready: Callable[[], Awaitable[None]] | None = None,
         *,
         context: contextvars.Context | None = None,
         generation: int | None = None,
     ) -> None:
-        """Start `handler()` for `event`; waits for `ready()` (if given), then while the window is full.
+        """Start `handler()` for `event`; waits while the window is full.
 
         The task runs in `context`, by default a copy of the caller's, so Faust's
         `current_event()` (and with it table writes) refers to `event` inside the handler.
@@ -97,8 +96,6 @@ class InFlightWindow:
         """
         if generation is None:
             generation = self._generation
-        if ready is not None:
-            await ready()
         if generation == self._generation and self._accepting.is_set():
             await self._slots.acquire()
             if generation == self._generation and self._accepting.is_set():

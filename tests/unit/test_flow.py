@@ -213,17 +213,14 @@ def test_an_event_held_before_submit_across_a_rebalance_is_given_back_not_handle
     async def run():
         acked, forgotten, handled = [], [], []
         window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
-        gate_open = asyncio.Event()
 
         async def handle(offset):
             handled.append(offset)
 
-        held = asyncio.create_task(window.submit("p0", FakeEvent(7, acked), lambda: handle(7), ready=gate_open.wait))
-        await asyncio.sleep(0.01)
-        await window.release(grace_s=0.05, reopen=True)  # a rebalance while the gate holds event 7
-        gate_open.set()
-        await asyncio.wait_for(held, 1)
-        await window.submit("p0", FakeEvent(3, acked), lambda: handle(3), ready=gate_open.wait)  # the re-read, new generation
+        taken_in = window.generation  # event 7 taken while the gate is closed
+        await window.release(grace_s=0.05, reopen=True)  # a rebalance while the gate holds it
+        await window.submit("p0", FakeEvent(7, acked), lambda: handle(7), generation=taken_in)  # the gate opens
+        await window.submit("p0", FakeEvent(3, acked), lambda: handle(3))  # the re-read, new generation
         await window.join()
         assert handled == [3] and acked == [3] and forgotten == [7]
 
