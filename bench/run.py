@@ -81,6 +81,9 @@ FLOW_LATENCY_MS = 1000
 LLM_LATENCY_MS, LLM_JITTER_MS = 2000, 500
 LLM_CONCURRENCY = 1024
 """`llm_scale`: model latency people see, and the in-flight count it takes to reach 512/s."""
+BENCH_PARTITIONS = 3
+"""Partitions of every topic the bench creates (the baselines' too), as in its earlier figures;
+`partitions` measures other counts."""
 RSS_IN_FLIGHT = 4096
 RSS_HOLD_MS = 600_000
 """Mock latency while resident memory is measured: the calls stay in flight meanwhile."""
@@ -97,7 +100,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def make_topics(bootstrap: str, prefix: str) -> Settings:
-    settings = Settings.from_env({"DLQ_KAFKA_BOOTSTRAP": bootstrap, "DLQ_TOPIC_PREFIX": prefix})
+    settings = Settings.from_env({"DLQ_KAFKA_BOOTSTRAP": bootstrap, "DLQ_TOPIC_PREFIX": prefix, "DLQ_PARTITIONS": str(BENCH_PARTITIONS)})
     asyncio.run(ensure_topics(settings))
     return settings
 
@@ -125,7 +128,7 @@ class SystemDied(AssertionError):
     """The process under measurement exited before every outcome appeared."""
 
 
-def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout: float, alive: Callable[[], bool] | None = None) -> list[Record]:
+def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout: float, alive: Callable[[], bool] | None = None, partitions: int = BENCH_PARTITIONS) -> list[Record]:
     """The first record of each of `ids` on `topic`; fails at once should `alive()` turn false."""
     wanted = set(ids)
     complete = all_keys_seen(wanted)
@@ -135,7 +138,7 @@ def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout
             raise SystemDied(f"the process under measurement exited with {len(records)} of {len(ids)} outcomes")
         return complete(records)
 
-    records = read_topic(bootstrap, topic, until, timeout)
+    records = read_topic(bootstrap, topic, until, timeout, partitions=partitions)
     first: dict[str, Record] = {}
     for record in records:
         key = record.key.decode() if record.key else ""
@@ -391,7 +394,8 @@ class Bench:
         grows only as calls complete (a measurement that holds calls open would never see
         more than one), and is measured on its own in `flow_control`."""
         return Worker(self.bootstrap, self.tmp, name=unique("bw"), env_extra={
-            "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning", "DLQ_ADAPTIVE_CONCURRENCY": "false", **env})
+            "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning", "DLQ_ADAPTIVE_CONCURRENCY": "false",
+            "DLQ_PARTITIONS": str(BENCH_PARTITIONS), **env})
 
     def dlqapp_worker(self, mock: MockLLM, **env: str) -> Worker:
         """A worker on the `openai` backend against the mock."""
@@ -869,6 +873,92 @@ class Bench:
 
     # -- 4. recovery ---------------------------------------------------------------------
 
+    def partition_cost(self) -> dict[str, Any]:
+        """What more partitions cost one worker: start to ready, resident memory and CPU while
+        idle (the timer and the sweeps visit every partition), the event loop's worst lag."""
+        counts = (3, 12) if self.quick else PARTITION_COUNTS
+        runs = 1 if self.quick else 3
+        idle_s = 3 if self.quick else 15
+        out: dict[str, Any] = {}
+        for count in counts:
+            samples: dict[str, list[float]] = {"start_to_ready_s": [], "rss_mib": [], "idle_cpu_pct": [], "loop_lag_ms": []}
+            for _ in range(runs):
+                worker = self.simulated_worker(latency_ms=1, DLQ_PARTITIONS=str(count))
+                started = time.monotonic()
+                worker.start()
+                try:
+                    samples["start_to_ready_s"].append(time.monotonic() - started)
+                    pid = worker.process.pid
+                    cpu_before, idle_from = cpu_seconds(pid), time.monotonic()
+                    with LoopLagSampler(worker) as lag:
+                        time.sleep(idle_s)  # a fixed idle window is the measurement itself
+                    samples["idle_cpu_pct"].append(100 * (cpu_seconds(pid) - cpu_before) / (time.monotonic() - idle_from))
+                    samples["rss_mib"].append(process_memory(pid)["rss_bytes"] / 2**20)
+                    samples["loop_lag_ms"].append(lag.max_ms)
+                finally:
+                    worker.stop()
+            out[str(count)] = {name: spread(values) for name, values in samples.items()}
+            print(f"  partitions {count}: {out[str(count)]}", flush=True)
+        return out
+
+    def scale_out(self) -> dict[str, Any]:
+        """Workers joining under a steady load: 1, then 2, then 4, each step `SCALE_STEP_S`
+        long, requests at `SCALE_RATE` per second on the simulated backend at 1 s latency
+        (one worker's ceiling: DLQ_CONCURRENCY per second), 10% failing once (a retry each).
+        Per step: results per second, request latency (input written → result written),
+        the longest pause between results; at the end, every request's outcome. Median
+        and range of `SCALE_RUNS` runs."""
+        step_s = 10 if self.quick else SCALE_STEP_S
+        rate = 30 if self.quick else SCALE_RATE
+        runs = [self._scale_once(step_s, rate) for _ in range(1 if self.quick else SCALE_RUNS)]
+        steps = {label: {name: spread([run["steps"][label][name] for run in runs]) for name in runs[0]["steps"][label]} for label in runs[0]["steps"]}
+        out = {"rate_per_s": rate, "step_s": step_s, "partitions": SCALE_PARTITIONS, "requests": runs[0]["requests"], "runs": len(runs), "lost": sum(run["lost"] for run in runs), "steps": steps}
+        print(f"  scale_out: {out}", flush=True)
+        return out
+
+    def _scale_once(self, step_s: int, rate: int) -> dict[str, Any]:
+        env = {"DLQ_PARTITIONS": str(SCALE_PARTITIONS), "DLQ_RETRY_DELAYS": "1s,10s,60s"}
+        first = self.simulated_worker(latency_ms=FLOW_LATENCY_MS, **env)
+        workers = [first]
+        first.start()
+        ids = unique_ids("scale", rate * step_s * 3)
+        failing = set(ids[::10])
+        records = [(rid.encode(), request_bytes(rid, **({"metadata": {"simulate": {"fail_times": 1, "error": "server_error"}}} if rid in failing else {}))) for rid in ids]
+        feeder = threading.Thread(target=produce_paced, args=(self.bootstrap, first.topic("input"), records, rate), daemon=True)
+        try:
+            started_ms = time.time() * 1000
+            feeder.start()
+            joins_ms = []
+            for joining in (1, 2):
+                time.sleep(step_s)  # each step runs for a fixed time: the measurement itself
+                joins_ms.append(time.time() * 1000)
+                for _ in range(joining):
+                    worker = Worker(self.bootstrap, self.tmp, app_id=first.app_id, prefix=first.prefix, name=unique("bw"), env_extra=first.env_extra)
+                    worker.start(wait=False)
+                    workers.append(worker)
+            feeder.join()
+            outcomes = wait_results(self.bootstrap, [first.topic("results"), first.topic("dlq")], ids, timeout=600, partitions=SCALE_PARTITIONS)
+            sent = {r.key.decode(): r.timestamp for r in read_topic(self.bootstrap, first.topic("input"), lambda got: len(got) >= len(ids), 120, partitions=SCALE_PARTITIONS)}
+        finally:
+            for worker in workers:
+                worker.stop()
+        bounds = [started_ms, *joins_ms, max(r.timestamp for r in outcomes) + 1]
+        steps = {}
+        for index, label in enumerate(("1 worker", "2 workers", "4 workers")):
+            low, high = bounds[index], bounds[index + 1]
+            inside = sorted(r.timestamp for r in outcomes if low <= r.timestamp < high)
+            latency = [(r.timestamp - sent[r.key.decode()]) / 1000 for r in outcomes if low <= r.timestamp < high and r.key.decode() in sent]
+            gaps = [b - a for a, b in zip(inside, inside[1:])]
+            steps[label] = {
+                "results_per_s": round(len(inside) / ((high - low) / 1000), 1),
+                "latency_p50_s": round(percentile(latency, 0.5) or 0, 2),
+                "latency_p99_s": round(percentile(latency, 0.99) or 0, 2),
+                "longest_pause_s": round(max(gaps, default=0) / 1000, 2),
+            }
+        lost = len(set(ids) - {r.key.decode() for r in outcomes})
+        print(f"  scale_out run: lost {lost}, {steps}", flush=True)
+        return {"requests": len(ids), "lost": lost, "steps": steps}
+
     def recovery(self) -> dict[str, Any]:
         parked = 200 if self.quick else 100_000
         worker = self.simulated_worker(latency_ms=1, DLQ_RETRY_DELAYS="30m,31m,32m", DLQ_SESSION_TIMEOUT="6s")
@@ -915,7 +1005,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines = ["# dlqapp benchmark", "", header, ""]
     for section, render in (("throughput", _md_throughput), ("overhead", _md_overhead), ("llm_scale", _md_llm_scale), ("latency", _md_latency), ("lateness", _md_lateness),
                             ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery), ("stats_cost", _md_stats_cost),
-                            ("flow_control", _md_flow_control)):
+                            ("flow_control", _md_flow_control), ("partitions", _md_partitions), ("scale_out", _md_scale_out)):
         if section in r:
             lines += render(r[section]) + [""]
     return "\n".join(lines)
@@ -1003,6 +1093,22 @@ def _md_parked_scale(scale: dict[str, Any]) -> list[str]:
 
 def _md_recovery(rec: dict[str, Any]) -> list[str]:
     return [f"Recovery with {rec['parked']:,} parked retries: kill -9 → ready {rec['kill_to_ready_s']} s, → processing {rec['kill_to_processing_s']} s; {rec['parked_after_restart']:,} parked after restart."]
+
+
+def _md_partitions(p: dict[str, Any]) -> list[str]:
+    lines = ["| DLQ_PARTITIONS | start → ready, s | RSS idle, MiB | CPU idle, % | worst loop lag, ms |", "|---|---|---|---|---|"]
+    for count, f in p.items():
+        lines.append(f"| {count} | {_cell(f['start_to_ready_s'])} | {_cell(f['rss_mib'], 0)} | {_cell(f['idle_cpu_pct'])} | {_cell(f['loop_lag_ms'], 0)} |")
+    return lines
+
+
+def _md_scale_out(o: dict[str, Any]) -> list[str]:
+    lines = [f"Workers joining under {o['rate_per_s']} requests/s ({o['requests']:,} requests a run, {o['partitions']} partitions, 1 s backend latency, 10% failing once; "
+             f"median (min–max) of {o['runs']} runs): lost {o['lost']}.", "",
+             "| Step | Results/s | Latency p50, s | Latency p99, s | Longest pause, s |", "|---|---|---|---|---|"]
+    for label, f in o["steps"].items():
+        lines.append(f"| {label} | {_cell(f['results_per_s'])} | {_cell(f['latency_p50_s'])} | {_cell(f['latency_p99_s'])} | {_cell(f['longest_pause_s'])} |")
+    return lines
 
 
 SYSTEMS = ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures")
@@ -1124,6 +1230,15 @@ LATENESS_SCENARIOS = ("idle", "paced_under_flood", "burst", "under_flood")
 STATS_COST_LARGE = int(os.environ.get("BENCH_STATS_COST_REQUESTS", "1000000"))
 """Request states in the large `stats_cost` run (1M by default; seeding and restoring them take a few minutes)."""
 
+SCALE_STEP_S = 60
+SCALE_RATE = 150
+SCALE_PARTITIONS = 12
+SCALE_RUNS = 3
+"""`scale_out`: each step's length, the steady input rate, the partitions the workers share, runs."""
+
+PARTITION_COUNTS = (3, 12, 24)
+"""DLQ_PARTITIONS values `partitions` compares (fresh worker and topics each run)."""
+
 SECTIONS = {
     "throughput": "throughput",
     "overhead": "overhead",
@@ -1135,10 +1250,12 @@ SECTIONS = {
     "recovery": "recovery",
     "stats_cost": "stats_cost",
     "flow_control": "flow_control",
+    "partitions": "partition_cost",
+    "scale_out": "scale_out",
 }
 """Report section → Bench method, in the order a full run measures them."""
-NOT_IN_QUICK = {"flow_control"}
-"""Left out of `--quick` unless named in `--only` (six workers: too slow for `make test`)."""
+NOT_IN_QUICK = {"flow_control", "scale_out"}
+"""Left out of `--quick` unless named in `--only` (six and four workers: too slow for `make test`)."""
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ class Settings:
     commands_topic: str = _setting("DLQ_COMMANDS_TOPIC", "dlqapp-commands", str, "Internal topic that carries operator commands (replay, discard) to the worker owning the request.")
     due_topic: str = _setting("DLQ_DUE_TOPIC", "dlqapp-due", str, "Internal topic on which the retry timer hands due retries to the due agent.")
     session_timeout_ms: int = _setting("DLQ_SESSION_TIMEOUT", "15s", parse_duration_ms, "Kafka consumer session timeout: how soon a dead worker's partitions move to the others.")
-    partitions: int = _setting("DLQ_PARTITIONS", "3", _positive_int, "Partitions of every dlqapp topic (all must match).")
+    partitions: int = _setting("DLQ_PARTITIONS", "12", _positive_int, "Partitions of every dlqapp topic (all must match): at most this many workers share the load; grow a stopped deployment with `grow-partitions`.")
     replication_factor: int = _setting("DLQ_REPLICATION_FACTOR", "1", _positive_int, "Replication factor of the topics dlqapp creates, Faust's changelogs included (3 on a production cluster); a worker refuses to create topics on fewer brokers.")
     min_insync_replicas_setting: int | None = _setting("DLQ_MIN_INSYNC_REPLICAS", "", _optional_int, "`min.insync.replicas` of dlqapp's topics and changelogs: replicas that must have a write before it counts (empty: the smaller of 2 and DLQ_REPLICATION_FACTOR). Existing topics are brought to it at start.")
     retry_delays_ms: tuple[int, ...] = _setting("DLQ_RETRY_DELAYS", "1s,10s,1m", _parse_delays, "Delay of each retry tier; one tier topic per delay.")

@@ -227,6 +227,8 @@ class Worker:
             # Most tests script backend-wide failures on purpose; the breaker would hold
             # them. test_outage.py and test_breaker*.py turn it on.
             "DLQ_BREAKER": "false",
+            # The tests read topics with three partitions (`read_topic`): fewer than the default.
+            "DLQ_PARTITIONS": "3",
             **self.env_extra,
         }
 

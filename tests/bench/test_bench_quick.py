@@ -54,6 +54,8 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
         assert cost["ratio_dlqapp_to_b"]["of_medians"] > 0 and len(cost["ratio_dlqapp_to_b"]["per_run"]) == 1
     assert results["overhead"]["ratio_10pct_to_0pct"]["of_medians"] > 0
     assert results["llm_scale"]["ceiling_per_s"] == 512 and results["llm_scale"]["ratio_dlqapp_to_ceiling"] > 0
+    partitions = results["partitions"]
+    assert set(partitions) == {"3", "12"} and all(p["rss_mib"]["median"] > 0 and p["start_to_ready_s"]["median"] > 0 for p in partitions.values())
     rss = results["llm_scale"]["rss"]
     for system in ("baseline_b_aiokafka", "dlqapp"):
         assert rss[system]["rss_mib"] >= rss[system]["idle_rss_mib"] > 0

@@ -21,7 +21,7 @@ def test_defaults_follow_the_contract():
     assert s.retry_delays_ms == (1000, 10_000, 60_000)
     assert s.retry_topics == ("retry-1s", "retry-10s", "retry-1m")
     assert (s.input, s.dlq, s.results) == ("input", "dlq", "results")
-    assert s.partitions == 3
+    assert s.partitions == 12
     assert s.web_port == 6066
     assert s.simulated_success_rate == 0.8
 
