@@ -206,8 +206,9 @@ def dlq_consumer_class(fetch_max_wait_ms: int) -> type:
 class _OrderedConsumer(AIOKafkaConsumer):
     """See `dlq_consumer_class`. Checked against Faust 0.15.3's `Consumer._drain_messages`:
     the loop is Faust's except for the `DeliveryOrder` verdict of each record of an acked
-    topic, and the gap Faust records on any jump of offsets (it includes the record being
-    handed over, so a commit could pass it before it was handled)."""
+    topic, the gap Faust records on any jump of offsets (it includes the record being
+    handed over, so a commit could pass it before it was handled), and the hand-over,
+    awaited directly."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -317,10 +318,12 @@ class _OrderedConsumer(AIOKafkaConsumer):
                         self._n_acked = 0
                         await self.commit()
                     generation = self.app.consumer_generation_id
-                    delivery = callback(message)
-                    handed = await self.wait_first(delivery, self.suspend_flow.wait())
-                    if delivery not in handed.done or generation != self.app.consumer_generation_id:
-                        continue  # not handed over (or handed to an assignment that is gone)
+                    # Awaited directly, not raced against `suspend_flow` as Faust does (four
+                    # tasks a record): a stop cancels this loop, and a rebalance bumps the
+                    # generation, which the streams and the check below both honour.
+                    await callback(message)
+                    if generation != self.app.consumer_generation_id:
+                        continue  # handed to an assignment that is gone: the stream drops it
                     order.delivered(tp, offset)
                     self._read_offset[tp] = offset
                 unset_flag(CONSUMER_FETCHING)
