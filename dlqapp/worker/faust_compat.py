@@ -260,9 +260,13 @@ class _OrderedConsumer(AIOKafkaConsumer):
         """While idle: rewind every partition whose fetch position passed records never delivered."""
         positions = await self._thread.call_thread(self._positions)
         for tp in self.delivery_order.behind(positions):
-            expected = self.delivery_order.rewinding(tp, positions[tp], batch)
-            log_event(_log, logging.INFO, "delivery_rewound", topic=tp.topic, partition=tp.partition, expected=expected, position=positions[tp])
-            await self._seek_all({tp: expected})
+            await self._rewind(tp, positions[tp], batch, position=positions[tp])
+
+    async def _rewind(self, tp: Any, offset: int, batch: int, **seen: int) -> None:
+        """Seek `tp` back to the offset it should deliver next (`offset` showed it skipped records)."""
+        expected = self.delivery_order.rewinding(tp, offset, batch)
+        log_event(_log, logging.INFO, "delivery_rewound", topic=tp.topic, partition=tp.partition, expected=expected, **seen)
+        await self._seek_all({tp: expected})
 
     async def _positions(self) -> dict[Any, int]:
         """The fetch position of each assigned partition that has one (aiokafka's `SubscriptionState`)."""
@@ -277,8 +281,27 @@ class _OrderedConsumer(AIOKafkaConsumer):
                 positions[ensure_TP(tp)] = state.position
         return positions
 
+    async def _out_of_order(self, tp: Any, offset: int, batch: int, verdict: Verdict) -> bool:
+        """Act on a record that is not the next expected; True when it is handed over anyway (a real gap)."""
+        if verdict is Verdict.REWIND:
+            await self._rewind(tp, offset, batch, fetched=offset)
+        elif verdict is Verdict.GAP:
+            await self._add_gap(tp, self.delivery_order.expected(tp), offset - 1)
+        return verdict is Verdict.GAP
+
+    async def _hand_over(self, tp: Any, message: Any) -> None:
+        """Give `message` to the streams, and count it delivered unless a rebalance came between.
+
+        Awaited directly, not raced against `suspend_flow` as Faust does (four tasks a
+        record): a stop cancels this loop, and a rebalance bumps the generation, which the
+        streams and the check below both honour."""
+        generation = self.app.consumer_generation_id
+        await self.callback(message)
+        if generation == self.app.consumer_generation_id:  # else the stream drops it as stale
+            self.delivery_order.delivered(tp, message.offset)
+            self._read_offset[tp] = message.offset
+
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - runs in every worker
-        callback = self.callback
         consumer_should_stop = self._stopped.is_set
         fetcher_should_stop = fetcher._stopped.is_set
         acks_enabled_for = self.app.topics.acks_enabled_for
@@ -305,27 +328,12 @@ class _OrderedConsumer(AIOKafkaConsumer):
                     offset = message.offset
                     if acks_enabled_for(message.topic):
                         verdict = order.decide(tp, offset, batch)
-                        if verdict is Verdict.DROP:
+                        if verdict is not Verdict.DELIVER and not await self._out_of_order(tp, offset, batch, verdict):
                             continue
-                        if verdict is Verdict.REWIND:
-                            expected = order.rewinding(tp, offset, batch)
-                            log_event(_log, logging.INFO, "delivery_rewound", topic=tp.topic, partition=tp.partition, expected=expected, fetched=offset)
-                            await self._seek_all({tp: expected})
-                            continue
-                        if verdict is Verdict.GAP:
-                            await self._add_gap(tp, order.expected(tp), offset - 1)
                     if self._commit_every is not None and self._n_acked >= self._commit_every:
                         self._n_acked = 0
                         await self.commit()
-                    generation = self.app.consumer_generation_id
-                    # Awaited directly, not raced against `suspend_flow` as Faust does (four
-                    # tasks a record): a stop cancels this loop, and a rebalance bumps the
-                    # generation, which the streams and the check below both honour.
-                    await callback(message)
-                    if generation != self.app.consumer_generation_id:
-                        continue  # handed to an assignment that is gone: the stream drops it
-                    order.delivered(tp, offset)
-                    self._read_offset[tp] = offset
+                    await self._hand_over(tp, message)
                 unset_flag(CONSUMER_FETCHING)
                 if not fetched and monotonic() - idle_checked >= IDLE_CHECK_S:
                     idle_checked = monotonic()
