@@ -214,15 +214,18 @@ class _OrderedConsumer(AIOKafkaConsumer):
         super().__init__(*args, **kwargs)
         self.delivery_order = DeliveryOrder()
         self._fetch_batch = 0
+        self._pending_start: tuple[int, dict[Any, int]] | None = None
 
     async def on_partitions_revoked(self, revoked: set[Any]) -> None:
         self.delivery_order.forget(revoked)
+        self._pending_start = None
         await super().on_partitions_revoked(revoked)
 
     async def perform_seek(self) -> None:
-        """Seek every assigned partition to its committed offset, and start delivering the
-        acked ones from there (from their first offset if none is committed yet). A newer
-        rebalance during the lookups makes this a no-op: it seeks for itself."""
+        """Seek every assigned partition to its committed offset, and have the acked ones
+        deliver from there (from their first offset if none is committed yet) once Faust's
+        flow control resumes (`_start_when_flowing`). A newer rebalance during the lookups
+        makes this a no-op: it seeks for itself."""
         generation = self.app.consumer_generation_id
         committed = {ensure_TP(tp): offset for tp, offset in (await self.seek_to_committed()).items()}
         acked = [tp for tp in committed if self.app.topics.acks_enabled_for(tp.topic)]
@@ -237,6 +240,20 @@ class _OrderedConsumer(AIOKafkaConsumer):
             self._read_offset[tp] = offset if offset is not None and offset >= 0 else None
             if offset:
                 self._committed_offset[tp] = offset
+        self._pending_start = (generation, targets)
+        await self._seek_all(targets)
+
+    async def _start_when_flowing(self) -> None:
+        """Start delivering the partitions the last seek named, once the app's flow control
+        is active again. Faust resumes it only after the seek, and until then its streams
+        drop what they are handed: a record handed over earlier would count as delivered
+        and never come again. The seek is repeated (what was fetched meanwhile was dropped)."""
+        if self._pending_start is None or not self.app.flow_control.is_active():
+            return
+        generation, targets = self._pending_start
+        self._pending_start = None
+        if generation != self.app.consumer_generation_id:
+            return
         for tp, offset in targets.items():
             self.delivery_order.start(tp, offset, self._fetch_batch)
         await self._seek_all(targets)
@@ -290,14 +307,16 @@ class _OrderedConsumer(AIOKafkaConsumer):
         return verdict is Verdict.GAP
 
     async def _hand_over(self, tp: Any, message: Any) -> None:
-        """Give `message` to the streams, and count it delivered unless a rebalance came between.
+        """Give `message` to the streams, and count it delivered unless a rebalance came between
+        (or Faust's flow control was suspended: its streams drop what they get then).
 
         Awaited directly, not raced against `suspend_flow` as Faust does (four tasks a
         record): a stop cancels this loop, and a rebalance bumps the generation, which the
         streams and the check below both honour."""
         generation = self.app.consumer_generation_id
+        flowing = self.app.flow_control.is_active()
         await self.callback(message)
-        if generation == self.app.consumer_generation_id:  # else the stream drops it as stale
+        if flowing and generation == self.app.consumer_generation_id:  # else the stream drops it
             self.delivery_order.delivered(tp, message.offset)
             self._read_offset[tp] = message.offset
 
@@ -318,6 +337,7 @@ class _OrderedConsumer(AIOKafkaConsumer):
                     continue
                 self._fetch_batch += 1
                 batch = self._fetch_batch
+                await self._start_when_flowing()
                 fetched = 0
                 async for tp, message in records:
                     fetched += 1
