@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, parse_request
-from tests.support import Worker, keys_seen, produce, read_topic, request_bytes, unique
+from tests.support import Worker, keys_seen, produce, read_topic, request_bytes, unique, wait_until
 
 LIMIT = 1_048_576
 
@@ -92,8 +92,9 @@ def test_every_bad_input_is_dead_lettered_with_its_bytes_and_the_next_valid_one_
             assert record.headers["payload_null"] == "true"
     assert worker.process.poll() is None, "the worker must survive every bad input"
     huge = by_value[cases[9][1]]
-    status, entry = worker.get(f"/dlq/{huge.key.decode()}/")
-    assert status == 200 and entry["payload_truncated"] and entry["payload_bytes"] > 5_000_000
+    # The dlq agent records the entry after the DLQ topic has the record: wait for it.
+    status, entry = wait_until(lambda: (r := worker.get(f"/dlq/{huge.key.decode()}/"))[0] == 200 and r, 30, "the 5 MB dead letter's entry")
+    assert entry["payload_truncated"] and entry["payload_bytes"] > 5_000_000
 
 
 def test_odd_but_valid_input_is_processed(worker):

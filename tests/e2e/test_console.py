@@ -236,6 +236,9 @@ def test_health_panel_and_nothing_clipped(worker, mock, new_page, width):
     page.click("#tab-retries")
     page.wait_for_selector("#r-rows tr.row")
     assert page.evaluate(CLIPPED) == []
+    # A retry due on another day shows a date, the longest form: it must fit too.
+    page.evaluate("document.querySelectorAll('#r-rows td.due .abs').forEach((n) => { n.textContent = 'Dec 31 23:59'; })")
+    assert page.evaluate(CLIPPED) == []
     screenshot(page, f"retries-{width}")
 
 
