@@ -904,9 +904,9 @@ class Bench:
     def scale_out(self) -> dict[str, Any]:
         """Workers joining under a steady load: 1, then 2, then 4, each step `SCALE_STEP_S`
         long, requests at `SCALE_RATE` per second on the simulated backend at 1 s latency
-        (one worker's ceiling: DLQ_CONCURRENCY per second), 10% failing once (a retry each).
-        Per step: results per second, request latency (input written → result written),
-        the longest pause between results; at the end, every request's outcome. Median
+        (one worker's ceiling: DLQ_CONCURRENCY per second), 10% failing once (a retry each,
+        1 s later). Per step: results per second, request latency (input written → result
+        written), retry lateness (attempt − due time), the longest pause between results; at the end, every request's outcome. Median
         and range of `SCALE_RUNS` runs."""
         step_s = 10 if self.quick else SCALE_STEP_S
         rate = 30 if self.quick else SCALE_RATE
@@ -923,7 +923,7 @@ class Bench:
         first.start()
         ids = unique_ids("scale", rate * step_s * 3)
         failing = set(ids[::10])
-        records = [(rid.encode(), request_bytes(rid, **({"metadata": {"simulate": {"fail_times": 1, "error": "server_error"}}} if rid in failing else {}))) for rid in ids]
+        records = [(rid.encode(), request_bytes(rid, **({"metadata": {"simulate": {"fail_times": 1, "error": "unknown"}}} if rid in failing else {}))) for rid in ids]
         feeder = threading.Thread(target=produce_paced, args=(self.bootstrap, first.topic("input"), records, rate), daemon=True)
         try:
             started_ms = time.time() * 1000
@@ -949,11 +949,15 @@ class Bench:
             inside = sorted(r.timestamp for r in outcomes if low <= r.timestamp < high)
             latency = [(r.timestamp - sent[r.key.decode()]) / 1000 for r in outcomes if low <= r.timestamp < high and r.key.decode() in sent]
             gaps = [b - a for a, b in zip(inside, inside[1:])]
+            retried = [r for r in outcomes if low <= r.timestamp < high and r.topic.endswith("results")]
+            late = [a["at"] - a["scheduled"] for r in retried for a in (r.json.get("history") or [])[1:] if a.get("scheduled")]
             steps[label] = {
                 "results_per_s": round(len(inside) / ((high - low) / 1000), 1),
                 "latency_p50_s": round(percentile(latency, 0.5) or 0, 2),
                 "latency_p99_s": round(percentile(latency, 0.99) or 0, 2),
                 "longest_pause_s": round(max(gaps, default=0) / 1000, 2),
+                "retry_lateness_p50_ms": round(percentile(late, 0.5) or 0),
+                "retry_lateness_p99_ms": round(percentile(late, 0.99) or 0),
             }
         lost = len(set(ids) - {r.key.decode() for r in outcomes})
         print(f"  scale_out run: lost {lost}, {steps}", flush=True)
@@ -1105,9 +1109,10 @@ def _md_partitions(p: dict[str, Any]) -> list[str]:
 def _md_scale_out(o: dict[str, Any]) -> list[str]:
     lines = [f"Workers joining under {o['rate_per_s']} requests/s ({o['requests']:,} requests a run, {o['partitions']} partitions, 1 s backend latency, 10% failing once; "
              f"median (min–max) of {o['runs']} runs): lost {o['lost']}.", "",
-             "| Step | Results/s | Latency p50, s | Latency p99, s | Longest pause, s |", "|---|---|---|---|---|"]
+             "| Step | Results/s | Latency p50, s | Latency p99, s | Retry lateness p50, ms | Retry lateness p99, ms | Longest pause, s |", "|---|---|---|---|---|---|---|"]
     for label, f in o["steps"].items():
-        lines.append(f"| {label} | {_cell(f['results_per_s'])} | {_cell(f['latency_p50_s'])} | {_cell(f['latency_p99_s'])} | {_cell(f['longest_pause_s'])} |")
+        lines.append(f"| {label} | {_cell(f['results_per_s'])} | {_cell(f['latency_p50_s'])} | {_cell(f['latency_p99_s'])} | {_cell(f['retry_lateness_p50_ms'], 0)} "
+                     f"| {_cell(f['retry_lateness_p99_ms'], 0)} | {_cell(f['longest_pause_s'])} |")
     return lines
 
 
