@@ -72,7 +72,8 @@ class Counters:
         for partition in sorted(self._dirty):
             blob = json.dumps(self._counts[partition], separators=(",", ":")).encode()
             await send(_key(partition), blob, partition)
-            self._written[partition] = blob
+            # Not `_written`: this worker's store gets the blob only when it recovers the
+            # changelog, so a partition that stays must still compare with the last step's blob.
             self._written_at[partition] = time.monotonic()
             written += 1
         self._dirty.clear()
