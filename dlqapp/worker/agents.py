@@ -50,9 +50,10 @@ class WorkerLifecycle:
         self.parts.crash_guard.open()
 
     async def release(self, reopen: bool) -> None:
-        """Hand back what the windows hold: a rebalance (`reopen`) or a shutdown."""
+        """Hand back what the windows hold: a rebalance (`reopen`: they take events again at
+        the next assignment) or a shutdown."""
         try:
-            released = await self.parts.windows.release(reopen)
+            released = await self.parts.windows.release()
             await self._write_counts()
         finally:
             self.parts.offsets.reset()  # the next assignment starts from committed offsets
@@ -63,6 +64,9 @@ class WorkerLifecycle:
         if released:
             log_event(log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown")
 
+    def assigned(self) -> None:
+        """A new assignment begins: the windows closed by a rebalance's release take events again."""
+        self.parts.windows.reopen()
 
     async def _write_counts(self) -> None:
         stats = self.parts.topology.stats

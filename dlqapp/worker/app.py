@@ -65,6 +65,8 @@ class Lifecycle(Protocol):
 
     async def release(self, reopen: bool) -> None: ...
 
+    def assigned(self) -> None: ...
+
 
 class DlqApp(faust.App):
     """A Faust app that ensures its topics before consuming, produces idempotently, and
@@ -108,6 +110,13 @@ class DlqApp(faust.App):
         if not self.should_stop and self.lifecycle is not None:
             await self.lifecycle.release(reopen=True)
         await super()._on_partitions_revoked(revoked)
+
+    async def _on_partitions_assigned(self, assigned: set, generation_id: int = 0) -> None:
+        # The windows a revocation closed take events again: from here on they belong to
+        # this assignment (dlqapp's consumer delivers a partition only after its seek).
+        if not self.should_stop and self.lifecycle is not None:
+            self.lifecycle.assigned()
+        await super()._on_partitions_assigned(assigned, generation_id)
 
     def _new_consumer(self) -> Any:
         # faust_compat: the fetch wait Faust fixes at 1.5 s, and records in offset order; see dlq_consumer_class.

@@ -162,13 +162,16 @@ class InFlightWindow:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def release(self, grace_s: float, reopen: bool = True) -> int:
+    async def release(self, grace_s: float) -> int:
         """Give back every event not yet acked (shutdown, rebalance). Returns how many.
 
         Running handlers get `grace_s` to finish; the rest (held by the breaker, waiting
         for a slot, or in a long call) are cancelled. Events not acked are handed back
         unacked (`forget`): their offsets are never committed, so the next owner of the
-        partition handles them again. New events wait until then (for good unless `reopen`).
+        partition handles them again. The window stays closed until `reopen` (the next
+        assignment): every event taken until then belongs to the assignment being revoked
+        and is handed back too, never started, so nothing runs for a partition this worker
+        may no longer own and Faust's wait for acks ends at once.
         """
         self._accepting.clear()
         self._generation += 1
@@ -184,9 +187,11 @@ class InFlightWindow:
                 self._forget(event)
                 released += 1
         self._pending.clear()
-        if reopen:
-            self._accepting.set()
         return released
+
+    def reopen(self) -> None:
+        """Accept events again: a new assignment has begun."""
+        self._accepting.set()
 
 
 class Gate(Protocol):
@@ -306,15 +311,21 @@ class InFlightWindows:
     def in_flight(self) -> int:
         return sum(window.in_flight for window in self._windows)
 
-    async def release(self, reopen: bool) -> int:
-        """Hand back what every window and feed holds (see InFlightWindow.release).
+    async def release(self) -> int:
+        """Hand back what every window and feed holds (see InFlightWindow.release); they
+        stay closed until `reopen`.
 
         The feeds last: their agents may take events while the windows give running
         handlers their grace period, and those belong to the assignment being revoked."""
         released = 0
         for window in self._windows:
-            released += await window.release(self.drain_timeout_s, reopen=reopen)
+            released += await window.release(self.drain_timeout_s)
         return released + sum(feed.release() for feed in self._feeds)
+
+    def reopen(self) -> None:
+        """A new assignment has begun: the windows take events again."""
+        for window in self._windows:
+            window.reopen()
 
 
 HIGH, LOW = DUE, NORMAL

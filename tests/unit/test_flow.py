@@ -105,9 +105,33 @@ def test_release_lets_quick_handlers_finish_cancels_held_ones_and_hands_back_the
         assert cancelled == [True]
         assert sorted(forgotten) == [1, 2] and released == 2  # 2 finished behind 1: not acked either
         assert window.in_flight == 0
-        await window.submit("p0", FakeEvent(3, acked), quick)  # reopened after a rebalance
+        window.reopen()  # the next assignment
+        await window.submit("p0", FakeEvent(3, acked), quick)
         await window.join()
         assert acked == [0, 10, 3]
+
+    asyncio.run(run())
+
+
+def test_events_taken_between_a_release_and_the_next_assignment_are_handed_back_not_started():
+    """Between a rebalance's release and the next assignment, agents still take events of
+    the assignment being revoked (from their queues, or a due hint the timer fired): none
+    may start, or it runs for a partition another worker now owns and Faust's wait for
+    acks hangs the rebalance until it ends."""
+    async def run():
+        acked, forgotten, handled = [], [], []
+        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+
+        async def handle(offset):
+            handled.append(offset)
+
+        await window.release(grace_s=0.05)
+        await window.submit("p0", FakeEvent(5, acked), lambda: handle(5))
+        assert window.in_flight == 0 and forgotten == [5] and not window.accepting
+        window.reopen()
+        await window.submit("p0", FakeEvent(6, acked), lambda: handle(6))
+        await window.join()
+        assert handled == [6] and acked == [6] and forgotten == [5]
 
     asyncio.run(run())
 
@@ -198,7 +222,7 @@ def test_an_event_submitted_during_or_after_a_release_is_given_back_at_once():
         await window.submit("p0", FakeEvent(0, acked), blocked)
         waiting = asyncio.create_task(window.submit("p0", FakeEvent(1, acked), quick))  # waits for the only slot
         await asyncio.sleep(0.01)
-        await window.release(grace_s=0.05, reopen=False)  # shutdown: 0 is cancelled and handed back
+        await window.release(grace_s=0.05)  # shutdown: 0 is cancelled and handed back
         await asyncio.wait_for(waiting, 1)  # 1 did not start: handed back too
         await asyncio.wait_for(window.submit("p0", FakeEvent(2, acked), quick), 1)  # after the shutdown
         assert acked == [] and sorted(forgotten) == [0, 1, 2]
@@ -218,7 +242,8 @@ def test_an_event_held_before_submit_across_a_rebalance_is_given_back_not_handle
             handled.append(offset)
 
         taken_in = window.generation  # event 7 taken while the gate is closed
-        await window.release(grace_s=0.05, reopen=True)  # a rebalance while the gate holds it
+        await window.release(grace_s=0.05)  # a rebalance while the gate holds it
+        window.reopen()  # the next assignment
         await window.submit("p0", FakeEvent(7, acked), lambda: handle(7), generation=taken_in)  # the gate opens
         await window.submit("p0", FakeEvent(3, acked), lambda: handle(3))  # the re-read, new generation
         await window.join()
@@ -364,15 +389,20 @@ def test_events_taken_while_the_windows_are_released_are_given_back_not_started_
 
         await feed.put("p0", FakeEvent(0, acked), held)
         await _until(lambda: started == ["held"])
-        releasing = asyncio.create_task(windows.release(reopen=True))  # 0 gets its grace period
+        releasing = asyncio.create_task(windows.release())  # 0 gets its grace period
         await asyncio.sleep(0.01)
         await feed.put("p0", FakeEvent(1, acked), held)  # taken during the release
         gate.fired([b"hint"])
         await feed.put("p0", FakeEvent(2, acked), held)  # and while the gate is closed
         await releasing
         gate.received(b"hint")
+        await feed.put("p0", FakeEvent(3, acked), held)  # after it, before the next assignment
         await asyncio.sleep(0.05)
-        assert started == ["held"] and acked == [] and sorted(forgotten) == [0, 1, 2]
+        assert started == ["held"] and acked == [] and sorted(forgotten) == [0, 1, 2, 3]
+        windows.reopen()  # the next assignment
+        await feed.put("p0", FakeEvent(4, acked), held)
+        await _until(lambda: started == ["held", "held"])
+        assert sorted(forgotten) == [0, 1, 2, 3]
         pump.cancel()
 
     asyncio.run(run())
