@@ -18,7 +18,7 @@ from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.observability.logs import apply_log_format, configure_logging
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.worker.durability import ConfirmedTable
-from dlqapp.worker.faust_compat import dlq_consumer_class, widen_changelog_buffer
+from dlqapp.worker.faust_compat import PatientTransport, dlq_consumer_class, widen_changelog_buffer
 from dlqapp.worker.kafka_admin import TopicMismatchError, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -117,6 +117,13 @@ class DlqApp(faust.App):
         if not self.should_stop and self.lifecycle is not None:
             self.lifecycle.assigned()
         await super()._on_partitions_assigned(assigned, generation_id)
+
+    def _new_transport(self) -> Any:
+        # faust_compat: Faust's topic declarations, retried while a broker is down.
+        return PatientTransport(self.conf.broker_consumer, self)
+
+    def _new_producer_transport(self) -> Any:
+        return PatientTransport(self.conf.broker_producer, self)
 
     def _new_consumer(self) -> Any:
         # faust_compat: the fetch wait Faust fixes at 1.5 s, and records in offset order; see dlq_consumer_class.

@@ -3,11 +3,12 @@
 Each helper names the private member it touches and why. Checked against
 faust-streaming 0.15.3 and rocksdict 0.3; read these first after an upgrade.
 
-Elsewhere, four overrides of Faust hooks (dlqapp.worker.app): `_settings_extra` of the
+Elsewhere, overrides of Faust hooks (dlqapp.worker.app): `_settings_extra` of the
 aiokafka producer (idempotence), `App._new_producer` (to use that producer),
-`App._new_consumer` (to use `dlq_consumer_class`) and
-`App._on_partitions_revoked` (to hand work back before Faust waits for acks); and the
-`_loads` of Faust's JSON codec (dlqapp.worker.topology).
+`App._new_consumer` (to use `dlq_consumer_class`), `App._new_transport` and
+`_new_producer_transport` (to use `PatientTransport`), `App._on_partitions_revoked` (to
+hand work back before Faust waits for acks) and `App._on_partitions_assigned` (to take
+work again); and the `_loads` of Faust's JSON codec (dlqapp.worker.topology).
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ import logging
 from time import monotonic
 from typing import Any, Iterator, Mapping
 
+from aiokafka.errors import KafkaError
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TP
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from rocksdict import ReadOptions
 
 from dlqapp.observability.logs import log_event
 from dlqapp.worker.delivery_order import DeliveryOrder, Verdict
+from dlqapp.worker.kafka_admin import RETRY_FOR_S, transient
 
 _log = logging.getLogger("dlqapp.worker.delivery")
 
@@ -368,6 +372,29 @@ class _OrderedConsumer(AIOKafkaConsumer):
             raise
         finally:
             unset_flag(CONSUMER_FETCHING)
+
+
+class PatientTransport(AIOKafkaTransport):
+    """Faust's aiokafka transport, whose topic creation is retried while a broker is down.
+
+    At start Faust declares every topic it uses (`Topic.maybe_declare`): it asks the first
+    broker the client knows for the controller, then sends it the creation. A worker started
+    while that broker is down (killed, not yet fenced by the controller) crashed there with
+    `NodeNotReadyError`. Retried like dlqapp's own topic checks (`kafka_admin.RETRY_FOR_S`),
+    with fresh metadata each time: once the dead broker is fenced it is no longer listed.
+    """
+
+    async def _create_topic(self, owner: Any, client: Any, topic: str, partitions: int, replication: int, **kwargs: Any) -> None:
+        deadline = monotonic() + RETRY_FOR_S
+        while True:
+            try:
+                return await super()._create_topic(owner, client, topic, partitions, replication, **kwargs)
+            except KafkaError as exc:
+                if not transient(exc) or monotonic() > deadline:
+                    raise
+                log_event(_log, logging.WARNING, "topic_declare_retry", topic=topic, error=repr(exc))
+                client.force_metadata_update()
+                await asyncio.sleep(1.0)
 
 
 def widen_changelog_buffer(producer: Any, max_messages: int) -> None:

@@ -65,13 +65,13 @@ async def ensure_topics(settings: Settings, changelogs: Iterable[str] = ()) -> l
         try:
             return await _ensure_once(settings, changelogs)
         except KafkaError as exc:
-            if not _transient(exc) or time.monotonic() > deadline:
+            if not transient(exc) or time.monotonic() > deadline:
                 raise
             log.warning("topics_check_retry error=%r", exc)
             await asyncio.sleep(1.0)
 
 
-def _transient(exc: KafkaError) -> bool:
+def transient(exc: KafkaError) -> bool:
     """A broker that is down or not yet fenced, a request that timed out: ask again."""
     return isinstance(exc, KafkaConnectionError) or bool(getattr(exc, "retriable", False))
 

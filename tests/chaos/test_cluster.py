@@ -3,7 +3,8 @@ min.insync.replicas 2, acks=all): leaders killed -9, a rolling restart under loa
 killed while a broker is down.
 
 One cluster (the session's `kafka_cluster`) serves every scenario; each scenario starts
-with all three brokers up. `make test` runs the leader kill at a reduced size (a broker
+with all three brokers up. `make test` runs the leader kill at a reduced size and starts a
+worker while each broker in turn is down (a broker
 restart costs 10-20 s here, a rolling restart a minute); CHAOS_CLUSTER=1 adds the other
 three at reduced sizes, and `make chaos` (CHAOS_FULL=1) runs all four at full size. Each
 prints its ledger summary and "recover_s", the longest time a partition with requests
@@ -114,6 +115,26 @@ def test_kill_9_the_leader_of_the_busiest_input_partition_mid_run(run):
     assert restart.wait(timeout=300) == 0, restart.stdout.read()
     check("cluster: kill -9 the busiest input partition's leader", r, ledger, f"broker {leader} (leader of input-{partition}) killed, restarted", recover_s, crashes=1)
     assert worker.process.poll() is None, "the worker rides out the broker's death"
+
+
+def test_a_worker_starts_while_any_one_broker_is_down(run):
+    """At start Faust declares its topics through the first broker its client lists, and
+    sends the creation to the controller the metadata names: a broker killed and not yet
+    fenced made the worker exit (NodeNotReadyError) when it was either. Each broker in turn
+    is down while a worker starts; each must come up and serve."""
+    r = run()
+    r.worker().kill()  # the topics exist: what follows is a restart, as in production
+    for broker in (1, 2, 3):
+        r.cluster.kill(broker)
+        try:
+            worker = r.worker()
+            ids = produce_ids(worker, 20, f"down{broker}")
+            ledger = r.ledger(ids, timeout=180)
+            assert ledger.lost == [], f"broker {broker} down: {ledger.summary(r.mock.url)}"
+            worker.kill()
+        finally:
+            r.cluster.start_broker(broker)
+        wait_in_sync(r.cluster, r.app_id)
 
 
 @every_scenario
