@@ -28,6 +28,8 @@ H_FIRST_SEEN = "first_seen"
 H_ORIGINAL_HEADERS = "original_headers"
 """On an invalid or poison dead letter: the message's own headers, as a JSON object."""
 H_PAYLOAD_NULL = "payload_null"
+H_RUN_NOW = "run_now"
+"""On a due message (dlqapp's internal `dlqapp-due` topic): an operator's "run now", attempted at once."""
 
 
 def header_dict(headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> dict[str, str]:

@@ -7,6 +7,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from dlqapp.core.headers import H_RUN_NOW, header_dict
+
 
 class DueHop:
     """Hands due keys to the due agent (the internal due topic) on a producer of its own.
@@ -32,8 +34,17 @@ class DueHop:
             await self._producer.stop()
             self._producer = None
 
-    async def send(self, key: bytes, value: bytes, partition: int) -> asyncio.Future[Any]:
-        """Queue one due message; the returned future resolves once the broker has it."""
+    async def send(self, key: bytes, value: bytes, partition: int, *, now: bool = False) -> asyncio.Future[Any]:
+        """Queue one due message; the returned future resolves once the broker has it.
+
+        `now` (an operator's "run now") marks it to be attempted at once; otherwise the due
+        agent waits for the retry's due time (the timer fires ahead of it, see DueLead)."""
         if self._producer is None:
             raise RuntimeError("DueHop.send before start()")
-        return await self._producer.send(self.topic, value=value, key=key, partition=partition)
+        headers = [(H_RUN_NOW, b"1")] if now else None
+        return await self._producer.send(self.topic, value=value, key=key, partition=partition, headers=headers)
+
+
+def is_run_now(headers: Any) -> bool:
+    """The due message asks for the attempt at once (`DueHop.send(now=True)`)."""
+    return H_RUN_NOW in header_dict(headers)

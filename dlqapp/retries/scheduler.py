@@ -27,8 +27,9 @@ from dlqapp.core.outcomes import DeadLetter
 from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, parse_request
 from dlqapp.core.tiers import Tier
 from dlqapp.observability.logs import log_event
-from dlqapp.retries.due_hop import DueHop
+from dlqapp.retries.due_hop import DueHop, is_run_now
 from dlqapp.retries.keys import decode_parked_key
+from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scan import REFIRE_AFTER_MS, next_due_after, scan_due
 from dlqapp.worker.flow import HIGH
@@ -42,7 +43,17 @@ class RetryScheduler:
     """Parks retries from tier topics, fires due ones, and attempts them."""
 
     def __init__(
-        self, parked: ParkedRetries, pipeline: Pipeline, io: PartitionIO, due_hop: DueHop, gate: InputGate, *, batch: int, max_payload_bytes: int, clock: Clock
+        self,
+        parked: ParkedRetries,
+        pipeline: Pipeline,
+        io: PartitionIO,
+        due_hop: DueHop,
+        gate: InputGate,
+        *,
+        batch: int,
+        max_payload_bytes: int,
+        clock: Clock,
+        lead: DueLead | None = None,
     ) -> None:
         self.parked = parked
         self.pipeline = pipeline
@@ -52,13 +63,14 @@ class RetryScheduler:
         self.batch = batch
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
+        self.lead = lead or DueLead(0)
         self.fired: dict[bytes, int] = {}
         self.running: set[bytes] = set()
         """Parked keys being attempted by the due agent or dead-lettered by an operator now:
         a second due message for one of them (the timer and "run now" at once) is ignored."""
         self.next_due: int | None = None
-        """When the earliest retry not yet due falls due (as of the last scan), so the
-        timer can wake for it instead of a tick later."""
+        """When the earliest retry not yet handed over falls due (as of the last scan), so
+        the timer can wake for it (`next_fire_at`) instead of a tick later."""
 
     # -- 1. park ----------------------------------------------------------------------
 
@@ -78,16 +90,22 @@ class RetryScheduler:
 
     # -- 2. fire ----------------------------------------------------------------------
 
+    @property
+    def next_fire_at(self) -> int | None:
+        """When the timer should next hand retries over: the next due time, less the lead."""
+        return None if self.next_due is None else self.next_due - self.lead.ms
+
     async def fire_due(self) -> int:
-        """Hand every due, not yet fired retry to the due agent. Returns how many."""
+        """Hand every retry due within the lead (see DueLead), not yet fired, to the due agent. Returns how many."""
         now = self.clock()
+        horizon = now + self.lead.ms
         fired = 0
         active = dict(self.parked.active_dbs())
         self.parked.scan_starts.keep_only(active)
-        upcoming = [due for db in active.values() if (due := next_due_after(db, now)) is not None]
+        upcoming = [due for db in active.values() if (due := next_due_after(db, horizon)) is not None]
         self.next_due = min(upcoming, default=None)
         for partition, db in active.items():
-            keys = self._due_keys(partition, db, now)
+            keys = self._due_keys(partition, db, horizon)
             if not keys:
                 continue
             self.gate.fired(keys)  # fresh input waits until the due agent has these
@@ -107,7 +125,7 @@ class RetryScheduler:
         self.gate.fired([key])  # like the timer's fires: fresh input waits until the due agent has it
         _, request_id = decode_parked_key(key)
         try:
-            await (await self.due_hop.send(request_id.encode(), key, partition))
+            await (await self.due_hop.send(request_id.encode(), key, partition, now=True))
         except BaseException:
             self.fired.pop(key, None)
             raise
@@ -117,10 +135,10 @@ class RetryScheduler:
         fired_at = self.fired.get(key)
         return key in self.running or (fired_at is not None and self.clock() - fired_at <= REFIRE_AFTER_MS)
 
-    def _due_keys(self, partition: int, db: object, now: int) -> list[bytes]:
-        """Due, not yet fired keys of one partition, earliest first, at most `batch`."""
+    def _due_keys(self, partition: int, db: object, horizon: int) -> list[bytes]:
+        """Keys of one partition due by `horizon`, not yet fired, earliest first, at most `batch`."""
         starts = self.parked.scan_starts
-        keys, next_start = scan_due(db, now, starts.get(partition, db), self.fired, self.batch)
+        keys, next_start = scan_due(db, horizon, starts.get(partition, db), self.fired, self.batch)
         starts.set(partition, db, next_start)
         return keys
 
@@ -138,6 +156,9 @@ class RetryScheduler:
         if not isinstance(key, bytes) or len(key) <= 8:
             raise ValueError("a due message must carry a parked-retry key")
         self.gate.received(key)
+        fired_at = self.fired.get(key)
+        if fired_at is not None:
+            self.lead.observe(self.clock() - fired_at)
         envelope = self.parked.get(key)
         if envelope is None:
             self.fired.pop(key, None)
@@ -147,6 +168,8 @@ class RetryScheduler:
             return  # a re-fire (or "run now") while the first attempt is still running
         self.running.add(key)
         try:
+            if not is_run_now(event.headers):
+                await self._wait_until(decode_parked_key(key)[0])
             tier = self.parked.tier_of(envelope)  # before the attempt adds to the envelope's count
             superseded = superseded_by(self.io.load_state(request_id), envelope)
             if superseded is None:
@@ -157,6 +180,11 @@ class RetryScheduler:
             self.fired.pop(key, None)
         finally:
             self.running.discard(key)
+
+    async def _wait_until(self, due_ms: int) -> None:
+        """The timer fires ahead of the due time (DueLead): never attempt before it."""
+        while (early_ms := due_ms - self.clock()) > 0:
+            await asyncio.sleep(early_ms / 1000)
 
     async def _attempt(self, envelope: Envelope, tier: Tier) -> None:
         try:

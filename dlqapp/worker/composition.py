@@ -32,6 +32,7 @@ from dlqapp.observability import metrics
 from dlqapp.observability.health import MinuteRates, lateness_buckets
 from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.due_hop import DueHop
+from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.settings import Settings
@@ -118,7 +119,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
     )
     due_hop = DueHop(settings.kafka_bootstrap, topology.due.get_topic_name())
     input_gate = InputGate(lambda: pipeline.breaker.state == CLOSED, clock)
-    scheduler = RetryScheduler(parked, pipeline, io, due_hop, input_gate, batch=settings.timer_batch, max_payload_bytes=settings.max_payload_bytes, clock=clock)
+    scheduler = RetryScheduler(parked, pipeline, io, due_hop, input_gate, batch=settings.timer_batch, max_payload_bytes=settings.max_payload_bytes, clock=clock, lead=DueLead(settings.due_lead_max_ms))
     alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None
     recorder = DeadLetterRecorder(
         topology.dead_letters, topology.dead_letters_by_time, counters, settings.dead_letter_log, alerts, settings.max_payload_bytes, settings.dlq_log_max_bytes, settings.dlq_log_backups

@@ -67,7 +67,8 @@ class _Loop(Service):
 
 
 class RetryTimer(_Loop):
-    """Every DLQ_TIMER_INTERVAL, or sooner when the next parked retry falls due, hand due retries to the due agent."""
+    """Every DLQ_TIMER_INTERVAL, or sooner when the next parked retry is to be handed over,
+    hand due retries (and those due within DLQ_DUE_LEAD_MAX's lead) to the due agent."""
 
     def __init__(self, app: Any, scheduler: RetryScheduler, interval_ms: int, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
@@ -89,10 +90,10 @@ class RetryTimer(_Loop):
 
     def next_sleep_s(self) -> float:
         """Wake when the next parked retry falls due, if that is before the next tick."""
-        next_due = self.scheduler.next_due
-        if next_due is None:
+        next_fire = self.scheduler.next_fire_at
+        if next_fire is None:
             return self.interval_s
-        until_due_s = (next_due - self.scheduler.clock()) / 1000
+        until_due_s = (next_fire - self.scheduler.clock()) / 1000
         return min(self.interval_s, max(MIN_TIMER_SLEEP_S, until_due_s))
 
 

@@ -7,8 +7,10 @@ import asyncio
 import json
 import math
 
+from dlqapp.core.headers import H_RUN_NOW
 from dlqapp.deadletters.estimate import estimated_tokens
 from dlqapp.observability.health import MINUTE_MS, MinuteRates, merge_health, quantile_from_buckets, worker_alerts
+from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.listing import merge_retries
 from tests.unit.fakes import FakeEvent, FakeMessage, ScriptedBackend, request, state_of, worker
 
@@ -77,7 +79,8 @@ class DueHopSpy:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes, bytes, int]] = []
 
-    async def send(self, key: bytes, value: bytes, partition: int):
+    async def send(self, key: bytes, value: bytes, partition: int, *, now: bool = False):
+        assert now, "run now is attempted at once, not at the due time"
         self.sent.append((key, value, partition))
         done = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -103,9 +106,9 @@ def test_run_now_hands_the_entry_to_the_due_agent_like_the_timer_and_a_second_fi
     assert w.scheduler.due_hop.sent == [(b"r1", key, w.io.owner("r1"))] and key in w.scheduler.fired
     assert run(w.operator.execute(command("run_now", "r1")))["status"] == "refused"  # already handed over
     assert [r["action"] for r in w.operator.ledger_for("r1")] == ["run_now"]
-    due = FakeEvent(b"r1", key, message=FakeMessage("due"))
-    run(w.scheduler.on_due(due))  # the due agent: attempt, outcome, then delete
-    run(w.scheduler.on_due(due))  # the timer's own fire of the same entry arriving late
+    run(w.scheduler.on_due(FakeEvent(b"r1", key, headers={H_RUN_NOW: b"1"}, message=FakeMessage("due"))))  # the due agent: attempt, outcome, then delete
+    w.clock.now = decode_parked_key(key)[0]
+    run(w.scheduler.on_due(FakeEvent(b"r1", key, message=FakeMessage("due"))))  # the timer's own fire of the same entry arriving late
     assert w.backend.calls_for("r1") == 2 and w.results.keys() == ["r1"] and key not in w.parked_table
 
 

@@ -1,0 +1,70 @@
+"""The retry timer fires ahead of due time by the recent hand-over; the attempt waits for the due time."""
+
+import asyncio
+
+from dlqapp.core.headers import H_RUN_NOW
+from dlqapp.retries.due_hop import is_run_now
+from dlqapp.retries.lead import MIN_LEAD_MS, DueLead
+
+from tests.unit.fakes import FakeEvent, FakeMessage, ScriptedBackend, request, worker
+
+
+def input_event(request_id: str) -> FakeEvent:
+    return FakeEvent(request_id.encode(), request(request_id), message=FakeMessage("input", 0, 0))
+
+
+def test_the_lead_follows_the_worst_recent_hand_over_with_a_margin_between_floor_and_cap():
+    lead = DueLead(cap_ms=1000)
+    assert lead.ms == MIN_LEAD_MS  # nothing measured yet
+    lead.observe(100)
+    assert lead.ms == 150
+    lead.observe(10)  # a quick one does not narrow it at once
+    assert 140 <= lead.ms < 150
+    for _ in range(300):
+        lead.observe(5)
+    assert lead.ms == MIN_LEAD_MS  # quiet hand-overs narrow it again
+    lead.observe(5000)
+    assert lead.ms == 1000  # a slow one widens it at once, up to the cap
+
+
+def test_a_cap_of_zero_fires_when_due():
+    lead = DueLead(cap_ms=0)
+    lead.observe(500)
+    assert lead.ms == 0
+
+
+def test_only_a_run_now_header_asks_for_the_attempt_at_once():
+    assert is_run_now([(H_RUN_NOW, b"1")]) and is_run_now({H_RUN_NOW: b""})
+    assert not is_run_now(None) and not is_run_now([]) and not is_run_now(b"garbage") and not is_run_now([("other", b"1")])
+
+
+def _parked_retry(tmp_path):
+    w = worker(tmp_path, ScriptedBackend({"r7": 1}))
+    asyncio.run(w.pipeline.on_input(input_event("r7"), w.input))
+    key = next(iter(w.parked_table))
+    return w, key
+
+
+def test_a_retry_handed_over_early_is_attempted_at_its_due_time_not_before(tmp_path):
+    w, key = _parked_retry(tmp_path)
+    due = w.clock.now + 1000
+
+    async def run():
+        w.clock.now = due - 30  # handed over 30 ms early
+        attempt = asyncio.create_task(w.scheduler.on_due(FakeEvent(b"r7", key, message=FakeMessage("due"))))
+        await asyncio.sleep(0.005)
+        assert w.backend.calls_for("r7") == 1 and not attempt.done()  # still waiting
+        await asyncio.sleep(0.05)
+        assert w.backend.calls_for("r7") == 1 and not attempt.done()  # the clock says it is not due yet
+        w.clock.now = due
+        await asyncio.wait_for(attempt, 5)
+
+    asyncio.run(run())
+    assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"] and key not in w.parked_table
+
+
+def test_run_now_does_not_wait_for_the_due_time(tmp_path):
+    w, key = _parked_retry(tmp_path)
+    event = FakeEvent(b"r7", key, headers={H_RUN_NOW: b"1"}, message=FakeMessage("due"))
+    asyncio.run(asyncio.wait_for(w.scheduler.on_due(event), 5))
+    assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"]
