@@ -162,7 +162,7 @@ class Settings:
     drain_timeout_ms: int = _setting("DLQ_DRAIN_TIMEOUT", "5s", parse_duration_ms, "On shutdown or a rebalance, how long calls in flight may finish; the rest (and requests held by the breaker) are left unacked for the partition's next owner.")
     poison_after_crashes: int = _setting("DLQ_POISON_AFTER_CRASHES", "3", _positive_int, "A message the worker died on (in progress at this many unclean stops in a row) is dead-lettered as `poison` instead of being handled again.")
     timer_interval_ms: int = _setting("DLQ_TIMER_INTERVAL", "20ms", parse_duration_ms, "How often the retry timer scans for due retries.")
-    due_lead_max_ms: int = _setting("DLQ_DUE_LEAD_MAX", "1s", parse_duration_ms, "The retry timer hands a retry to the due agent ahead of its due time, by as long as that hand-over lately took (plus half), at most this long; the attempt itself never starts before the due time. 0: hand retries over when due.")
+    due_lead_max_ms: int = _setting("DLQ_DUE_LEAD_MAX", "1s", parse_duration_ms, "The retry timer hands a retry to the due agent ahead of its due time: 1.5 x the slowest hand-over of the last 30-60 s, at least 250 ms, at most this long; the attempt itself never starts before the due time. 0: hand retries over when due.")
     timer_batch: int = _setting("DLQ_TIMER_BATCH", "500", _positive_int, "Most due retries the timer hands over per partition per tick.")
     inference: str = _setting("DLQ_INFERENCE", "simulated", _choice("simulated", "openai"), "Inference backend: `simulated` (in-process) or `openai` (an OpenAI-compatible HTTP endpoint).")
     fallback_model: str = _setting("DLQ_FALLBACK_MODEL", "", str, "After the last tier fails, or on `context_length`, one attempt on this model before the DLQ (empty: none).")

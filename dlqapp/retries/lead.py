@@ -2,35 +2,51 @@
 
 from __future__ import annotations
 
-MIN_LEAD_MS = 20
-"""Never less: a hand-over takes a produce and a fetch even on an idle machine."""
-DECAY = 0.98
-"""Each hand-over measured shrinks the remembered worst one by this factor first."""
+import time
+from typing import Callable
+
+MIN_LEAD_MS = 250
+"""Never less: an idle hand-over takes a few milliseconds, but a stall of the machine (a
+disk flush, a busy neighbour) makes single ones take 100-250 ms."""
 MARGIN = 1.5
-"""The lead is this many times the recent worst hand-over."""
+"""The lead is this many times the worst recent hand-over."""
+WINDOW_S = 30.0
+"""Hand-overs are remembered for one to two windows of this length."""
 
 
 class DueLead:
-    """The time to fire ahead of a retry's due time: the recent worst hand-over (timer to
-    due agent: the due topic, the consumer, the due agent's queue and window), with a
-    margin, between `MIN_LEAD_MS` and `cap_ms`.
+    """The time to fire ahead of a retry's due time: the worst hand-over (timer to due agent:
+    the due topic, the consumer, the due agent's queue and window) of the last 30-60 s,
+    with a margin, between `MIN_LEAD_MS` and `cap_ms`.
 
-    The due agent waits for the due time itself, so the hand-over no longer adds to a
-    retry's lateness unless it takes longer than the lead. A slow hand-over (a flood of
-    input, a loaded machine) widens the lead at once; quiet ones narrow it again slowly.
-    `cap_ms` 0 turns firing early off.
+    The due agent waits for the due time itself, so the hand-over does not add to a retry's
+    lateness unless it takes longer than the lead. `cap_ms` 0 turns firing early off.
     """
 
-    def __init__(self, cap_ms: int) -> None:
+    def __init__(self, cap_ms: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.cap_ms = cap_ms
+        self._clock = clock
+        self._window_start = clock()
         self._worst_ms = 0.0
+        self._previous_worst_ms = 0.0
 
     def observe(self, hand_over_ms: float) -> None:
         """A due message took `hand_over_ms` from the timer to the due agent."""
-        self._worst_ms = max(hand_over_ms, self._worst_ms * DECAY)
+        self._roll()
+        self._worst_ms = max(self._worst_ms, hand_over_ms)
 
     @property
     def ms(self) -> int:
         if self.cap_ms <= 0:
             return 0
-        return int(min(self.cap_ms, max(MIN_LEAD_MS, self._worst_ms * MARGIN)))
+        self._roll()
+        worst = max(self._worst_ms, self._previous_worst_ms)
+        return int(min(self.cap_ms, max(MIN_LEAD_MS, worst * MARGIN)))
+
+    def _roll(self) -> None:
+        now = self._clock()
+        if now - self._window_start < WINDOW_S:
+            return
+        self._previous_worst_ms = self._worst_ms if now - self._window_start < 2 * WINDOW_S else 0.0
+        self._worst_ms = 0.0
+        self._window_start = now

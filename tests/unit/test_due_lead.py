@@ -13,18 +13,23 @@ def input_event(request_id: str) -> FakeEvent:
     return FakeEvent(request_id.encode(), request(request_id), message=FakeMessage("input", 0, 0))
 
 
-def test_the_lead_follows_the_worst_recent_hand_over_with_a_margin_between_floor_and_cap():
-    lead = DueLead(cap_ms=1000)
-    assert lead.ms == MIN_LEAD_MS  # nothing measured yet
-    lead.observe(100)
-    assert lead.ms == 150
-    lead.observe(10)  # a quick one does not narrow it at once
-    assert 140 <= lead.ms < 150
-    for _ in range(300):
-        lead.observe(5)
-    assert lead.ms == MIN_LEAD_MS  # quiet hand-overs narrow it again
+def test_the_lead_is_the_worst_recent_hand_over_with_a_margin_between_floor_and_cap():
+    now = [0.0]
+    lead = DueLead(cap_ms=1000, clock=lambda: now[0])
+    assert lead.ms == MIN_LEAD_MS  # nothing measured yet, and quick hand-overs keep the floor
+    lead.observe(20)
+    assert lead.ms == MIN_LEAD_MS
+    lead.observe(400)
+    assert lead.ms == 600  # a slow one widens it at once
+    lead.observe(10)
+    now[0] += 40  # the next window still remembers it
+    lead.observe(10)
+    assert lead.ms == 600
+    now[0] += 40  # two windows later it is forgotten
+    lead.observe(10)
+    assert lead.ms == MIN_LEAD_MS
     lead.observe(5000)
-    assert lead.ms == 1000  # a slow one widens it at once, up to the cap
+    assert lead.ms == 1000  # never more than the cap
 
 
 def test_a_cap_of_zero_fires_when_due():
