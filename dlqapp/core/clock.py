@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Callable
 
@@ -12,3 +13,9 @@ Clock = Callable[[], int]
 def now_ms() -> int:
     """Wall-clock time in epoch milliseconds."""
     return time.time_ns() // 1_000_000
+
+
+async def sleep_until(clock: Clock, at_ms: int) -> None:
+    """Until `clock` reads `at_ms` or later (asleep, rechecking the clock after each sleep)."""
+    while (early_ms := at_ms - clock()) > 0:
+        await asyncio.sleep(early_ms / 1000)

@@ -19,7 +19,7 @@ import logging
 from faust import EventT, TopicT
 
 from dlqapp.core import states
-from dlqapp.core.clock import Clock
+from dlqapp.core.clock import Clock, sleep_until
 from dlqapp.core.envelope import Envelope
 from dlqapp.core.errors import ErrorClass
 from dlqapp.core.headers import H_REPLAY_COUNT, header_int
@@ -38,6 +38,11 @@ from dlqapp.worker.partition_io import PartitionIO
 from dlqapp.worker.pipeline import Pipeline
 
 log = logging.getLogger("dlqapp.retries.scheduler")
+
+SLOT_AHEAD_MS = 100
+"""A retry handed over early (DueLead) takes its backend slot this long before its due time
+and holds it until then: under a flood every slot is busy with fresh input, and a retry that
+asked for one only when due waited for the next call to end (up to a call's latency)."""
 
 class RetryScheduler:
     """Parks retries from tier topics, fires due ones, and attempts them."""
@@ -168,12 +173,13 @@ class RetryScheduler:
             return  # a re-fire (or "run now") while the first attempt is still running
         self.running.add(key)
         try:
-            if not is_run_now(event.headers):
-                await self._wait_until(decode_parked_key(key)[0])
+            due = None if is_run_now(event.headers) else decode_parked_key(key)[0]
+            if due is not None:
+                await sleep_until(self.clock, due - SLOT_AHEAD_MS)
             tier = self.parked.tier_of(envelope)  # before the attempt adds to the envelope's count
             superseded = superseded_by(self.io.load_state(request_id), envelope)
             if superseded is None:
-                await self._attempt(envelope, tier)
+                await self._attempt(envelope, tier, not_before=due)
             else:
                 log_event(log, logging.INFO, "retry_skipped", request_id=request_id, attempt=envelope.attempts + 1, reason=superseded)
             self.parked.delete(key, tier)
@@ -181,18 +187,13 @@ class RetryScheduler:
         finally:
             self.running.discard(key)
 
-    async def _wait_until(self, due_ms: int) -> None:
-        """The timer fires ahead of the due time (DueLead): never attempt before it."""
-        while (early_ms := due_ms - self.clock()) > 0:
-            await asyncio.sleep(early_ms / 1000)
-
-    async def _attempt(self, envelope: Envelope, tier: Tier) -> None:
+    async def _attempt(self, envelope: Envelope, tier: Tier, not_before: int | None) -> None:
         try:
             request = parse_request(envelope.payload, self.max_payload_bytes)
         except InvalidRequest as exc:
             await self.pipeline.carry_out(DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}"), envelope, None, None)
             return
-        await self.pipeline.attempt(envelope, request, tier.topic, tier, priority=HIGH)
+        await self.pipeline.attempt(envelope, request, tier.topic, tier, priority=HIGH, not_before=not_before)
 
 
 def superseded_by(state: dict | None, envelope: Envelope) -> str | None:

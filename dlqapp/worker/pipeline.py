@@ -21,7 +21,7 @@ from faust import EventT, TopicT
 
 from dlqapp.core import states
 from dlqapp.core.breaker import CircuitBreaker
-from dlqapp.core.clock import Clock
+from dlqapp.core.clock import Clock, sleep_until
 from dlqapp.core.envelope import Attempt, Envelope, Result
 from dlqapp.core.errors import ErrorClass, Failure, classify_exception
 from dlqapp.core.headers import (
@@ -181,10 +181,12 @@ class Pipeline:
 
     # -- one attempt ------------------------------------------------------------------
 
-    async def attempt(self, envelope: Envelope, request: Request, topic: str, tier: Tier | None, priority: int) -> None:
+    async def attempt(self, envelope: Envelope, request: Request, topic: str, tier: Tier | None, priority: int, not_before: int | None = None) -> None:
         """Attempt the request (unless expired), once more on the fallback if due, and carry out the outcome.
 
-        `topic` is where the attempt came from (for the history); `tier` the retry tier, None for input.
+        `topic` is where the attempt came from (for the history); `tier` the retry tier, None
+        for input; `not_before` (epoch ms) a time the call must not start before, its backend
+        slot held meanwhile (a due retry taking its slot ahead of its due time).
         """
         expired = expiry(self.policy, envelope.original_timestamp, self.clock()) or past_deadline(request.deadline, self.clock())
         if expired is not None:
@@ -195,7 +197,7 @@ class Pipeline:
             number = envelope.attempts + 1
             label = tier.label if tier else INPUT_LABEL
             try:
-                record, output, failure = await self.call(request, number, topic, label, envelope.scheduled_time, priority)
+                record, output, failure = await self.call(request, number, topic, label, envelope.scheduled_time, priority, not_before=not_before)
                 outcome = within_deadline(decide(self.policy, number, failure, output, self.clock(), self._rng), request.deadline)
                 if isinstance(outcome, TryFallback):
                     envelope.record(record)
@@ -209,7 +211,7 @@ class Pipeline:
             self.in_flight.discard(request.request_id)
 
     async def call(
-        self, request: Request, number: int, topic: str, label: str, scheduled: int | None, priority: int, model: str | None = None
+        self, request: Request, number: int, topic: str, label: str, scheduled: int | None, priority: int, model: str | None = None, not_before: int | None = None
     ) -> tuple[Attempt, InferenceOutput | None, Failure | None]:
         """One attempt through the breaker and the priority limiter.
 
@@ -228,6 +230,8 @@ class Pipeline:
                     )
                     if permit is None:
                         raise DeadlinePassed(DeadLetter(ErrorClass.EXPIRED, f"deadline {request.deadline} passed while waiting for rate capacity; not called"))
+                    if not_before is not None:
+                        await sleep_until(self.clock, not_before)  # the slot is held meanwhile
                     started = self.clock()
                     expired = past_deadline(request.deadline, started)
                     if expired is not None:

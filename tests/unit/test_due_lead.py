@@ -73,3 +73,27 @@ def test_run_now_does_not_wait_for_the_due_time(tmp_path):
     event = FakeEvent(b"r7", key, headers={H_RUN_NOW: b"1"}, message=FakeMessage("due"))
     asyncio.run(asyncio.wait_for(w.scheduler.on_due(event), 5))
     assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"]
+
+
+def test_a_due_retry_takes_its_backend_slot_ahead_of_its_due_time_and_calls_at_it(tmp_path):
+    """Under a flood every slot is busy with fresh input: a retry asking for one only when
+    due would wait for the next call to end. It takes one SLOT_AHEAD_MS early and holds it."""
+    from dlqapp.retries.scheduler import SLOT_AHEAD_MS
+
+    w, key = _parked_retry(tmp_path)
+    due = w.clock.now + 1000
+
+    async def run():
+        w.clock.now = due - SLOT_AHEAD_MS - 50  # handed over early: not even the slot yet
+        attempt = asyncio.create_task(w.scheduler.on_due(FakeEvent(b"r7", key, message=FakeMessage("due"))))
+        await asyncio.sleep(0.01)
+        assert w.pipeline.limiter.in_use == 0
+        w.clock.now = due - SLOT_AHEAD_MS // 2  # within the slot lead: the slot is taken, the call waits
+        await asyncio.sleep(0.08)
+        assert w.pipeline.limiter.in_use == 1 and w.backend.calls_for("r7") == 1 and not attempt.done()
+        w.clock.now = due
+        await asyncio.wait_for(attempt, 5)
+        assert w.pipeline.limiter.in_use == 0
+
+    asyncio.run(run())
+    assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"]
