@@ -27,7 +27,7 @@ from rocksdict import ReadOptions
 
 from dlqapp.observability.logs import log_event
 from dlqapp.worker.delivery_order import DeliveryOrder, Verdict
-from dlqapp.worker.kafka_admin import RETRY_FOR_S, transient
+from dlqapp.worker.kafka_admin import retry_while_transient
 
 _log = logging.getLogger("dlqapp.worker.delivery")
 
@@ -380,21 +380,17 @@ class PatientTransport(AIOKafkaTransport):
     At start Faust declares every topic it uses (`Topic.maybe_declare`): it asks the first
     broker the client knows for the controller, then sends it the creation. A worker started
     while that broker is down (killed, not yet fenced by the controller) crashed there with
-    `NodeNotReadyError`. Retried like dlqapp's own topic checks (`kafka_admin.RETRY_FOR_S`),
+    `NodeNotReadyError`. Retried like dlqapp's own topic checks (`kafka_admin.retry_while_transient`),
     with fresh metadata each time: once the dead broker is fenced it is no longer listed.
     """
 
     async def _create_topic(self, owner: Any, client: Any, topic: str, partitions: int, replication: int, **kwargs: Any) -> None:
-        deadline = monotonic() + RETRY_FOR_S
-        while True:
-            try:
-                return await super()._create_topic(owner, client, topic, partitions, replication, **kwargs)
-            except KafkaError as exc:
-                if not transient(exc) or monotonic() > deadline:
-                    raise
-                log_event(_log, logging.WARNING, "topic_declare_retry", topic=topic, error=repr(exc))
-                client.force_metadata_update()
-                await asyncio.sleep(1.0)
+        def retrying(exc: KafkaError) -> None:
+            log_event(_log, logging.WARNING, "topic_declare_retry", topic=topic, error=repr(exc))
+            client.force_metadata_update()
+
+        create = super()._create_topic
+        await retry_while_transient(lambda: create(owner, client, topic, partitions, replication, **kwargs), retrying)
 
 
 def widen_changelog_buffer(producer: Any, max_messages: int) -> None:

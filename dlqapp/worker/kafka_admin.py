@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Awaitable, Callable, Iterable, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
@@ -24,6 +24,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExists
 from dlqapp.settings import Settings
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 COMPACTED = {"cleanup.policy": "compact"}
 MIN_ISR = "min.insync.replicas"
@@ -60,14 +61,20 @@ async def ensure_topics(settings: Settings, changelogs: Iterable[str] = ()) -> l
     cluster can and keeps their `min.insync.replicas` in line. Returns the created names.
     """
     changelogs = list(changelogs)
+    return await retry_while_transient(lambda: _ensure_once(settings, changelogs), lambda exc: log.warning("topics_check_retry error=%r", exc))
+
+
+async def retry_while_transient(attempt: Callable[[], Awaitable[T]], on_retry: Callable[[KafkaError], object]) -> T:
+    """`attempt()` again every second while it fails with a transient Kafka error, for up
+    to RETRY_FOR_S; `on_retry` hears of each failure that is retried."""
     deadline = time.monotonic() + RETRY_FOR_S
     while True:
         try:
-            return await _ensure_once(settings, changelogs)
+            return await attempt()
         except KafkaError as exc:
             if not transient(exc) or time.monotonic() > deadline:
                 raise
-            log.warning("topics_check_retry error=%r", exc)
+            on_retry(exc)
             await asyncio.sleep(1.0)
 
 
