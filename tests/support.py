@@ -30,15 +30,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
-    """Poll `predicate` until it returns something truthy; fail naming `what` on timeout."""
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str], interval: float = 0.1) -> Any:
+    """Poll `predicate` until it returns something truthy; fail naming `what` on timeout
+    (a callable `what` is asked then, so it can describe what was last seen)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what() if callable(what) else what}")
         time.sleep(interval)
 
 

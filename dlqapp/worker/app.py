@@ -13,12 +13,13 @@ from urllib.parse import urlsplit
 
 import faust
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
+from mode.utils.objects import cached_property
 
 from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.observability.logs import apply_log_format, configure_logging
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.worker.durability import ConfirmedTable
-from dlqapp.worker.faust_compat import PatientTransport, dlq_consumer_class, widen_changelog_buffer
+from dlqapp.worker.faust_compat import PatientTransport, SingleChannelReplyConsumer, dlq_consumer_class, widen_changelog_buffer
 from dlqapp.worker.kafka_admin import TopicMismatchError, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,11 @@ class DlqApp(faust.App):
             on_partitions_assigned=self._on_partitions_assigned,
             beacon=self.beacon,
         )
+
+    @cached_property
+    def _reply_consumer(self) -> SingleChannelReplyConsumer:
+        # faust_compat: Faust's reply consumer subscribes its topic twice; see SingleChannelReplyConsumer.
+        return SingleChannelReplyConsumer(self, loop=self.loop, beacon=self.beacon)
 
     def _new_producer(self) -> IdempotentProducer:
         # faust_compat: Faust has no setting for producer idempotence outside exactly-once.

@@ -6,7 +6,8 @@ faust-streaming 0.15.3 and rocksdict 0.3; read these first after an upgrade.
 Elsewhere, overrides of Faust hooks (dlqapp.worker.app): `_settings_extra` of the
 aiokafka producer (idempotence), `App._new_producer` (to use that producer),
 `App._new_consumer` (to use `dlq_consumer_class`), `App._new_transport` and
-`_new_producer_transport` (to use `PatientTransport`), `App._on_partitions_revoked` (to
+`_new_producer_transport` (to use `PatientTransport`), `App._reply_consumer` (to use
+`SingleChannelReplyConsumer`), `App._on_partitions_revoked` (to
 hand work back before Faust waits for acks) and `App._on_partitions_assigned` (to take
 work again); and the `_loads` of Faust's JSON codec (dlqapp.worker.topology).
 """
@@ -19,6 +20,7 @@ from time import monotonic
 from typing import Any, Iterator, Mapping
 
 from aiokafka.errors import KafkaError
+from faust.agents.replies import ReplyConsumer, ReqRepResponse
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TP
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
@@ -391,6 +393,41 @@ class PatientTransport(AIOKafkaTransport):
 
         create = super()._create_topic
         await retry_while_transient(lambda: create(owner, client, topic, partitions, replication, **kwargs), retrying)
+
+
+class SingleChannelReplyConsumer(ReplyConsumer):
+    """Faust's consumer of `Agent.ask()` replies, each reply delivered once and never waited on.
+
+    Faust 0.15.3's `ReplyConsumer._start_fetcher` subscribes the reply topic twice: it adds
+    the topic to the conductor (`app.topics.add`), then iterates a stream over it, which
+    adds a clone. Every reply went to both queues and only the stream's was read, so each
+    reply stayed unacked for good: the first rebalance or shutdown after an operator action
+    through a worker that does not own the request waited for it in `Consumer.wait_empty()`
+    forever (a SIGTERM ended in a kill), and once the unread queue was full the conductor
+    blocked, stopping the worker's every agent. Here the stream reads the one channel
+    subscribed, and the reply topic is not acked: a lost reply only makes its `ask()` time
+    out (dlqapp answers 'error').
+    """
+
+    async def _start_fetcher(self, topic_name: str) -> None:
+        if topic_name not in self._fetchers:
+            self._fetchers[topic_name] = None  # the key is the lock, as in Faust
+            topic = self._reply_topic(topic_name)
+            await topic.maybe_declare()
+            channel = topic.clone(is_iterator=True)  # the one channel, subscribed at once as before
+            self.app.topics.add(channel)
+            self._fetchers[topic_name] = self.add_future(self._drain_replies(channel))
+
+    def _reply_topic(self, topic: str) -> Any:
+        return self.app.topic(
+            topic,
+            partitions=1,
+            replicas=self.app.conf.topic_replication_factor,
+            deleting=True,
+            retention=self.app.conf.reply_expires,
+            value_type=ReqRepResponse,
+            acks=False,
+        )
 
 
 def widen_changelog_buffer(producer: Any, max_messages: int) -> None:

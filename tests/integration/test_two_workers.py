@@ -3,6 +3,9 @@ worker owns it, and actions on either worker run on the owner."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+
 from tests.support import http_json, produce, request_bytes, unique, wait_until
 
 
@@ -26,7 +29,14 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
     assert 0 < min(shares) and abs(sum(shares) - 1.0) < 0.001  # each takes its partitions' share of DLQ_RATE_LIMITS
     status, body = http_json(second.url + f"/dlq/{ids[0]}/reprocess/", "POST")
     assert status == 200 and body["status"] == "reprocessed"
-    wait_until(lambda: (r := first.get(f"/requests/{ids[0]}/"))[0] == 200 and r[1]["state"] == "succeeded", 120, "the replay to succeed")
+    answers: list[tuple[int, object]] = []
+
+    def replayed() -> bool:
+        answers.append(first.get(f"/requests/{ids[0]}/"))
+        status, body = answers[-1]
+        return status == 200 and isinstance(body, dict) and body["state"] == "succeeded"
+
+    wait_until(replayed, 120, lambda: f"the replay to succeed (first answer {answers[0]}, last {answers[-1]})")
 
     # parked retries: listed by both workers, run now / dead-lettered through either one
     parked = [unique(f"park{i}") for i in range(6)]
@@ -46,3 +56,33 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
         wait_until(lambda: second.get(f"/requests/{rid}/")[1]["state"] == "succeeded", 120, f"{rid} run now")
     assert second.get(f"/dlq/{parked[5]}/")[0] == 200
     wait_until(lambda: second.get("/retries/")[1]["total"] == 0, 120, "no parked retry left")
+
+
+def test_a_worker_that_asked_another_for_operator_actions_stops_promptly(make_worker):
+    """Every action through a worker that does not own the request is an `ask()` whose reply
+    comes back on the asking worker's reply topic: those replies must never hold up its
+    shutdown (or a rebalance) waiting to be acked."""
+    env = {"DLQ_SIMULATED_SUCCESS_RATE": "1.0"}
+    first = make_worker(env_extra=env).start()
+    second = make_worker(app_id=first.app_id, prefix=first.prefix, env_extra=env).start()
+    wait_until(lambda: all(w.get("/")[1]["assigned_partitions"] and w.get("/")[1]["ready"] for w in (first, second)), 90, "both workers to own partitions")
+    ids = [unique(f"ask{i}") for i in range(8)]
+    plan = {"metadata": {"simulate": {"fail_times": 1, "error": "invalid_request"}}}
+    produce(first.bootstrap, first.topic("input"), [(rid.encode(), request_bytes(rid, **plan)) for rid in ids])
+    wait_until(lambda: second.get("/dlq/?limit=100")[1].get("total") == len(ids), 60, "every request in the DLQ")
+    for rid in ids[:4]:
+        status, body = http_json(second.url + f"/dlq/{rid}/reprocess/", "POST")
+        assert status == 200 and body["status"] == "reprocessed", body
+    for rid in ids[4:]:
+        status, body = http_json(second.url + f"/dlq/{rid}/", "DELETE")
+        assert status == 200 and body["status"] == "discarded", body
+    for rid in ids[:4]:
+        wait_until(lambda: second.get(f"/requests/{rid}/")[1]["state"] == "succeeded", 60, f"{rid} replayed")
+
+    second.process.send_signal(signal.SIGTERM)
+    try:
+        code = second.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the worker did not stop within 60 s of SIGTERM:\n{second.log_tail()}") from None
+    assert code == 0, second.log_tail()
+    assert "wait_empty: Waiting for tasks" not in second.log_path.read_text(errors="replace")
