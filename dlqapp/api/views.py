@@ -15,7 +15,7 @@ from typing import Any, Awaitable, Callable
 
 import aiohttp
 from faust import web
-from faust.exceptions import SameNode
+from yarl import URL
 
 from dlqapp import __version__
 from dlqapp.core import states
@@ -44,6 +44,7 @@ log = logging.getLogger("dlqapp.api.views")
 
 ASK_TIMEOUT_S = 30.0
 FANOUT_TIMEOUT_S = 10.0
+ROUTE_TIMEOUT_S = 10.0
 UI_PAGE = Path(__file__).parent / "ui" / "index.html"
 DRY_RUN_SAMPLE = 10
 ESTIMATE_KEYS_MAX = 200
@@ -100,6 +101,15 @@ async def read_json(request: web.Request) -> Any:
         raise ApiError(400, f"request body is not valid JSON: {exc}") from None
 
 
+def owner_url(hosts: dict[str, dict[str, list[int]]], partition: int) -> str | None:
+    """The worker (URL) whose active partitions of a table include `partition`, from a
+    table's assignment (`app.router.table_metadata`: URL -> {changelog topic: partitions})."""
+    for url, topics in hosts.items():
+        if any(partition in partitions for partitions in topics.values()):
+            return url
+    return None
+
+
 def actor_of(request: web.Request) -> str:
     """Who asked: the X-DLQ-Actor header, else the client address."""
     return (request.headers.get("X-DLQ-Actor") or f"api@{request.remote}")[:200]
@@ -129,11 +139,24 @@ class Api:
     # -- reaching other workers ---------------------------------------------------------
 
     async def routed(self, view: web.View, request: web.Request, table_name: str, key: str) -> web.Response | None:
-        """The owning worker's answer for `key`, or None when this worker owns it."""
-        try:
-            return await self.app.router.route_req(table_name, owner_id(key).encode(), view.web, request)
-        except SameNode:
+        """The owning worker's answer for `key`, or None when this worker owns it.
+
+        The owner is found by dlqapp's own partitioning of the request id (the partition its
+        state was written to) and the group's current assignment; not by Faust's router, which
+        hashes the key with the producer's topic metadata: that metadata loses every topic but
+        the newest one each time the producer first sends to a topic created since its last
+        full refresh (an `ask()` reply topic), and routing then failed with a TypeError.
+        """
+        partition = self.parts.io.owner(owner_id(key))
+        url = owner_url(self.app.router.table_metadata(table_name), partition)
+        if url is None:
+            raise ApiError(503, f"no worker owns partition {partition} of {table_name} now (a rebalance?); try again")
+        if self._is_self(url):
             return None
+        target = URL(url).with_path(request.rel_url.path).with_query(request.rel_url.query)
+        try:
+            async with self.app.http_client.request(request.method, target, headers=request.headers, timeout=aiohttp.ClientTimeout(total=ROUTE_TIMEOUT_S)) as response:
+                return view.text(await response.text(), content_type=response.content_type, status=response.status)
         except Exception as exc:  # the owner is unreachable (stopping, or mid-rebalance)
             raise ApiError(503, f"the worker owning {key!r} did not answer ({type(exc).__name__}); try again") from None
 
