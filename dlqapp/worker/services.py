@@ -55,6 +55,8 @@ class _Loop(Service):
         last_logged = float("-inf")
         while not self.should_stop:
             await self.sleep(self.next_sleep_s())
+            if self.app.should_stop:  # the tables may be closed already
+                return
             if self.app.rebalancing or self.app.in_recovery:
                 self.on_rebalancing()
                 continue
