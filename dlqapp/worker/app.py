@@ -19,7 +19,7 @@ from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.observability.logs import apply_log_format, configure_logging
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.worker.durability import ConfirmedTable
-from dlqapp.worker.faust_compat import PatientTransport, SingleChannelReplyConsumer, dlq_consumer_class, widen_changelog_buffer
+from dlqapp.worker.faust_compat import PatientTransport, SingleChannelReplyConsumer, dlq_consumer_class, keep_in_metadata, producer_client, widen_changelog_buffer
 from dlqapp.worker.kafka_admin import TopicMismatchError, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -53,10 +53,15 @@ def load_settings() -> Settings:
 
 
 class IdempotentProducer(AIOKafkaProducer):
-    """Faust's producer with acks=all and idempotence, so retried sends never duplicate."""
+    """Faust's producer with acks=all and idempotence, so retried sends never duplicate,
+    whose metadata always covers the topics dlqapp writes to (faust_compat.keep_in_metadata)."""
 
     def _settings_extra(self) -> dict:
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
+
+    async def on_start(self) -> None:
+        await super().on_start()
+        keep_in_metadata(producer_client(self), self.app.written_topics())
 
 
 class Lifecycle(Protocol):
@@ -96,6 +101,10 @@ class DlqApp(faust.App):
             raise SystemExit(3) from None
         if created:
             log.info("topics_created names=%s", ",".join(created))
+
+    def written_topics(self) -> list[str]:
+        """Every topic this worker's producer writes to, but other workers' reply topics."""
+        return [*self.dlq_settings.all_topics(), *(table.changelog_topic_name for table in self.tables.values()), self.conf.reply_to]
 
     async def on_stop(self) -> None:
         # Before Faust's consumer waits for every event to be acked: events held by the

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from time import monotonic
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from aiokafka.errors import KafkaError
 from faust.agents.replies import ReplyConsumer, ReqRepResponse
@@ -428,6 +428,28 @@ class SingleChannelReplyConsumer(ReplyConsumer):
             value_type=ReqRepResponse,
             acks=False,
         )
+
+
+def keep_in_metadata(client: Any, topics: Iterable[str]) -> None:
+    """Have every metadata refresh of an aiokafka `client` include `topics` (`add_topic`).
+
+    aiokafka replaces the client's topic metadata with each refresh's answer, and a refresh
+    asks for the topics the client was told of (`add_topic`, on a send to a topic it does
+    not know), or for all topics while it was told of none. Faust's producer starts with a
+    full refresh, so it is told of none of the topics it then writes to. Its first send to a
+    topic created since (another worker's `ask()` reply topic) made the next refresh ask
+    for that topic alone, and every other one dropped out of the metadata: batches already
+    queued for them had no leader until `request_timeout_ms` (Faust: 20 min), so a handler
+    waited that long for its result to be written, and lookups by key failed.
+    Faust's producer passes `producer_client(producer)` (dlqapp.worker.app).
+    """
+    for topic in topics:
+        client.add_topic(topic)
+
+
+def producer_client(producer: Any) -> Any:
+    """The aiokafka client of Faust's producer (`Producer._ensure_producer()`, started)."""
+    return producer._ensure_producer().client
 
 
 def widen_changelog_buffer(producer: Any, max_messages: int) -> None:
