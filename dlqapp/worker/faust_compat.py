@@ -4,7 +4,7 @@ Each helper names the private member it touches and why. Checked against
 faust-streaming 0.15.3 and rocksdict 0.3; read these first after an upgrade.
 
 Elsewhere, overrides of Faust hooks (dlqapp.worker.app): `_settings_extra` of the
-aiokafka producer (idempotence), `App._new_producer` (to use that producer),
+aiokafka producer (idempotence) and its `on_start` (`keep_in_metadata`), `App._new_producer` (to use that producer),
 `App._new_consumer` (to use `dlq_consumer_class`), `App._new_transport` and
 `_new_producer_transport` (to use `PatientTransport`), `App._reply_consumer` (to use
 `SingleChannelReplyConsumer`), `App._on_partitions_revoked` (to
