@@ -53,15 +53,11 @@ def load_settings() -> Settings:
 
 
 class IdempotentProducer(AIOKafkaProducer):
-    """Faust's producer with acks=all and idempotence, so retried sends never duplicate,
-    whose metadata always covers the topics dlqapp writes to (faust_compat.keep_in_metadata)."""
+    """Faust's producer with acks=all and idempotence, so retried sends never duplicate."""
 
     def _settings_extra(self) -> dict:
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
-    async def on_start(self) -> None:
-        await super().on_start()
-        keep_in_metadata(producer_client(self), self.app.written_topics())
 
 
 class Lifecycle(Protocol):
@@ -101,6 +97,12 @@ class DlqApp(faust.App):
             raise SystemExit(3) from None
         if created:
             log.info("topics_created names=%s", ",".join(created))
+
+    async def on_started(self) -> None:
+        await super().on_started()
+        # Every topic exists now (Faust declared its changelogs and reply topic at start):
+        # faust_compat.keep_in_metadata.
+        keep_in_metadata(producer_client(self.producer), self.written_topics())
 
     def written_topics(self) -> list[str]:
         """Every topic this worker's producer writes to, but other workers' reply topics."""

@@ -4,7 +4,7 @@ Each helper names the private member it touches and why. Checked against
 faust-streaming 0.15.3 and rocksdict 0.3; read these first after an upgrade.
 
 Elsewhere, overrides of Faust hooks (dlqapp.worker.app): `_settings_extra` of the
-aiokafka producer (idempotence) and its `on_start` (`keep_in_metadata`), `App._new_producer` (to use that producer),
+aiokafka producer (idempotence), `App.on_started` (`keep_in_metadata`), `App._new_producer` (to use that producer),
 `App._new_consumer` (to use `dlq_consumer_class`), `App._new_transport` and
 `_new_producer_transport` (to use `PatientTransport`), `App._reply_consumer` (to use
 `SingleChannelReplyConsumer`), `App._on_partitions_revoked` (to
@@ -441,10 +441,13 @@ def keep_in_metadata(client: Any, topics: Iterable[str]) -> None:
     for that topic alone, and every other one dropped out of the metadata: batches already
     queued for them had no leader until `request_timeout_ms` (Faust: 20 min), so a handler
     waited that long for its result to be written, and lookups by key failed.
-    Faust's producer passes `producer_client(producer)` (dlqapp.worker.app).
+    Only topics the client knows now are added: one that does not exist yet would make
+    every refresh log an error for it. dlqapp calls this once the worker has started, when
+    Faust has declared its changelog and reply topics (`DlqApp.on_started`).
     """
     for topic in topics:
-        client.add_topic(topic)
+        if client.cluster.partitions_for_topic(topic) is not None:
+            client.add_topic(topic)
 
 
 def producer_client(producer: Any) -> Any:
