@@ -59,7 +59,6 @@ class IdempotentProducer(AIOKafkaProducer):
         return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
 
-
 class Lifecycle(Protocol):
     """What the worker does at start and when it gives work back (dlqapp.worker.agents)."""
 
@@ -102,7 +101,9 @@ class DlqApp(faust.App):
         await super().on_started()
         # Every topic exists now (Faust declared its changelogs and reply topic at start):
         # faust_compat.keep_in_metadata.
-        keep_in_metadata(producer_client(self.producer), self.written_topics())
+        client = producer_client(self.producer)
+        if client is not None:
+            keep_in_metadata(client, self.written_topics())
 
     def written_topics(self) -> list[str]:
         """Every topic this worker's producer writes to, but other workers' reply topics."""

@@ -451,8 +451,9 @@ def keep_in_metadata(client: Any, topics: Iterable[str]) -> None:
 
 
 def producer_client(producer: Any) -> Any:
-    """The aiokafka client of Faust's producer (`Producer._ensure_producer()`, started)."""
-    return producer._ensure_producer().client
+    """The aiokafka client of Faust's producer (`Producer._producer`), None until it has started."""
+    aiokafka_producer = getattr(producer, "_producer", None)
+    return aiokafka_producer.client if aiokafka_producer is not None else None
 
 
 def widen_changelog_buffer(producer: Any, max_messages: int) -> None:
