@@ -2,9 +2,9 @@
 
 Modelled on Netflix's concurrency-limits `AIMDLimit`, with TCP's pacing:
 
-- a *drop* is a call the backend refused or could not serve in time (`rate_limited`,
-  `timeout`) or a *slow* success: slower than `slow_factor` × the running average
-  latency and at least `slow_margin_s` slower than it;
+- a *drop* is a call the backend refused (`rate_limited`) or could not serve in time (a
+  `timeout` that took its time: `pushed_back`) or a *slow* success: slower than
+  `slow_factor` × the running average latency and at least `slow_margin_s` slower than it;
 - on a drop the limit is multiplied by `backoff_ratio`, at most once per `cooldown`
   (one average latency, so the calls already in flight when the backend pushed back do
   not cut it again and again);
@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 from typing import Callable
+
+from dlqapp.core.errors import ErrorClass, Failure
 
 AVERAGE_WEIGHT = 0.05
 """Weight of a new sample in the running average latency."""
@@ -86,3 +88,16 @@ class AimdLimit:
 
     def _cooldown_s(self) -> float:
         return max(self.min_cooldown_s, self._average_s or 0.0)
+
+
+def pushed_back(failure: Failure | None, latency_s: float, timeout_s: float, slow: Callable[[float], bool]) -> bool:
+    """Whether a failed call is the backend pushing back (a drop): a refusal (`rate_limited`),
+    or a `timeout` that took its time, at least half of `timeout_s` (DLQ_INFERENCE_TIMEOUT)
+    or `slow` next to the calls around it (`AimdLimit.is_slow`). A timeout reported at once
+    (the simulated backend's) says nothing about load: counted, it held the README demo's
+    limit at its floor, and retries queued behind one call at a time."""
+    if failure is None:
+        return False
+    if failure.error_class is ErrorClass.RATE_LIMITED:
+        return True
+    return failure.error_class is ErrorClass.TIMEOUT and (latency_s >= timeout_s / 2 or slow(latency_s))

@@ -70,6 +70,10 @@ class SlotLimiter:
         finally:
             self._release()
 
+    def is_slow(self, latency_s: float) -> bool:
+        """A call this slow counts as push-back (`AimdLimit.is_slow`; never without adaptive concurrency)."""
+        return self.adaptive is not None and self.adaptive.is_slow(latency_s)
+
     def record(self, latency_s: float, dropped: bool) -> None:
         """One call's outcome (call while still holding its slot): moves the adaptive limit."""
         if self.adaptive is not None:

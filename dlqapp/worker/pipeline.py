@@ -52,6 +52,7 @@ from dlqapp.core.requests import (
 )
 from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.entries import unprocessable_key
+from dlqapp.flowcontrol.aimd import pushed_back
 from dlqapp.flowcontrol.estimate import estimate_tokens, used_tokens
 from dlqapp.flowcontrol.gate import Permit, RateGate
 from dlqapp.flowcontrol.limits import RateLimits
@@ -67,8 +68,6 @@ log = logging.getLogger("dlqapp.worker.pipeline")
 
 MAX_ORIGINAL_HEADERS_CHARS = 65536
 FALLBACK_LABEL = "fallback"
-DROPS = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.TIMEOUT})
-"""Failures that tell adaptive concurrency the backend is pushing back."""
 INPUT_LABEL = "input"
 """Metric label of first attempts (retries are labelled by their tier)."""
 
@@ -273,7 +272,7 @@ class Pipeline:
             permit.settle(0)  # refused: it used no tokens
             if failure.retry_after_ms:
                 self.gate.pause(model, failure.retry_after_ms / 1000)
-        self.limiter.record(latency_s, failure is not None and failure.error_class in DROPS)
+        self.limiter.record(latency_s, pushed_back(failure, latency_s, self._timeout_s, self.limiter.is_slow))
 
     async def call_backend(self, request: Request, attempt: int, model: str | None = None) -> tuple[InferenceOutput | None, Failure | None]:
         """One backend call, bounded by DLQ_INFERENCE_TIMEOUT; never raises."""

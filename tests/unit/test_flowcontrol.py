@@ -11,7 +11,8 @@ import random
 import pytest
 
 from dlqapp.core.requests import Request
-from dlqapp.flowcontrol.aimd import AimdLimit
+from dlqapp.core.errors import ErrorClass, Failure
+from dlqapp.flowcontrol.aimd import AimdLimit, pushed_back
 from dlqapp.flowcontrol.bucket import TokenBucket
 from dlqapp.flowcontrol.estimate import DEFAULT_COMPLETION_TOKENS, estimate_tokens, used_tokens
 from dlqapp.flowcontrol.gate import RateGate
@@ -409,3 +410,29 @@ def test_callers_of_one_model_take_their_turns_by_priority():
         assert order == ["first", "due", "high", "normal", "low"]
 
     asyncio.run(run())
+
+
+def test_push_back_is_a_refusal_or_a_timeout_that_took_its_time():
+    never_slow, always_slow = (lambda s: False), (lambda s: True)
+    timeout, refused = Failure(ErrorClass.TIMEOUT, "timed out"), Failure(ErrorClass.RATE_LIMITED, "429")
+    assert pushed_back(refused, 0.01, 30.0, never_slow)  # a 429 is push-back however fast
+    assert pushed_back(timeout, 15.0, 30.0, never_slow)  # took half of DLQ_INFERENCE_TIMEOUT
+    assert pushed_back(timeout, 2.0, 30.0, always_slow)  # slow next to the calls around it (a gateway's own timeout)
+    assert not pushed_back(timeout, 0.05, 30.0, never_slow)  # reported at once: no sign of load
+    assert not pushed_back(Failure(ErrorClass.SERVER_ERROR, "500"), 20.0, 30.0, always_slow)
+    assert not pushed_back(None, 20.0, 30.0, always_slow)
+
+
+def test_instant_timeouts_leave_the_limit_to_grow():
+    def limit_after(counted_as_drops: bool) -> int:
+        now = [0.0]
+        limit = AimdLimit(1, 64, clock=lambda: now[0])
+        for i in range(300):
+            now[0] += 0.1
+            failure = Failure(ErrorClass.TIMEOUT, "simulated") if i % 10 == 0 else None
+            dropped = failure is not None if counted_as_drops else pushed_back(failure, 0.05, 30.0, limit.is_slow)
+            limit.on_sample(0.05, dropped, in_flight=limit.limit)  # a saturated worker
+        return limit.limit
+
+    assert limit_after(counted_as_drops=False) > 32
+    assert limit_after(counted_as_drops=True) < 16  # the old rule: one instant timeout in ten kept it low
