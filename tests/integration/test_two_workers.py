@@ -6,17 +6,12 @@ from __future__ import annotations
 import signal
 import subprocess
 
-from tests.support import http_json, produce, request_bytes, unique, wait_until
+from tests.support import Worker, http_json, produce, request_bytes, unique, wait_until
 
 
 def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
-    env = {"DLQ_RETRY_DELAYS": "10m,20m", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}
-    first = make_worker(env_extra=env).start()
-    second = make_worker(app_id=first.app_id, prefix=first.prefix, env_extra=env).start()
-    wait_until(lambda: all(w.get("/")[1]["assigned_partitions"] and w.get("/")[1]["ready"] for w in (first, second)), 90, "both workers to own partitions")
-    ids = [unique(f"two{i}") for i in range(12)]
-    plan = {"metadata": {"simulate": {"fail_times": 1, "error": "auth_error"}}}
-    produce(first.bootstrap, first.topic("input"), [(rid.encode(), request_bytes(rid, **plan)) for rid in ids])
+    first, second = _two_workers(make_worker, {"DLQ_RETRY_DELAYS": "10m,20m", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"})
+    ids = _failing_once(first, "two", 12, "auth_error")
     for worker in (first, second):
         page = wait_until(lambda: (p := worker.get("/dlq/?limit=100")[1]).get("total") == 12 and p, 60, f"12 entries listed by {worker.name}")
         assert {i["request_id"] for i in page["items"]} == set(ids) and "incomplete" not in page
@@ -62,13 +57,8 @@ def test_a_worker_that_asked_another_for_operator_actions_stops_promptly(make_wo
     """Every action through a worker that does not own the request is an `ask()` whose reply
     comes back on the asking worker's reply topic: those replies must never hold up its
     shutdown (or a rebalance) waiting to be acked."""
-    env = {"DLQ_SIMULATED_SUCCESS_RATE": "1.0"}
-    first = make_worker(env_extra=env).start()
-    second = make_worker(app_id=first.app_id, prefix=first.prefix, env_extra=env).start()
-    wait_until(lambda: all(w.get("/")[1]["assigned_partitions"] and w.get("/")[1]["ready"] for w in (first, second)), 90, "both workers to own partitions")
-    ids = [unique(f"ask{i}") for i in range(8)]
-    plan = {"metadata": {"simulate": {"fail_times": 1, "error": "invalid_request"}}}
-    produce(first.bootstrap, first.topic("input"), [(rid.encode(), request_bytes(rid, **plan)) for rid in ids])
+    first, second = _two_workers(make_worker, {"DLQ_SIMULATED_SUCCESS_RATE": "1.0"})
+    ids = _failing_once(first, "ask", 8, "invalid_request")
     wait_until(lambda: second.get("/dlq/?limit=100")[1].get("total") == len(ids), 60, "every request in the DLQ")
     for rid in ids[:4]:
         status, body = http_json(second.url + f"/dlq/{rid}/reprocess/", "POST")
@@ -86,3 +76,19 @@ def test_a_worker_that_asked_another_for_operator_actions_stops_promptly(make_wo
         raise AssertionError(f"the worker did not stop within 60 s of SIGTERM:\n{second.log_tail()}") from None
     assert code == 0, second.log_tail()
     assert "wait_empty: Waiting for tasks" not in second.log_path.read_text(errors="replace")
+
+
+def _two_workers(make_worker, env: dict[str, str]) -> tuple[Worker, Worker]:
+    """Two workers of one app, each owning partitions."""
+    first = make_worker(env_extra=env).start()
+    second = make_worker(app_id=first.app_id, prefix=first.prefix, env_extra=env).start()
+    wait_until(lambda: all(w.get("/")[1]["assigned_partitions"] and w.get("/")[1]["ready"] for w in (first, second)), 90, "both workers to own partitions")
+    return first, second
+
+
+def _failing_once(worker: Worker, prefix: str, count: int, error: str) -> list[str]:
+    """`count` requests whose first attempt fails with `error`, produced to `input`; their ids."""
+    ids = [unique(f"{prefix}{i}") for i in range(count)]
+    plan = {"metadata": {"simulate": {"fail_times": 1, "error": error}}}
+    produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, **plan)) for rid in ids])
+    return ids
