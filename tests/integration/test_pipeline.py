@@ -95,7 +95,8 @@ def test_four_failures_reach_the_dlq_with_final_error_and_full_history(worker):
     history = json.loads(dead.headers["attempt_history"])
     assert [a["attempt"] for a in history] == [1, 2, 3, 4]
     assert_never_early(history)
-    assert worker.get(f"/requests/{rid}/")[1]["state"] == "dead_lettered"
+    # the dead letter is confirmed on the broker before the state is written: wait for it
+    wait_until(lambda: worker.get(f"/requests/{rid}/")[1]["state"] == "dead_lettered", 30, "the state to say dead_lettered")
 
 
 def test_a_non_retryable_class_is_dead_lettered_after_one_attempt(worker):

@@ -16,7 +16,7 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
         page = wait_until(lambda: (p := worker.get("/dlq/?limit=100")[1]).get("total") == 12 and p, 60, f"12 entries listed by {worker.name}")
         assert {i["request_id"] for i in page["items"]} == set(ids) and "incomplete" not in page
         assert all(worker.get(f"/dlq/{rid}/")[0] == 200 for rid in ids)
-        assert all(worker.get(f"/requests/{rid}/")[1]["state"] == "dead_lettered" for rid in ids)
+        wait_until(lambda: all(worker.get(f"/requests/{rid}/")[1]["state"] == "dead_lettered" for rid in ids), 30, "every state to say dead_lettered")
         assert worker.get("/dlq/stats/")[1]["dlq_size"] == 12
     owners = {http_json(w.url + "/")[1]["assigned_partitions"] for w in (first, second)}
     assert 0 not in owners  # the work really is split
