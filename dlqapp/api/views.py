@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import aiohttp
+import aiohttp.web
 from faust import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from yarl import URL
 
 from dlqapp import __version__
@@ -577,6 +579,11 @@ def register_views(app: Any, api: Api) -> None:
     async def backend_calls(self: web.View, request: web.Request, request_id: str) -> web.Response:
         """Backend calls this worker has made for a request id (for tests and audits)."""
         return self.json({"request_id": request_id, "calls": api.parts.backend.calls_for(request_id)})
+
+    @app.page("/metrics")
+    async def prometheus_metrics(self: web.View, request: web.Request) -> web.Response:
+        """Prometheus text format: Faust's `faust_*` and dlqapp's `dlqapp_*` metrics."""
+        return aiohttp.web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     @app.page("/ui/")
     async def admin_page(self: web.View, request: web.Request) -> web.Response:

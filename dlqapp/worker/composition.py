@@ -14,8 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from faust.sensors.prometheus import setup_prometheus_sensors
-
 from dlqapp.core.backoff import Backoff
 from dlqapp.core.breaker import CLOSED, CircuitBreaker
 from dlqapp.core.clock import Clock, now_ms
@@ -29,6 +27,7 @@ from dlqapp.flowcontrol.gate import RateGate, metric_label
 from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import InferenceBackend, create_backend
 from dlqapp.observability import metrics
+from dlqapp.observability.faust_monitor import install_counting_monitor
 from dlqapp.observability.health import MinuteRates, lateness_buckets
 from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.due_hop import DueHop
@@ -40,7 +39,7 @@ from dlqapp.worker.app import DlqApp, create_app, install_event_loop, load_setti
 from dlqapp.worker.counters import Counters
 from dlqapp.worker.crashguard import CrashGuard
 from dlqapp.worker.durability import at_end_of_step
-from dlqapp.worker.faust_compat import consumer_lag
+from dlqapp.worker.faust_compat import consumer_lag, producer_send
 from dlqapp.worker.flow import InFlightWindows
 from dlqapp.worker.input_gate import InputGate
 from dlqapp.worker.offset_watch import OffsetWatch
@@ -94,7 +93,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
     """Every component of a worker, wired from the settings."""
     rates = MinuteRates()
     counters = Counters(topology.stats, lambda name, amount: rates.add(name, amount, clock()))
-    io = PartitionIO(settings.partitions, topology.requests, counters, clock)
+    io = PartitionIO(settings.partitions, topology.requests, counters, clock, producer_send(app))
     parked = ParkedRetries(topology.parked_retries, settings.tiers)
     backend = create_backend(settings)
     policy = RetryPolicy(
@@ -220,7 +219,7 @@ def _register_services(app: DlqApp, parts: Components) -> None:
 
 
 def _register_metrics(app: DlqApp, parts: Components) -> None:
-    setup_prometheus_sensors(app, name_prefix="faust")
+    install_counting_monitor(app)
     limiter = parts.pipeline.limiter
     metrics.concurrency_limit.set_function(lambda: limiter.limit)
     metrics.calls_in_flight.set_function(lambda: limiter.in_use)

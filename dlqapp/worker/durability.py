@@ -1,21 +1,41 @@
-"""Table writes confirmed before the event that made them is acked.
+"""Table writes confirmed before the event that made them is acked, at one send each.
 
 Faust buffers each table write as a changelog message and commits offsets after
 `producer.flush()`, which drains its own buffer only "at most" for a while: under broker
 latency an offset can be committed before the changelog records of the same step are on
 the broker, and a `kill -9` then loses them (a parked retry the next owner never sees).
-`ConfirmedTable` hands every changelog send of a handler to `changelog_barrier()`, which
-waits for the broker to confirm them all; the in-flight window acks only after that.
+So every handler runs inside `changelog_barrier()`, and its event is acked only once the
+broker has confirmed every table write the handler made.
+
+Inside a stream step a `ConfirmedTable` write takes a short path: the value goes into the
+partition's RocksDB at once (as Faust does) and its changelog record is kept with the
+step; the barrier sends the step's records when the handler is done (one record per key:
+the last value written wins) and waits for the broker. Faust's own path for one write
+(its producer buffer, a task, sensors, a RocksDB write of the changelog offset per
+record) cost about as much as everything else a successful request does. The offset
+Faust keeps in each partition's RocksDB (where recovery resumes reading the changelog) is
+written at most every `PERSIST_INTERVAL_S` per partition: an older offset is always safe,
+recovery then re-reads a few records it already has. Outside a step, and on stores that
+are not RocksDB, writes take Faust's path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable
+import logging
+from time import monotonic
+from typing import Any, Callable
 
 import faust
+from faust import current_event
+
+from dlqapp.worker.faust_compat import local_partition_db, producer_of, set_persisted_offset
+
+log = logging.getLogger(__name__)
+
+PERSIST_INTERVAL_S = 0.2
+"""How often, at most, a table partition's changelog offset is written to its RocksDB."""
 
 _end_of_step: list[Callable[[], None]] = []
 
@@ -25,31 +45,130 @@ def at_end_of_step(hook: Callable[[], None]) -> None:
     _end_of_step.append(hook)
 
 
-_pending: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("dlqapp_changelog_pending", default=None)
+class _Step:
+    """What one stream step wrote: changelog records still to send, and Faust's own sends."""
+
+    __slots__ = ("records", "futures")
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[ConfirmedTable, int, bytes], bytes | None] = {}
+        self.futures: list[Any] = []
+
+
+_step: contextvars.ContextVar[_Step | None] = contextvars.ContextVar("dlqapp_step", default=None)
 
 
 class ConfirmedTable(faust.Table):
-    """A Faust table whose changelog sends can be awaited (see `changelog_barrier`)."""
+    """A Faust table whose writes in a stream step are confirmed by `changelog_barrier`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._offsets_due: dict[int, int] = {}
+        self._offsets_written_at: dict[int, float] = {}
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        """Faust's in-stream read (the event's partition), without its sensors and key index."""
+        located = _in_stream(self)
+        if located is None:
+            return super().get(key, default)
+        value = located[1].get(key)
+        return default if value is None else value
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if not self._write_in_step(key, value):
+            super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        if not self._write_in_step(key, None):
+            super().__delitem__(key)
 
     def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
         future = super().send_changelog(*args, **kwargs)
-        pending = _pending.get()
-        if pending is not None:
-            pending.append(future)
+        step = _step.get()
+        if step is not None:
+            step.futures.append(future)
         return future
 
+    def _write_in_step(self, key: Any, value: bytes | None) -> bool:
+        step = _step.get()
+        if step is None or type(key) is not bytes or not (value is None or type(value) is bytes):
+            return False  # outside a step, or keys and values Faust must serialize: Faust's path
+        located = _in_stream(self)
+        if located is None:
+            return False
+        partition, db = located
+        if value is None:
+            db.delete(key)
+        else:
+            db.put(key, value)
+        step.records[(self, partition, key)] = value
+        return True
 
-@asynccontextmanager
-async def changelog_barrier() -> AsyncIterator[None]:
-    """On leaving the block, wait until every table write made inside it is on the broker."""
-    pending: list[Any] = []
-    token = _pending.set(pending)
+    def persisted(self, partition: int, offset: int) -> None:
+        """The changelog holds this partition's writes up to `offset`: note it in its RocksDB (throttled)."""
+        if offset <= self._offsets_due.get(partition, -1):
+            return
+        self._offsets_due[partition] = offset
+        now = monotonic()
+        if now - self._offsets_written_at.get(partition, float("-inf")) < PERSIST_INTERVAL_S:
+            return
+        self._offsets_written_at[partition] = now
+        try:
+            set_persisted_offset(self, partition, offset)
+        except Exception as exc:  # the partition's store closed meanwhile: an older offset is safe
+            log.debug("changelog offset of %s[%s] not noted: %r", self.name, partition, exc)
+
+
+def _in_stream(table: ConfirmedTable) -> tuple[int, Any] | None:
+    """(partition, RocksDB) of the current event, or None outside a stream or off RocksDB."""
+    event = current_event()
+    if event is None:
+        return None
+    partition = event.message.partition
+    db = local_partition_db(table, partition)
+    return None if db is None else (partition, db)
+
+
+class changelog_barrier:
+    """On leaving the block, send the table writes made inside it and wait until the broker has them all."""
+
+    __slots__ = ("_step", "_token")
+
+    async def __aenter__(self) -> None:
+        self._step = _Step()
+        self._token = _step.set(self._step)
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if exc_type is None:
+                await _confirm(self._step)
+            else:
+                await _send_unconfirmed(self._step)
+        finally:
+            _step.reset(self._token)
+
+
+async def _confirm(step: _Step) -> None:
+    for hook in _end_of_step:
+        hook()
+    while step.records or step.futures:
+        records, step.records = step.records, {}
+        sent = [(table, partition, await _send(table, key, value, partition)) for (table, partition, key), value in records.items()]
+        futures, step.futures = step.futures, []
+        await asyncio.gather(*futures, *(future for _, _, future in sent))
+        for table, partition, future in sent:
+            table.persisted(partition, future.result().offset)
+
+
+async def _send_unconfirmed(step: _Step) -> None:
+    """A failed (or cancelled) step's writes are in RocksDB already: queue their records all the
+    same, so the changelog does not fall behind the store (the event is not acked as done)."""
     try:
-        yield
-        for hook in _end_of_step:
-            hook()
-        while pending:
-            batch, pending[:] = list(pending), []
-            await asyncio.gather(*batch)
-    finally:
-        _pending.reset(token)
+        for (table, partition, key), value in step.records.items():
+            await _send(table, key, value, partition)
+    except Exception as exc:
+        log.warning("changelog records of a failed step not sent: %r", exc)
+
+
+async def _send(table: ConfirmedTable, key: bytes, value: bytes | None, partition: int) -> Any:
+    return await producer_of(table).send(table.changelog_topic_name, key, value, partition, None, None)

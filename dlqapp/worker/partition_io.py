@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from faust import EventT, TopicT
 from faust.tables import Table
@@ -25,12 +25,17 @@ from dlqapp.worker.counters import Counters
 
 log = logging.getLogger("dlqapp.worker.partition_io")
 
+Send = Callable[[str, bytes, bytes | None, int, list[tuple[str, bytes]]], Awaitable[Awaitable[Any]]]
+"""`send(topic, key, value, partition, headers)`: hands one record to the producer and
+returns what resolves once the broker has it (dlqapp.worker.faust_compat.producer_send)."""
+
 
 class PartitionIO:
     """Sends confirmed by the broker, ownership, and request state on the owning partition."""
 
-    def __init__(self, partitions: int, requests: Table, counters: Counters, clock: Clock) -> None:
+    def __init__(self, partitions: int, requests: Table, counters: Counters, clock: Clock, send: Send) -> None:
         self.partitions = partitions
+        self._send = send
         self.requests = requests
         self.counters = counters
         self.clock = clock
@@ -47,7 +52,7 @@ class PartitionIO:
         """Send to `key`'s owner partition (or `partition`) and wait until the broker confirms.
 
         A None value is a tombstone (used on the compacted `dlq` topic)."""
-        pending = await topic.send(key=key.encode(), value=value, headers=headers, partition=self.owner(key) if partition is None else partition)
+        pending = await self._send(topic.get_topic_name(), key.encode(), value, self.owner(key) if partition is None else partition, headers)
         await pending
 
     async def forward(self, event: EventT, topic: TopicT, request_id: str) -> None:

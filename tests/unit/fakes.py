@@ -88,6 +88,16 @@ class FakeTopic:
         return [key.decode() for key, *_ in self.sent]
 
 
+def send_to(*topics: FakeTopic) -> Any:
+    """A producer's `send` (dlqapp.worker.partition_io.Send) that records into `topics` by name."""
+    by_name = {topic.name: topic for topic in topics}
+
+    async def send(topic: str, key: bytes, value: bytes | None, partition: int, headers: Any) -> asyncio.Future[None]:
+        return await by_name[topic].send(key, value, headers, partition)
+
+    return send
+
+
 @dataclass
 class FakeMessage:
     topic: str
@@ -180,7 +190,7 @@ def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool 
     tier_topics = tuple(FakeTopic(t.topic) for t in tiers)
     requests, parked_table, dead_letters, ledger = FakeTable("requests"), FakeTable("parked-retries"), FakeTable("dead-letters"), FakeTable("replay-ledger")
     input_topic, dlq, results = FakeTopic("input"), FakeTopic("dlq"), FakeTopic("results")
-    io = PartitionIO(PARTITIONS, requests, counters, clock)  # type: ignore[arg-type]
+    io = PartitionIO(PARTITIONS, requests, counters, clock, send_to(input_topic, dlq, results, *tier_topics))  # type: ignore[arg-type]
     parked = ParkedRetries(parked_table, tiers)  # type: ignore[arg-type]
     policy = RetryPolicy(Backoff(delays), DEFAULT_RETRYABLE, max_age_ms=86_400_000)
     pipeline = Pipeline(
