@@ -100,6 +100,10 @@ class RateGate:
         """This worker's share of every limit now (owned input partitions / all of them)."""
         return self._share()
 
+    def is_limited(self, model: str | None) -> bool:
+        """Whether calls to `model` wait for DLQ_RATE_LIMITS capacity (else only for a backend slot)."""
+        return self._gate(self.model_of(model)) is not None
+
     def model_of(self, model: str | None) -> str:
         """The model a call goes to: the one named, else DLQ_DEFAULT_MODEL."""
         return model or self.default_model

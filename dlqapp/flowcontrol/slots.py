@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any
 
 from dlqapp.flowcontrol.aimd import AimdLimit
 
@@ -61,14 +60,9 @@ class SlotLimiter:
     def waiting(self, priority: int) -> int:
         return sum(1 for w in self._waiters[priority] if not w.future.done())
 
-    @asynccontextmanager
-    async def slot(self, priority: int) -> AsyncIterator[None]:
-        """Hold one slot for the duration of the block."""
-        await self._acquire(priority)
-        try:
-            yield
-        finally:
-            self._release()
+    def slot(self, priority: int) -> "_Slot":
+        """Hold one slot for the duration of the `async with` block."""
+        return _Slot(self, priority)
 
     def is_slow(self, latency_s: float) -> bool:
         """A call this slow counts as push-back (`AimdLimit.is_slow`; never without adaptive concurrency)."""
@@ -81,6 +75,9 @@ class SlotLimiter:
             self._dispatch()
 
     async def _acquire(self, priority: int) -> None:
+        if self.in_use < self.limit and not any(self._waiters):
+            self._grant()  # a free slot and nobody before us: no future, no wait
+            return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._enqueued += 1
         self._waiters[priority].append(_Waiter(future, self.grants, self._enqueued))
@@ -133,3 +130,19 @@ class SlotLimiter:
             "waiting_normal": self.waiting(NORMAL),
             "waiting_low": self.waiting(LOW),
         }
+
+
+class _Slot:
+    """`async with limiter.slot(priority)`: one slot for the block (a class: no generator per call)."""
+
+    __slots__ = ("_limiter", "_priority")
+
+    def __init__(self, limiter: SlotLimiter, priority: int) -> None:
+        self._limiter = limiter
+        self._priority = priority
+
+    async def __aenter__(self) -> None:
+        await self._limiter._acquire(self._priority)
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._limiter._release()

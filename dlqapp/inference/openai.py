@@ -7,6 +7,7 @@ the request id as `X-Request-ID`; the connection pool is sized to DLQ_CONCURRENC
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -59,11 +60,12 @@ class OpenAIBackend:
     async def complete(self, request: Request, attempt: int, model: str | None = None) -> InferenceOutput:
         model = model or request.model or self.default_model
         headers = {"X-Request-ID": request.request_id, "Content-Type": "application/json"}
+        body = json.dumps(chat_body(request, model), separators=(",", ":")).encode()
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         self._calls.record(request.request_id)
         try:
-            async with self._client().post(self.url, json=chat_body(request, model), headers=headers) as response:
+            async with self._client().post(self.url, data=body, headers=headers) as response:
                 body = await self._json(response)
                 if response.status >= 400:
                     raise InferenceError.of(classify_response(response.status, response.headers, body))
@@ -75,10 +77,14 @@ class OpenAIBackend:
 
     @staticmethod
     async def _json(response: aiohttp.ClientResponse) -> Any:
+        """The body as JSON, whatever its content type; a body that is not JSON becomes an error message."""
+        raw = await response.read()
+        if not raw.strip():
+            return None  # as aiohttp's `json()` answers an empty body
         try:
-            return await response.json(content_type=None)
-        except ValueError:
-            return {"error": {"message": (await response.text())[:300]}}
+            return json.loads(raw)
+        except ValueError:  # UnicodeDecodeError included
+            return {"error": {"message": raw.decode("utf-8", "replace")[:300]}}
 
     async def close(self) -> None:
         if self._session is not None:

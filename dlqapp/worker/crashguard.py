@@ -62,9 +62,9 @@ class CrashGuard:
         self.after_crashes = after_crashes
         self._careful_until: dict[str, int] = {}
         self._crashes: dict[str, int] = {}
-        self._highs: dict[str, int] = {}
+        self._highs: dict[tuple[str, int], int] = {}
         self._current: Position | None = None
-        self._written_highs: dict[str, int] = {}
+        self._written_highs: dict[tuple[str, int], int] = {}
         self._closed = False
         self._margin = 0
         self._previous_highs: dict[str, int] = {}
@@ -104,19 +104,20 @@ class CrashGuard:
         return self._crashes.get(_key(position), 0)
 
     def is_poison(self, position: Position) -> bool:
-        return self.crashes(position) >= self.after_crashes
+        return bool(self._crashes) and self.crashes(position) >= self.after_crashes
 
     def seen(self, position: Position) -> None:
         """A message was handed to a handler (feeds the once-a-second high-water marks)."""
         topic, partition, offset = position
-        tp = f"{topic}:{partition}"
-        first = tp not in self._highs
-        if self._first_handled_at is None:
-            self._first_handled_at = _now_ms()
-        if offset > self._highs.get(tp, -1):
+        tp = (topic, partition)
+        high = self._highs.get(tp)
+        if high is None:
+            if self._first_handled_at is None:
+                self._first_handled_at = _now_ms()
             self._highs[tp] = offset
-        if first:
             self._write(clean=False)  # at once: a crash on the first message must be found too
+        elif offset > high:
+            self._highs[tp] = offset
 
     def snapshot(self) -> None:
         """Persist the high-water marks (called about once a second)."""
@@ -124,6 +125,8 @@ class CrashGuard:
             self._write(clean=False)
 
     def needs_care(self, position: Position) -> bool:
+        if not self._careful_until:
+            return False
         topic, partition, offset = position
         limit = self._careful_until.get(f"{topic}:{partition}")
         return limit is not None and offset <= limit
@@ -159,7 +162,7 @@ class CrashGuard:
     def _write(self, clean: bool) -> None:
         state = {
             "clean": clean or self._closed,
-            "highs": {**self._previous_highs, **self._highs},
+            "highs": {**self._previous_highs, **{f"{topic}:{partition}": offset for (topic, partition), offset in self._highs.items()}},
             "current": list(self._current) if self._current else None,
             "crashes": self._crashes,
             "margin": self._margin,

@@ -67,6 +67,11 @@ class InFlightWindow:
         return len(self._tasks)
 
     @property
+    def has_room(self) -> bool:
+        """A handler can start now without waiting."""
+        return not self._slots.locked()
+
+    @property
     def accepting(self) -> bool:
         """False while the window is being released (or after a shutdown)."""
         return self._accepting.is_set()
@@ -229,6 +234,7 @@ class GatedFeed:
         self._held: deque[tuple[Hashable, Any, Callable[[], Awaitable[None]], contextvars.Context, int]] = deque()
         self._more = asyncio.Event()
         self._room = asyncio.Event()
+        self._submitting = False
 
     backlog_at = 100
     """Held events that make input count as backlogged (see `backlogged`)."""
@@ -248,6 +254,9 @@ class GatedFeed:
         revoked: it is given back at once."""
         if not self._window.accepting:
             self._window.forget(event)
+            return
+        if not self._held and not self._submitting and self._gate.is_open and self._window.has_room:
+            await self._window.submit(partition, event, handler)  # nothing before it: start it now, no hop
             return
         self._held.append((partition, event, handler, contextvars.copy_context(), self._window.generation))
         self._more.set()
@@ -276,7 +285,11 @@ class GatedFeed:
                 continue
             partition, event, handler, context, generation = self._held.popleft()
             self._room.set()
-            await self._window.submit(partition, event, handler, context=context, generation=generation)
+            self._submitting = True  # `put` must not start a later event meanwhile
+            try:
+                await self._window.submit(partition, event, handler, context=context, generation=generation)
+            finally:
+                self._submitting = False
 
     def release(self) -> int:
         """Give every held event back unacked (a rebalance or a shutdown). Returns how many."""
@@ -302,8 +315,11 @@ class InFlightWindows:
         self._feeds.append(feed)
         return feed
 
-    def new(self, on_error: OnError, on_fatal: Callable[[BaseException], None], forget: Callable[[Any], None], guard: CrashGuard | None) -> InFlightWindow:
-        window = InFlightWindow(self.limit, on_error=on_error, on_fatal=on_fatal, forget=forget, guard=guard)
+    def new(
+        self, on_error: OnError, on_fatal: Callable[[BaseException], None], forget: Callable[[Any], None], guard: CrashGuard | None, limit: int | None = None
+    ) -> InFlightWindow:
+        """A window of `limit` handlers (default: the windows' limit)."""
+        window = InFlightWindow(limit or self.limit, on_error=on_error, on_fatal=on_fatal, forget=forget, guard=guard)
         self._windows.append(window)
         return window
 

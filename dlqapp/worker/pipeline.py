@@ -54,7 +54,7 @@ from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.entries import unprocessable_key
 from dlqapp.flowcontrol.aimd import pushed_back
 from dlqapp.flowcontrol.estimate import estimate_tokens, used_tokens
-from dlqapp.flowcontrol.gate import Permit, RateGate
+from dlqapp.flowcontrol.gate import UNLIMITED, Permit, RateGate
 from dlqapp.flowcontrol.limits import RateLimits
 from dlqapp.flowcontrol.slots import PRIORITIES
 from dlqapp.inference import InferenceBackend, InferenceOutput
@@ -223,22 +223,18 @@ class Pipeline:
             rank = number - 1 + int(held)
             await self.breaker.wait_allowed(request.request_id, rank)
             try:
-                async with AsyncExitStack() as slot:  # the backend slot, taken by the gate once the model has room
-                    permit = await self.gate.acquire(
-                        model or request.model, estimate_tokens(request), self._time_left_s(request), priority, lambda: slot.enter_async_context(self.limiter.slot(priority))
-                    )
-                    if permit is None:
-                        raise DeadlinePassed(DeadLetter(ErrorClass.EXPIRED, f"deadline {request.deadline} passed while waiting for rate capacity; not called"))
-                    if not_before is not None:
-                        await sleep_until(self.clock, not_before)  # the slot is held meanwhile
-                    started = self.clock()
-                    expired = past_deadline(request.deadline, started)
-                    if expired is not None:
-                        raise DeadlinePassed(expired)
-                    if scheduled is not None:
-                        metrics.lateness.labels(label).observe(max(0, started - scheduled) / 1000)
-                    output, failure = await self.call_backend(request, number, model)
-                    self.after_call(model or request.model, permit, output, failure, (self.clock() - started) / 1000)
+                target = model or request.model
+                if self.gate.is_limited(target):
+                    async with AsyncExitStack() as slot:  # the backend slot, taken by the gate once the model has room
+                        permit = await self.gate.acquire(
+                            target, estimate_tokens(request), self._time_left_s(request), priority, lambda: slot.enter_async_context(self.limiter.slot(priority))
+                        )
+                        if permit is None:
+                            raise DeadlinePassed(DeadLetter(ErrorClass.EXPIRED, f"deadline {request.deadline} passed while waiting for rate capacity; not called"))
+                        started, output, failure = await self._call_in_slot(request, number, label, scheduled, model, not_before, permit)
+                else:
+                    async with self.limiter.slot(priority):
+                        started, output, failure = await self._call_in_slot(request, number, label, scheduled, model, not_before, UNLIMITED)
             except BaseException:  # cancelled, or past its deadline: the breaker must get its probe back
                 self.breaker.abandon(request.request_id)
                 raise
@@ -260,6 +256,22 @@ class Pipeline:
         )
         return record, output, failure
 
+    async def _call_in_slot(
+        self, request: Request, number: int, label: str, scheduled: int | None, model: str | None, not_before: int | None, permit: Permit
+    ) -> tuple[int, InferenceOutput | None, Failure | None]:
+        """The call itself, holding a backend slot: (when it started, output, failure)."""
+        if not_before is not None:
+            await sleep_until(self.clock, not_before)  # the slot is held meanwhile
+        started = self.clock()
+        expired = past_deadline(request.deadline, started)
+        if expired is not None:
+            raise DeadlinePassed(expired)
+        if scheduled is not None:
+            metrics.lateness.labels(label).observe(max(0, started - scheduled) / 1000)
+        output, failure = await self.call_backend(request, number, model)
+        self.after_call(model or request.model, permit, output, failure, (self.clock() - started) / 1000)
+        return started, output, failure
+
     def _time_left_s(self, request: Request) -> float | None:
         """How long the request may still wait for capacity (None: no deadline)."""
         return None if request.deadline is None else max(0.0, (request.deadline - self.clock()) / 1000)
@@ -277,7 +289,8 @@ class Pipeline:
     async def call_backend(self, request: Request, attempt: int, model: str | None = None) -> tuple[InferenceOutput | None, Failure | None]:
         """One backend call, bounded by DLQ_INFERENCE_TIMEOUT; never raises."""
         try:
-            output = await asyncio.wait_for(self.backend.complete(request, attempt, model), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                output = await self.backend.complete(request, attempt, model)
         except Exception as exc:  # every failure is classified, nothing escapes
             return None, classify_exception(exc)
         return output, None

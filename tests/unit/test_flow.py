@@ -406,3 +406,42 @@ def test_events_taken_while_the_windows_are_released_are_given_back_not_started_
         pump.cancel()
 
     asyncio.run(run())
+
+
+def test_an_event_starts_at_once_when_nothing_waits_before_it_and_never_overtakes_one_that_does():
+    """The feed starts an event itself when the gate is open, nothing is held and the window
+    has room (no hop through its pump); an event taken while the pump is still handing an
+    earlier one to the window waits behind it, so handlers start (and are acked) in offset order."""
+
+    async def run():
+        acked, started = [], []
+        gate = _gate()
+        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None)
+        feed = GatedFeed(window, gate, open_limit=8, closed_limit=8)
+
+        def handler(i):
+            async def handle():
+                started.append(i)
+            return handle
+
+        await feed.put("p0", FakeEvent(0, acked), handler(0))  # no pump running: started by `put` itself
+        await _until(lambda: acked == [0])
+        gate.fired([b"hint"])  # closed: the next one is held
+        await feed.put("p0", FakeEvent(1, acked), handler(1))
+        submit, handing_over = window.submit, asyncio.Event()
+
+        async def slow_submit(*args, **kwargs):  # the pump is suspended in the middle of a hand-over
+            await handing_over.wait()
+            await submit(*args, **kwargs)
+
+        window.submit = slow_submit
+        pump = asyncio.create_task(feed.run())
+        gate.received(b"hint")  # open: the pump takes 1 and is handing it over
+        await _until(lambda: feed.held == 0)
+        await asyncio.wait_for(feed.put("p0", FakeEvent(2, acked), handler(2)), 1)  # the window has room, but 1 is not started yet
+        handing_over.set()
+        await _until(lambda: len(acked) == 3)
+        assert started == [0, 1, 2] and acked == [0, 1, 2]
+        pump.cancel()
+
+    asyncio.run(run())
