@@ -29,6 +29,11 @@ from dlqapp.worker.topology import TierTopic
 
 log = logging.getLogger("dlqapp.worker.agents")
 
+DUE_WINDOW = 4096
+"""Due retries the due agent holds at once. Most of them only wait for their due time (the
+timer hands them over up to DLQ_DUE_LEAD_MAX early), which costs no backend slot; with the
+input window's size (2 x DLQ_CONCURRENCY) a burst of retries due together filled it, and
+the rest waited in the agent's queue past their due time."""
 FATAL_EXIT_CODE = 70
 FATAL_GRACE_S = 15.0
 
@@ -128,8 +133,8 @@ class _Handlers:
         message = event.message
         self.parts.offsets.seen(message.topic, message.partition, message.offset)
 
-    def window(self) -> Any:
-        return self.parts.windows.new(self.poison, self.fatal, lambda event: forget_unacked(self.app, event), self.parts.crash_guard)
+    def window(self, limit: int | None = None) -> Any:
+        return self.parts.windows.new(self.poison, self.fatal, lambda event: forget_unacked(self.app, event), self.parts.crash_guard, limit)
 
     async def each_event(self, stream: StreamT, handle: Callable[[EventT], Awaitable[None]]) -> None:
         """Handle events one at a time; a failing one is dead-lettered as poison, never fatal."""
@@ -171,7 +176,7 @@ class _Handlers:
 
         async def due(stream: StreamT) -> None:
             """Due retries handed over by the timer: attempted ahead of fresh input."""
-            window = self.window()
+            window = self.window(DUE_WINDOW)
             async for event in stream.noack().events():
                 self.watch(event)
                 await window.submit(event.message.partition, event, lambda event=event: scheduler.on_due(event))

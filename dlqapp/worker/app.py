@@ -5,6 +5,7 @@ Agents, tables, views and commands live in their own modules and register on `ap
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import sys
@@ -23,6 +24,12 @@ from dlqapp.worker.faust_compat import PatientTransport, SingleChannelReplyConsu
 from dlqapp.worker.kafka_admin import TopicMismatchError, ensure_topics
 
 log = logging.getLogger(__name__)
+
+GC_YOUNG_THRESHOLD = 50_000
+"""Allocations between two collections of the youngest generation (CPython's default is 700).
+Each request allocates a few hundred short-lived objects (events, futures, dicts), so the
+default collected about every two requests; at 50,000 a busy worker spent about 4 % less CPU
+per request (bench `overhead`, side by side), for a few MiB more garbage at the peak."""
 
 PRODUCER_BUFFER_MESSAGES = 10_000
 """Table writes Faust's producer may queue before it stops feeding the agents. The windows
@@ -99,6 +106,7 @@ class DlqApp(faust.App):
 
     async def on_started(self) -> None:
         await super().on_started()
+        tune_garbage_collector()
         # Every topic exists now (Faust declared its changelogs and reply topic at start):
         # faust_compat.keep_in_metadata.
         client = producer_client(self.producer)
@@ -139,8 +147,8 @@ class DlqApp(faust.App):
         return PatientTransport(self.conf.broker_producer, self)
 
     def _new_consumer(self) -> Any:
-        # faust_compat: the fetch wait Faust fixes at 1.5 s, and records in offset order; see dlq_consumer_class.
-        consumer_class = dlq_consumer_class(self.dlq_settings.fetch_max_wait_ms)
+        # faust_compat: the fetch wait Faust fixes at 1.5 s, due hints first, records in offset order; see dlq_consumer_class.
+        consumer_class = dlq_consumer_class(self.dlq_settings.fetch_max_wait_ms, frozenset({self.dlq_settings.due}))
         return consumer_class(
             self.transport,
             callback=self.topics.on_message,
@@ -160,6 +168,15 @@ class DlqApp(faust.App):
         producer = IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
         widen_changelog_buffer(producer, PRODUCER_BUFFER_MESSAGES)
         return producer
+
+
+def tune_garbage_collector() -> None:
+    """Once the worker has started: what exists now lives as long as the process (`gc.freeze`,
+    never scanned again), and young objects are collected less often (GC_YOUNG_THRESHOLD)."""
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def access_policy(settings: Settings) -> AccessPolicy:

@@ -91,9 +91,13 @@ class RetryTimer(_Loop):
         await self.scheduler.parked.recount_if_reassigned()
 
     def next_sleep_s(self) -> float:
-        """Wake when the next parked retry falls due, if that is before the next tick."""
+        """Wake when the next parked retry is to be handed over, if that is before the next tick.
+
+        With a lead of at least two ticks (DueLead) a retry is handed over well before its due
+        time at any tick, so the timer just ticks: waking for every retry as it came within
+        the lead cost a scan of every partition per retry (about 1 % of a core at 140 retries/s)."""
         next_fire = self.scheduler.next_fire_at
-        if next_fire is None:
+        if next_fire is None or self.scheduler.lead.ms >= 2 * self.interval_s * 1000:
             return self.interval_s
         until_due_s = (next_fire - self.scheduler.clock()) / 1000
         return min(self.interval_s, max(MIN_TIMER_SLEEP_S, until_due_s))

@@ -97,3 +97,20 @@ def test_a_due_retry_takes_its_backend_slot_ahead_of_its_due_time_and_calls_at_i
 
     asyncio.run(run())
     assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"]
+
+
+def test_with_a_lead_the_timer_just_ticks_and_without_one_it_wakes_for_the_next_retry():
+    from types import SimpleNamespace
+
+    from dlqapp.worker.services import RetryTimer
+
+    now = 1_000_000
+    scheduler = SimpleNamespace(next_due=now + 5, lead=DueLead(cap_ms=1000), clock=lambda: now)
+    scheduler.next_fire_at = scheduler.next_due - scheduler.lead.ms
+    timer = RetryTimer(app=None, scheduler=scheduler, interval_ms=20)
+    assert timer.next_sleep_s() == 0.02  # handed over long before it is due at any tick
+    scheduler.lead = DueLead(cap_ms=0)
+    scheduler.next_fire_at = scheduler.next_due
+    assert timer.next_sleep_s() == 0.005  # no lead: wake when it falls due
+    scheduler.next_fire_at = None
+    assert timer.next_sleep_s() == 0.02
