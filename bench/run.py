@@ -471,14 +471,26 @@ class Bench:
 
     def start_baseline_b(self, mock: MockLLM, concurrency: int) -> "Running":
         """Baseline B consuming fresh topics, once it has joined its group (input still empty)."""
+        return self.start_baseline("baseline_async.py", mock, concurrency)
+
+    def start_baseline_c(self, mock: MockLLM, concurrency: int) -> "Running":
+        """Baseline C (the cheapest Faust pass-through) consuming fresh topics, once it owns partitions."""
+        return self.start_baseline("baseline_faust.py", mock, concurrency)
+
+    def start_baseline(self, script: str, mock: MockLLM, concurrency: int) -> "Running":
         prefix = unique("bench") + "."
         settings = make_topics(self.bootstrap, prefix)
-        args = [PYTHON, str(ROOT / "bench" / "baseline_async.py"), "--bootstrap", self.bootstrap, "--input", settings.input, "--results", settings.results,
+        args = [PYTHON, str(ROOT / "bench" / script), "--bootstrap", self.bootstrap, "--input", settings.input, "--results", settings.results,
                 "--llm", mock.api_url + "/chat/completions", "--group", prefix + "group", "--count", str(10**12), "--concurrency", str(concurrency)]
-        log = self.tmp / f"{prefix}b.log"
+        log = self.tmp / f"{prefix}{script}.log"
         with open(log, "ab") as stderr:
-            process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True)
-        assert process.stdout is not None and process.stdout.readline().strip() == "ready", f"baseline B did not start (see {log})"
+            process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=self.tmp)
+        assert process.stdout is not None
+        for line in process.stdout:  # Faust's worker prints a banner first
+            if line.strip() == "ready":
+                break
+        else:
+            raise AssertionError(f"{script} did not start: {log.read_text(errors='replace')[-2000:]}")
 
         def stop() -> None:
             process.kill()
@@ -554,6 +566,7 @@ class Bench:
         try:
             out = self.side_by_side("overhead", {
                 "baseline_b_aiokafka": (lambda: self.start_baseline_b(mock, CONCURRENCY), mock),
+                "baseline_c_faust": (lambda: self.start_baseline_c(mock, CONCURRENCY), mock),
                 "dlqapp_0pct_failures": (lambda: self.start_dlqapp(mock, CONCURRENCY), mock),
                 "dlqapp_10pct_failures": (lambda: self.start_dlqapp(failing, CONCURRENCY), failing),
             }, count, runs)
@@ -562,6 +575,8 @@ class Bench:
             failing.stop()
         out["concurrency"], out["latency_ms"] = CONCURRENCY, 0
         out["ratio_dlqapp_to_b"] = ratios(out, "dlqapp_0pct_failures", "baseline_b_aiokafka")
+        out["ratio_dlqapp_to_c"] = ratios(out, "dlqapp_0pct_failures", "baseline_c_faust")
+        out["ratio_c_to_b"] = ratios(out, "baseline_c_faust", "baseline_b_aiokafka")
         out["ratio_10pct_to_0pct"] = ratios(out, "dlqapp_10pct_failures", "dlqapp_0pct_failures")
         return out
 
@@ -1042,8 +1057,9 @@ def _md_ratio(ratio: dict[str, Any]) -> str:
 
 def _md_overhead(o: dict[str, Any]) -> list[str]:
     lines = [f"## overhead: mock LLM at 0 ms, {o['concurrency']} in flight, {o['requests']:,} requests per run", ""]
-    lines += _md_cost_rows(o, ("baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures"))
-    return lines + ["", f"dlqapp / B = {_md_ratio(o['ratio_dlqapp_to_b'])}; dlqapp with 10% transient failures / dlqapp at 0% = {_md_ratio(o['ratio_10pct_to_0pct'])}"]
+    lines += _md_cost_rows(o, ("baseline_b_aiokafka", "baseline_c_faust", "dlqapp_0pct_failures", "dlqapp_10pct_failures"))
+    return lines + ["", f"dlqapp / B = {_md_ratio(o['ratio_dlqapp_to_b'])}; dlqapp / C (Faust's floor) = {_md_ratio(o['ratio_dlqapp_to_c'])}; C / B = {_md_ratio(o['ratio_c_to_b'])}; "
+                        f"dlqapp with 10% transient failures / dlqapp at 0% = {_md_ratio(o['ratio_10pct_to_0pct'])}"]
 
 
 def _md_llm_scale(s: dict[str, Any]) -> list[str]:
@@ -1162,11 +1178,11 @@ def plots(r: dict[str, Any], samples: dict[str, list[float]], out: Path) -> None
     if loads:
         fig, axes = plt.subplots(1, len(loads), figsize=(5 * len(loads), 4), squeeze=False)
         for ax, (name, section) in zip(axes[0], loads):
-            systems = [n for n in ("baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures") if n in section]
+            labels = {"baseline_b_aiokafka": ("B: aiokafka", "#555"), "baseline_c_faust": ("C: Faust floor", "#999"), "dlqapp_0pct_failures": ("dlqapp 0%", "#2f5bea"), "dlqapp_10pct_failures": ("dlqapp 10%", "#7f9cf5")}
+            systems = [n for n in labels if n in section]
             medians = [section[n]["requests_per_s"]["median"] for n in systems]
             errors = [[m - section[n]["requests_per_s"]["min"] for n, m in zip(systems, medians)], [section[n]["requests_per_s"]["max"] - m for n, m in zip(systems, medians)]]
-            ax.bar([{"baseline_b_aiokafka": "B: aiokafka", "dlqapp_0pct_failures": "dlqapp 0%", "dlqapp_10pct_failures": "dlqapp 10%"}[n] for n in systems], medians,
-                   yerr=errors, capsize=4, color=["#555", "#2f5bea", "#7f9cf5"][: len(systems)])
+            ax.bar([labels[n][0] for n in systems], medians, yerr=errors, capsize=4, color=[labels[n][1] for n in systems])
             if "ceiling_per_s" in section:
                 ax.axhline(section["ceiling_per_s"], color="#c33", linestyle="--", label=f"ceiling {section['ceiling_per_s']:.0f}/s")
                 ax.legend()
