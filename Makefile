@@ -14,7 +14,7 @@ chaos:          ## the full-size chaos suite (100k requests, kill -9, broker res
 interop:        ## the whole gateway interop group (a real LiteLLM proxy, Kafka's console tools)
 	@INTEROP_FULL=1 scripts/test tests/interop
 
-bench:          ## benchmarks side by side with the baselines (about 40 min); writes bench/results/
+bench:          ## benchmarks side by side with the baselines (about 60 min); writes bench/results/
 	@scripts/venv test && .venv/bin/python bench/run.py
 
 unit:           ## only the fast unit tests (no broker)
