@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from collections import defaultdict, deque
 
 import aiohttp
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from chat_call import answer
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -35,12 +35,8 @@ async def run(args: argparse.Namespace) -> None:
     async def handle(message, entry) -> None:
         nonlocal done
         try:
-            request = json.loads(message.value)
-            body = {"model": "m", "messages": request["messages"]}
-            async with session.post(args.llm, json=body, headers={"X-Request-ID": request["request_id"]}) as response:
-                answer = await response.json()
-            result = {"request_id": request["request_id"], "output": answer["choices"][0]["message"]["content"], "completed_at": int(time.time() * 1000)}
-            await (await producer.send(args.results, json.dumps(result).encode(), key=message.key))
+            result = await answer(session, args.llm, message.value)
+            await (await producer.send(args.results, result, key=message.key))
             entry[1] = True
             done += 1
         finally:

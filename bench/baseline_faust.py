@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
-import time
 
 import aiohttp
 import faust
 import uvloop
+from chat_call import answer
 
 
 def build(args: argparse.Namespace, ready_fd: int) -> faust.App:
@@ -44,12 +43,8 @@ def build(args: argparse.Namespace, ready_fd: int) -> faust.App:
 
         async def handle(event: faust.EventT) -> None:
             try:
-                request = json.loads(event.value)
-                body = {"model": "m", "messages": request["messages"]}
-                async with session.post(args.llm, json=body, headers={"X-Request-ID": request["request_id"]}) as response:
-                    answer = await response.json()
-                result = {"request_id": request["request_id"], "output": answer["choices"][0]["message"]["content"], "completed_at": int(time.time() * 1000)}
-                await (await app.producer.send(args.results, event.key, json.dumps(result).encode(), event.message.partition, None, None))
+                result = await answer(session, args.llm, event.value)
+                await (await app.producer.send(args.results, event.key, result, event.message.partition, None, None))
             finally:
                 slots.release()
                 event.ack()
