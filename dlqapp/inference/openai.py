@@ -60,12 +60,12 @@ class OpenAIBackend:
     async def complete(self, request: Request, attempt: int, model: str | None = None) -> InferenceOutput:
         model = model or request.model or self.default_model
         headers = {"X-Request-ID": request.request_id, "Content-Type": "application/json"}
-        body = json.dumps(chat_body(request, model), separators=(",", ":")).encode()
+        payload = json.dumps(chat_body(request, model), separators=(",", ":")).encode()
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         self._calls.record(request.request_id)
         try:
-            async with self._client().post(self.url, data=body, headers=headers) as response:
+            async with self._client().post(self.url, data=payload, headers=headers) as response:
                 body = await self._json(response)
                 if response.status >= 400:
                     raise InferenceError.of(classify_response(response.status, response.headers, body))

@@ -110,7 +110,9 @@ async def test_the_step_ends_only_once_the_broker_confirmed_its_records(table):
             table[b"k"] = b"v"
 
     running = asyncio.ensure_future(step())
-    await asyncio.sleep(0.01)
+    while not producer.sent:  # the step has reached its barrier and sent its record
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one more turn: an unconfirmed record must keep it waiting
     assert not running.done() and len(producer.sent) == 1
     producer.confirm_all()
     await asyncio.wait_for(running, 1)
