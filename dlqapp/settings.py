@@ -91,6 +91,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_duration(text: str) -> int:
+    value = parse_duration_ms(text)
+    if value < 1:
+        raise ValueError("must be a positive duration (examples: 500ms, 10s)")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 < value < 65536:
@@ -167,9 +174,10 @@ class Settings:
     inference: str = _setting("DLQ_INFERENCE", "simulated", _choice("simulated", "openai"), "Inference backend: `simulated` (in-process) or `openai` (an OpenAI-compatible HTTP endpoint).")
     fallback_model: str = _setting("DLQ_FALLBACK_MODEL", "", str, "After the last tier fails, or on `context_length`, one attempt on this model before the DLQ (empty: none).")
     breaker_enabled: bool = _setting("DLQ_BREAKER", "true", _parse_bool, "Circuit breaker for backend-wide failures (outages hold requests instead of spending attempts).")
-    breaker_window: int = _setting("DLQ_BREAKER_WINDOW", "20", _positive_int, "Breaker: how many recent calls it judges.")
-    breaker_min_calls: int = _setting("DLQ_BREAKER_MIN_CALLS", "10", _positive_int, "Breaker: calls needed before it may open.")
-    breaker_failure_ratio: float = _setting("DLQ_BREAKER_FAILURE_RATIO", "0.5", _parse_rate, "Breaker: share of backend-wide failures that opens it.")
+    breaker_window_ms: int = _setting("DLQ_BREAKER_WINDOW", "10s", _positive_duration, "Breaker: the time window whose calls it judges (the same at any throughput).")
+    breaker_min_calls: int = _setting("DLQ_BREAKER_MIN_CALLS", "50", _positive_int, "Breaker: calls the window must hold before their failure ratio may open it.")
+    breaker_failure_ratio: float = _setting("DLQ_BREAKER_FAILURE_RATIO", "0.5", _parse_rate, "Breaker: share of backend-wide failures in the window that opens it.")
+    breaker_consecutive: int = _setting("DLQ_BREAKER_CONSECUTIVE", "15", _positive_int, "Breaker: this many backend-wide failures of fresh requests in a row open it at once (a hard outage, whatever the window holds).")
     breaker_open_ms: int = _setting("DLQ_BREAKER_OPEN", "5s", parse_duration_ms, "Breaker: first pause before probing (doubles on each re-open).")
     breaker_max_open_ms: int = _setting("DLQ_BREAKER_MAX_OPEN", "60s", parse_duration_ms, "Breaker: longest pause between probes.")
     breaker_probes: int = _setting("DLQ_BREAKER_PROBES", "3", _positive_int, "Breaker: half-open probe calls judged before deciding; it re-opens once DLQ_BREAKER_FAILURE_RATIO of them failed, and closes once that can no longer happen.")
@@ -294,9 +302,10 @@ class Settings:
     def breaker_config(self) -> BreakerConfig:
         """The circuit breaker's configuration."""
         return BreakerConfig(
-            window=self.breaker_window,
+            window_ms=self.breaker_window_ms,
             min_calls=self.breaker_min_calls,
             failure_ratio=self.breaker_failure_ratio,
+            consecutive=self.breaker_consecutive,
             enabled=self.breaker_enabled,
             open_ms=self.breaker_open_ms,
             max_open_ms=self.breaker_max_open_ms,

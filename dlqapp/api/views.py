@@ -37,7 +37,7 @@ from dlqapp.deadletters.queries import (
     page_params,
 )
 from dlqapp.observability import metrics
-from dlqapp.observability.health import lateness_buckets, merge_health, quantile_from_buckets
+from dlqapp.observability.health import merge_health
 from dlqapp.retries.listing import RetryFilter, local_retries, merge_retries
 from dlqapp.worker.counters import grouped
 from dlqapp.worker.faust_compat import active_partitions, consumer_lag, values_newest_first
@@ -399,9 +399,8 @@ class Api:
     def local_health(self) -> dict[str, Any]:
         """This worker's share of the health panel."""
         parts, now = self.parts, self.parts.clock()
-        bounds, cumulative = lateness_buckets()
-        parts.rates.mark_lateness(cumulative, now)
         next_due, earliest = parts.parked.next_due()
+        late_ms = parts.pipeline.lateness.p99_ms(now)
         breaker = parts.pipeline.breaker.snapshot()
         breaker.pop("transitions", None)
         return {
@@ -413,7 +412,8 @@ class Api:
             "next_due_by_tier": next_due,
             "oldest_overdue_ms": (now - earliest) if earliest is not None and earliest < now else None,
             "consumer_lag": sum(lag for _, _, lag in consumer_lag(self.app, set(self.settings.all_topics()))),
-            "retry_lateness_p99_s": quantile_from_buckets(bounds, parts.rates.lateness_window(cumulative), 0.99),
+            "retry_lateness_p99_s": None if late_ms is None else late_ms / 1000,
+            "retry_lateness_by_tier": parts.pipeline.lateness.summary(now),
             "event_loop_lag_s": metrics.loop_lag._value.get(),
         }
 

@@ -1,13 +1,29 @@
 """A circuit breaker for backend-wide failures: an outage is not N separate failures.
 
-Closed: calls flow; the latest outcome of each of the last `window` requests is kept
-(one request failing again and again counts once: an outage is many requests failing).
-When at least `min_calls` requests are known and `failure_ratio` of them failed
-backend-wide (connection, timeout, 5xx, auth, quota, rate limits), the breaker opens.
+Closed: calls flow, and their outcomes are judged over a *time* window, so the verdict
+does not depend on throughput. It opens when either
+- over the last `window_ms` at least `min_calls` outcomes were seen and `failure_ratio`
+  of them were backend-wide failures (a partial outage; 50 calls, so that the few calls
+  of a young or quiet window do not reach half failures by chance: 20 calls at 26 %
+  failures do so 2 % of the time, 50 calls 0.03 %), or
+- the last `consecutive` outcomes were all backend-wide failures (a hard outage: at 10
+  requests/s that takes 1.5 s of traffic, at 1,000 requests/s 15 ms).
+A steady partial failure rate below the ratio practically never opens it: at 26 %
+failures, the chance that 15 fresh calls fail in a row is 2e-9 (one open in about 80
+hours at 1,000 requests/s), and a 10 s window at 10 requests/s holds 100 calls (the
+ratio reaching 0.5 by chance is a 5-sigma event). Hystrix's window (10 s, 50 %) and
+Envoy's consecutive-5xx rule are the anchors.
+
 Open: no calls for `open_ms` (doubling on each re-open, up to `max_open_ms`). Half-open:
 `probes` calls may go; once `failure_ratio` of them failed backend-wide it re-opens,
 once that can no longer happen it closes (a random failure among healthy calls does not
 keep an open breaker open).
+
+Evidence of an outage (BACKEND_WIDE): connection errors, timeouts, 5xx, rate limits,
+quota and auth errors: each fails every request alike when the backend, the network or
+the account is down (a revoked key answers 401 to everyone). One request's failure among
+successes never opens the breaker (it is one outcome in the window); bad input, context
+length and content filters say the backend is up.
 
 Every caller has a *rank*: 0 for a request that has never failed, else how many times
 it has failed (counted attempts plus holds). Two rules keep the breaker from holding a
@@ -16,9 +32,10 @@ the backend's:
 
 - Half-open probes go to the lowest rank waiting: fresh requests probe first.
 - Only a fresh request's failure is evidence of an outage: it counts toward opening the
-  breaker, it re-opens a half-open one, and it is held (not counted as an attempt). A request that has failed before
-  is never held after a failure and never re-opens the breaker: its failure is an
-  attempt and moves it along its retry chain (next tier, then the DLQ).
+  breaker, it re-opens a half-open one, and it is held (not counted as an attempt). A
+  request that has failed before is never held after a failure and never re-opens the
+  breaker: its failure is an attempt and moves it along its retry chain (next tier, then
+  the DLQ). A success of any request is evidence that the backend is up.
 
 So during an outage with traffic, fresh requests keep the breaker honest and nothing
 burns attempts; when only failing requests are left, they probe, and each probe moves
@@ -28,17 +45,13 @@ one of them on.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 import time
-from collections import Counter, OrderedDict
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Callable
 
 from dlqapp.core.errors import ErrorClass, Failure
-from dlqapp.observability.logs import log_event
-
-log = logging.getLogger("dlqapp.core.breaker")
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 BACKEND_WIDE = frozenset(
@@ -51,6 +64,11 @@ BACKEND_WIDE = frozenset(
         ErrorClass.RATE_LIMITED,
     }
 )
+BUCKETS = 10
+"""The time window is kept as this many buckets: it slides in steps of a tenth."""
+
+Move = Callable[[str, str, int | None], None]
+"""Told of each state change: (previous, new, open_ms when it opens)."""
 
 
 def is_backend_wide(failure: Failure | None) -> bool:
@@ -59,23 +77,69 @@ def is_backend_wide(failure: Failure | None) -> bool:
 
 @dataclass(frozen=True)
 class BreakerConfig:
-    window: int = 20
-    min_calls: int = 10
+    window_ms: int = 10_000
+    min_calls: int = 50
     failure_ratio: float = 0.5
+    consecutive: int = 15
     open_ms: int = 5_000
     max_open_ms: int = 60_000
     probes: int = 3
     enabled: bool = True
 
 
+class OutcomeWindow:
+    """Calls and backend-wide failures over the last `window_ms`, in BUCKETS steps,
+    and the current run of consecutive failures."""
+
+    def __init__(self, window_ms: int, clock: Callable[[], float]) -> None:
+        self._bucket_s = max(window_ms, BUCKETS) / 1000 / BUCKETS
+        self._clock = clock
+        self._buckets: deque[list[int]] = deque()  # [bucket number, calls, failures]
+        self.calls = 0
+        self.failures = 0
+        self.run = 0
+
+    def add(self, failed: bool) -> None:
+        now = self._expire()
+        if not self._buckets or self._buckets[-1][0] != now:
+            self._buckets.append([now, 0, 0])
+        bucket = self._buckets[-1]
+        bucket[1] += 1
+        self.calls += 1
+        if failed:
+            bucket[2] += 1
+            self.failures += 1
+            self.run += 1
+        else:
+            self.run = 0
+
+    def _expire(self) -> int:
+        now = int(self._clock() / self._bucket_s)
+        while self._buckets and self._buckets[0][0] <= now - BUCKETS:
+            _, calls, failures = self._buckets.popleft()
+            self.calls -= calls
+            self.failures -= failures
+        return now
+
+    def counts(self) -> tuple[int, int]:
+        """(calls, backend-wide failures) in the window now."""
+        self._expire()
+        return self.calls, self.failures
+
+    def clear(self) -> None:
+        self._buckets.clear()
+        self.calls = self.failures = self.run = 0
+
+
 class CircuitBreaker:
     """Closed → open → half-open → closed, driven by call outcomes and the clock."""
 
-    def __init__(self, config: BreakerConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: BreakerConfig, clock: Callable[[], float] = time.monotonic, on_move: Move | None = None) -> None:
         self.config = config
         self.clock = clock
+        self._on_move = on_move
         self._state = CLOSED
-        self._outcomes: OrderedDict[object, bool] = OrderedDict()  # request → backend-wide failure
+        self._window = OutcomeWindow(config.window_ms, clock)
         self._open_ms = config.open_ms
         self._reopen_at = 0.0
         self._probing: Counter[object] = Counter()
@@ -145,11 +209,7 @@ class CircuitBreaker:
                 return False  # its own failure, not the backend's: an attempt, no re-open
             return self._judge_probe(backend_down)
         if state == CLOSED and not (backend_down and rank > 0):  # a repeat failure is no evidence either way
-            key = request_id if request_id is not None else object()
-            self._outcomes.pop(key, None)
-            self._outcomes[key] = backend_down
-            while len(self._outcomes) > self.config.window:
-                self._outcomes.popitem(last=False)
+            self._window.add(backend_down)
             if self._should_open():
                 self._open(self.config.open_ms)
         return backend_down and rank == 0 and self.state != CLOSED
@@ -169,8 +229,12 @@ class CircuitBreaker:
         return False
 
     def _should_open(self) -> bool:
-        calls = len(self._outcomes)
-        return self.config.enabled and calls >= self.config.min_calls and sum(self._outcomes.values()) / calls >= self.config.failure_ratio
+        if not self.config.enabled:
+            return False
+        if self._window.run >= self.config.consecutive:
+            return True
+        calls, failures = self._window.counts()
+        return calls >= self.config.min_calls and failures / calls >= self.config.failure_ratio
 
     def _open(self, open_ms: int) -> None:
         self._open_ms = open_ms
@@ -178,7 +242,7 @@ class CircuitBreaker:
         self._move(OPEN)
 
     def _close(self) -> None:
-        self._outcomes.clear()
+        self._window.clear()
         self._open_ms = self.config.open_ms
         self._move(CLOSED)
 
@@ -191,17 +255,17 @@ class CircuitBreaker:
         self.transitions.append((time.time(), old, new))
         self.moves[f"{old}->{new}"] += 1
         del self.transitions[:-50]
-        level = logging.WARNING if new == OPEN else logging.INFO
-        log_event(log, level, f"breaker_{new}", previous=old, open_ms=self._open_ms if new == OPEN else None)
+        if self._on_move is not None:
+            self._on_move(old, new, self._open_ms if new == OPEN else None)
 
     def snapshot(self) -> dict[str, object]:
         """State for /dlq/stats/ and metrics."""
         state = self.state
-        calls = len(self._outcomes)
+        calls, failures = self._window.counts()
         return {
             "state": state,
             "recent_calls": calls,
-            "recent_backend_failures": sum(self._outcomes.values()),
+            "recent_backend_failures": failures,
             "waiting": sum(self._waiting.values()),
             "reopens_in_ms": max(0, int((self._reopen_at - self.clock()) * 1000)) if state == OPEN else None,
             "tripped_since": int(self.tripped_at * 1000) if self.tripped_at is not None else None,

@@ -1,6 +1,6 @@
 """Health at a glance: per-minute rates kept in memory, retry lateness, stall detection.
 
-Pure code but `lateness_buckets` (which reads the Prometheus histogram); the clock is passed in. Each worker keeps `MinuteRates`, a ring of the last
+Pure code; the clock is passed in. Each worker keeps `MinuteRates`, a ring of the last
 `MINUTES` minutes of what its counters saw (received, succeeded, retried, dead-lettered),
 so the admin page's chart is there the moment it opens; the web layer fans `/health/`
 out to every worker and merges the answers with `merge_health`.
@@ -12,7 +12,6 @@ import math
 from collections import Counter, deque
 from typing import Any, Iterable, Mapping
 
-from dlqapp.observability.metrics import lateness
 
 MINUTES = 15
 MINUTE_MS = 60_000
@@ -35,7 +34,6 @@ class MinuteRates:
     def __init__(self, minutes: int = MINUTES) -> None:
         self.minutes = minutes
         self._buckets: deque[tuple[int, Counter[str]]] = deque()
-        self._lateness: deque[tuple[int, list[float]]] = deque()
 
     def add(self, counter_name: str, amount: int, now_ms: int) -> None:
         """Count `amount` of a stats counter at `now_ms` (negative amounts are not rates)."""
@@ -52,20 +50,6 @@ class MinuteRates:
                 self._buckets.popleft()
         return self._buckets[-1][1]
 
-    def mark_lateness(self, cumulative_buckets: list[float], now_ms: int) -> None:
-        """Remember the lateness histogram's cumulative bucket counts at the first look each minute."""
-        minute = now_ms // MINUTE_MS
-        if not self._lateness or self._lateness[-1][0] != minute:
-            self._lateness.append((minute, list(cumulative_buckets)))
-            while self._lateness[0][0] < minute - self.minutes:
-                self._lateness.popleft()
-
-    def lateness_window(self, cumulative_buckets: list[float]) -> list[float]:
-        """Bucket counts observed over the window (now minus the oldest remembered mark)."""
-        if not self._lateness or len(self._lateness[0][1]) != len(cumulative_buckets):
-            return list(cumulative_buckets)
-        return [now - then for now, then in zip(cumulative_buckets, self._lateness[0][1])]
-
     def series(self, now_ms: int) -> list[dict[str, int]]:
         """One point per minute, oldest first, the current (partial) minute last."""
         current = now_ms // MINUTE_MS
@@ -75,37 +59,6 @@ class MinuteRates:
             counts = known.get(minute, Counter())
             points.append({"minute": minute * MINUTE_MS, **{name: counts[name] for name in SERIES}})
         return points
-
-
-def quantile_from_buckets(bounds: list[float], counts: list[float], q: float) -> float | None:
-    """Upper bound of the histogram bucket holding quantile `q` (None with no samples).
-
-    Bucket resolution: the answer is a bucket's upper bound; past the last finite bucket
-    it is that bound (the quantile is at least that).
-
-    `counts` are cumulative per `bounds` (Prometheus `le` buckets, the last one +Inf).
-    """
-    total = counts[-1] if counts else 0
-    if total <= 0:
-        return None
-    rank = q * total
-    finite = [b for b in bounds if math.isfinite(b)]
-    for bound, count in zip(bounds, counts):
-        if count >= rank:
-            return bound if math.isfinite(bound) else (finite[-1] if finite else None)
-    return finite[-1] if finite else None
-
-
-def lateness_buckets() -> tuple[list[float], list[float]]:
-    """(bucket upper bounds, cumulative counts) of the retry-lateness histogram, all tiers summed."""
-    counts: dict[float, float] = {}
-    for family in lateness.collect():
-        for sample in family.samples:
-            if sample.name.endswith("_bucket"):
-                bound = float(sample.labels["le"])
-                counts[bound] = counts.get(bound, 0.0) + sample.value
-    bounds = sorted(counts)
-    return bounds, [counts[b] for b in bounds]
 
 
 def merge_series(series: Iterable[list[dict[str, int]]]) -> list[dict[str, int]]:

@@ -33,15 +33,29 @@ def configure_logging(settings: Settings) -> None:
     logging.getLogger(LOGGER_NAME).setLevel(settings.log_level.upper())
 
 
+class LibraryDetail(logging.Filter):
+    """Faust's, mode's and aiokafka's INFO lines (a line per partition, per service start,
+    recovery tables) are detail: shown at DEBUG only. dlqapp logs one line per phase
+    instead; warnings and errors of every library always pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or logging.getLogger().getEffectiveLevel() <= logging.DEBUG:
+            return True
+        # mode's services (dlqapp's own included) log "[^--Name]: Starting..." lines.
+        return record.name.startswith(LOGGER_NAME) and not str(record.msg).startswith("[^")
+
+
 def apply_log_format(settings: Settings) -> None:
-    """With DLQ_LOG_FORMAT=json, every handler of the root logger writes JSON lines.
+    """Quiet the libraries' INFO lines (LibraryDetail) and, with DLQ_LOG_FORMAT=json,
+    write every line as JSON.
 
     Runs once the worker has set up logging (Faust's lines included).
     """
-    if settings.log_format != "json":
-        return
     for handler in logging.getLogger().handlers:
-        handler.setFormatter(JsonFormatter())
+        if not any(isinstance(f, LibraryDetail) for f in handler.filters):
+            handler.addFilter(LibraryDetail())
+        if settings.log_format == "json":
+            handler.setFormatter(JsonFormatter())
 
 
 def _render(value: Any) -> str:
@@ -55,3 +69,9 @@ def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> 
         return
     line = " ".join([event, *(f"{k}={_render(v)}" for k, v in fields.items() if v is not None)])
     logger.log(level, line, extra={"event": event, "fields": fields})
+
+
+def log_breaker_move(previous: str, new: str, open_ms: int | None) -> None:
+    """The circuit breaker changed state: a warning when it opens, else info."""
+    level = logging.WARNING if new == "open" else logging.INFO
+    log_event(logging.getLogger("dlqapp.core.breaker"), level, f"breaker_{new}", previous=previous, open_ms=open_ms)

@@ -9,19 +9,21 @@ import gc
 import logging
 import socket
 import sys
+import time
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import faust
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 from mode.utils.objects import cached_property
+from mode.utils.times import want_seconds
 
 from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
-from dlqapp.observability.logs import apply_log_format, configure_logging
+from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.worker.durability import ConfirmedTable
 from dlqapp.worker.faust_compat import PatientTransport, SingleChannelReplyConsumer, dlq_consumer_class, keep_in_metadata, producer_client, widen_changelog_buffer
-from dlqapp.worker.kafka_admin import TopicMismatchError, ensure_topics
+from dlqapp.worker.kafka_admin import InternalTopic, TopicMismatchError, ensure_topics
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,8 @@ class DlqApp(faust.App):
     lifecycle: Lifecycle | None = None
     parts: Any = None
     """The worker's components (dlqapp.worker.composition.Components), for views and commands."""
+    _recovery_start: tuple[float, dict[Any, int]] | None = None
+    _ready_logged = False
 
     def attach(self, lifecycle: Lifecycle, parts: Any) -> None:
         """Called once by the composition root."""
@@ -95,14 +99,16 @@ class DlqApp(faust.App):
         apply_log_format(self.dlq_settings)
         if self.lifecycle is not None:
             self.lifecycle.started()
+        started = time.monotonic()
+        internal = self.internal_topics()
         try:
-            created = await ensure_topics(self.dlq_settings, [table.changelog_topic_name for table in self.tables.values()])
+            created = await ensure_topics(self.dlq_settings, internal)
         except TopicMismatchError as exc:
             log.critical("refusing to start: %s", exc)
             print(f"dlqapp: refusing to start: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(3) from None
-        if created:
-            log.info("topics_created names=%s", ",".join(created))
+        checked = len(self.dlq_settings.all_topics()) + len(internal)
+        log_event(log, logging.INFO, "topics_ready", checked=checked, created=len(created), seconds=round(time.monotonic() - started, 2))
 
     async def on_started(self) -> None:
         await super().on_started()
@@ -112,6 +118,18 @@ class DlqApp(faust.App):
         client = producer_client(self.producer)
         if client is not None:
             keep_in_metadata(client, self.written_topics())
+
+    def internal_topics(self) -> dict[str, InternalTopic]:
+        """The topics Faust declares itself, as Faust would declare them: the tables'
+        changelogs (compacted), the leader topic and this worker's reply topic."""
+        topics = {
+            table.changelog_topic_name: InternalTopic(table.partitions or self.conf.topic_partitions, {"cleanup.policy": "compact"})
+            for table in self.tables.values()
+        }
+        topics[f"{self.conf.id}-__assignor-__leader"] = InternalTopic(1, {})
+        reply_ms = int(want_seconds(self.conf.reply_expires) * 1000)
+        topics[self.conf.reply_to] = InternalTopic(1, {"cleanup.policy": "delete", "retention.ms": str(reply_ms)})
+        return topics
 
     def written_topics(self) -> list[str]:
         """Every topic this worker's producer writes to, but other workers' reply topics."""
@@ -138,6 +156,22 @@ class DlqApp(faust.App):
         if not self.should_stop and self.lifecycle is not None:
             self.lifecycle.assigned()
         await super()._on_partitions_assigned(assigned, generation_id)
+        owned = sorted({tp.partition for tp in assigned if tp.topic == self.dlq_settings.input})
+        log_event(log, logging.INFO, "partitions_assigned", generation=generation_id, partitions=len(owned), of=self.dlq_settings.partitions)
+        recovery = self.tables.recovery
+        self._recovery_start = (time.monotonic(), {tp: -1 if offset is None else offset for tp, offset in recovery.active_offsets.items()})
+
+    def on_rebalance_end(self) -> None:
+        super().on_rebalance_end()
+        if self._recovery_start is None:
+            return
+        began, offsets = self._recovery_start
+        self._recovery_start = None
+        records = sum(max(0, high - offsets.get(tp, -1)) for tp, high in self.tables.recovery.active_highwaters.items())
+        log_event(log, logging.INFO, "tables_recovered", records=records, seconds=round(time.monotonic() - began, 2))
+        if not self._ready_logged:
+            self._ready_logged = True
+            log_event(log, logging.INFO, "ready", console=f"{self.conf.canonical_url}/ui/".replace("//ui", "/ui"))
 
     def _new_transport(self) -> Any:
         # faust_compat: Faust's topic declarations, retried while a broker is down.
@@ -214,6 +248,7 @@ def create_app(settings: Settings) -> DlqApp:
             "middlewares": [guard_middleware(access_policy(settings))],
         },
         reply_create_topic=True,
+        reply_to_prefix=f"{settings.app_id}-reply-",
         stream_wait_empty=True,
         table_standby_replicas=1,
         Table=ConfirmedTable,

@@ -28,7 +28,9 @@ from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import InferenceBackend, create_backend
 from dlqapp.observability import metrics
 from dlqapp.observability.faust_monitor import install_counting_monitor
-from dlqapp.observability.health import MinuteRates, lateness_buckets
+from dlqapp.observability.logs import log_breaker_move
+from dlqapp.observability.health import MinuteRates
+from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.due_hop import DueHop
 from dlqapp.retries.lead import DueLead
@@ -38,7 +40,7 @@ from dlqapp.settings import Settings
 from dlqapp.worker.app import DlqApp, create_app, install_event_loop, load_settings
 from dlqapp.worker.counters import Counters
 from dlqapp.worker.crashguard import CrashGuard
-from dlqapp.worker.durability import at_end_of_step
+from dlqapp.worker.durability import at_end_of_step, open_steps
 from dlqapp.worker.faust_compat import consumer_lag, producer_send
 from dlqapp.worker.flow import InFlightWindows
 from dlqapp.worker.input_gate import InputGate
@@ -54,7 +56,6 @@ from dlqapp.worker.retention import (
 from dlqapp.worker.services import (
     AlertWebhook,
     CrashJournal,
-    HealthMarks,
     InputPause,
     LoopLag,
     RetentionSweep,
@@ -92,7 +93,7 @@ class Components:
 def build_components(app: DlqApp, settings: Settings, topology: Topology, clock: Clock = now_ms) -> Components:
     """Every component of a worker, wired from the settings."""
     rates = MinuteRates()
-    counters = Counters(topology.stats, lambda name, amount: rates.add(name, amount, clock()))
+    counters = Counters(topology.stats, open_steps, lambda name, amount: rates.add(name, amount, clock()))
     io = PartitionIO(settings.partitions, topology.requests, counters, clock, producer_send(app))
     parked = ParkedRetries(topology.parked_retries, settings.tiers)
     backend = create_backend(settings)
@@ -105,7 +106,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
     pipeline = Pipeline(
         backend,
         policy,
-        CircuitBreaker(settings.breaker_config()),
+        CircuitBreaker(settings.breaker_config(), on_move=log_breaker_move),
         slot_limiter(settings),
         io=io,
         parked=parked,
@@ -113,6 +114,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         max_payload_bytes=settings.max_payload_bytes,
         timeout_ms=settings.inference_timeout_ms,
         clock=clock,
+        lateness=LatenessWindow(),
         rng=random.Random(),
         gate=rate_gate(settings, lambda: input_share(app, settings)),
     )
@@ -213,7 +215,6 @@ def _register_services(app: DlqApp, parts: Components) -> None:
     app.service(RetentionSweep(app, parts.sweeper, parts.clock))
     app.service(CrashJournal(parts.crash_guard))
     app.service(LoopLag())
-    app.service(HealthMarks(app, lambda: parts.rates.mark_lateness(lateness_buckets()[1], parts.clock())))
     if parts.alerts is not None:
         app.service(AlertWebhook(parts.alerts))
 

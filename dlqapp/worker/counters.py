@@ -3,10 +3,12 @@
 Each partition has one counter blob in the `stats` table (key `p<partition>`), so the
 counts survive restarts and move with their partition; a read costs the same with a
 thousand or a million requests in the tables. Counts change only inside the stream of
-their partition (the event being handled names it); the blob is written at most every
-`FLUSH_INTERVAL_S` per partition, at the end of a handler, so a request costs no extra
-changelog write in a busy partition. A crash can lose the increments of that last
-interval: the stats are exact to within a fraction of a second of traffic.
+their partition (the event being handled names it); the blob is written at the end of a
+handler, at most every `FLUSH_INTERVAL_S` per partition while other handlers of the
+partition are still running, so a request costs no extra changelog write in a busy
+partition. The last handler of a burst always writes: a partition at rest has its exact
+counts on the broker, and a crash can lose only the increments of the last interval of
+a partition still busy (which its next handlers would have written).
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ def _key(partition: int) -> bytes:
 class Counters:
     """Per-partition counters: `add` in a stream step, `flush_due` at its end, `total` to read."""
 
-    def __init__(self, table: Any, observe: Callable[[str, int], None] = lambda name, amount: None) -> None:
-        """`observe(name, amount)` sees every counted change (the health page's minute rates)."""
+    def __init__(self, table: Any, open_steps: Callable[[int], int], observe: Callable[[str, int], None] = lambda name, amount: None) -> None:
+        """`open_steps(partition)` says how many handlers of the partition are running (the
+        caller's included); `observe(name, amount)` sees every counted change (the health
+        page's minute rates)."""
         self.table = table
+        self.open_steps = open_steps
         self.observe = observe
         self._counts: dict[int, Counter[str]] = {}
         self._written_at: dict[int, float] = {}
@@ -51,13 +56,16 @@ class Counters:
         self.observe(name, amount)
 
     def flush_due(self) -> None:
-        """Write the current partition's blob if it changed and was not written lately."""
+        """Write the current partition's blob if it changed, unless it was written lately
+        and another handler of the partition is still running (it will write it)."""
         event = current_event()
         if event is None:
             return
         partition = event.message.partition
+        if partition not in self._dirty:
+            return
         now = time.monotonic()
-        if partition in self._dirty and now - self._written_at.get(partition, 0.0) >= FLUSH_INTERVAL_S:
+        if now - self._written_at.get(partition, 0.0) >= FLUSH_INTERVAL_S or self.open_steps(partition) <= 1:
             blob = json.dumps(self._counts[partition], separators=(",", ":")).encode()
             self.table[_key(partition)] = blob
             self._written[partition] = blob

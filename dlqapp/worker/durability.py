@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+from collections import Counter
 from time import monotonic
 from typing import Any, Callable
 
@@ -38,11 +39,18 @@ PERSIST_INTERVAL_S = 0.2
 """How often, at most, a table partition's changelog offset is written to its RocksDB."""
 
 _end_of_step: list[Callable[[], None]] = []
+_open_steps: Counter[int] = Counter()
+"""Stream steps running now, per partition number (all topics: they are co-partitioned)."""
 
 
 def at_end_of_step(hook: Callable[[], None]) -> None:
     """Run `hook` at the end of every stream step, inside it (e.g. to write counters)."""
     _end_of_step.append(hook)
+
+
+def open_steps(partition: int) -> int:
+    """How many stream steps of `partition` are running now (the caller's own included)."""
+    return _open_steps[partition]
 
 
 class _Step:
@@ -132,11 +140,15 @@ def _in_stream(table: ConfirmedTable) -> tuple[int, Any] | None:
 class changelog_barrier:
     """On leaving the block, send the table writes made inside it and wait until the broker has them all."""
 
-    __slots__ = ("_step", "_token")
+    __slots__ = ("_step", "_token", "_partition")
 
     async def __aenter__(self) -> None:
         self._step = _Step()
         self._token = _step.set(self._step)
+        event = current_event()
+        self._partition = None if event is None else event.message.partition
+        if self._partition is not None:
+            _open_steps[self._partition] += 1
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
@@ -146,6 +158,10 @@ class changelog_barrier:
                 await _send_unconfirmed(self._step)
         finally:
             _step.reset(self._token)
+            if self._partition is not None:
+                _open_steps[self._partition] -= 1
+                if not _open_steps[self._partition]:
+                    del _open_steps[self._partition]
 
 
 async def _confirm(step: _Step) -> None:

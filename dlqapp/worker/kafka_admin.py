@@ -15,11 +15,12 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.protocol.metadata import MetadataRequest
+from aiokafka.errors import CoordinatorLoadInProgressError, CoordinatorNotAvailableError, KafkaConnectionError, NotCoordinatorError, KafkaError, TopicAlreadyExistsError, for_code
 
 from dlqapp.settings import Settings
 
@@ -30,6 +31,8 @@ COMPACTED = {"cleanup.policy": "compact"}
 MIN_ISR = "min.insync.replicas"
 DYNAMIC_TOPIC_CONFIG = 1
 """`config_source` of a setting made on the topic itself (DescribeConfigs v1+)."""
+KNOWN_WITHIN_S = 30.0
+"""How long a created topic may take to reach every broker's metadata."""
 RETRY_FOR_S = 90.0
 """How long the checks are retried while a broker is down or a leadership moves (the
 controller fences a dead broker after its session timeout, 9 s by default)."""
@@ -37,6 +40,14 @@ controller fences a dead broker after its session timeout, 9 s by default)."""
 
 class TopicMismatchError(RuntimeError):
     """An existing topic does not have the shape dlqapp needs, or the cluster cannot hold it."""
+
+
+@dataclass(frozen=True)
+class InternalTopic:
+    """A topic Faust would declare on its own (a changelog, the leader or reply topic)."""
+
+    partitions: int
+    configs: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -53,15 +64,19 @@ def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
     return {name: ({**COMPACTED, **base} if name == settings.dlq else base) for name in settings.all_topics()}
 
 
-async def ensure_topics(settings: Settings, changelogs: Iterable[str] = ()) -> list[str]:
-    """Create missing topics; raise `TopicMismatchError` if an existing one differs, or
-    if topics are missing and the cluster has fewer brokers than DLQ_REPLICATION_FACTOR.
+async def ensure_topics(settings: Settings, internal: Mapping[str, InternalTopic] | None = None) -> list[str]:
+    """Create missing topics and wait until every broker knows them all; raise
+    `TopicMismatchError` if an existing one differs, or if topics are missing and the
+    cluster has fewer brokers than DLQ_REPLICATION_FACTOR.
 
-    `changelogs` are Faust's changelog topics: Faust creates them, dlqapp checks that the
-    cluster can and keeps their `min.insync.replicas` in line. Returns the created names.
+    `internal` are the topics Faust would declare itself (changelogs, the leader topic,
+    the reply topic): dlqapp creates them first, so that on a brand-new cluster the
+    group's first assignment already holds them (Faust's own declaration races the
+    consumer's first join, and a changelog missing then stays unassigned). Their
+    `min.insync.replicas` is kept in line too. Returns the created names.
     """
-    changelogs = list(changelogs)
-    return await retry_while_transient(lambda: _ensure_once(settings, changelogs), lambda exc: log.warning("topics_check_retry error=%r", exc))
+    internal = dict(internal or {})
+    return await retry_while_transient(lambda: _ensure_once(settings, internal), lambda exc: log.warning("topics_check_retry error=%r", exc))
 
 
 async def retry_while_transient(attempt: Callable[[], Awaitable[T]], on_retry: Callable[[KafkaError], object]) -> T:
@@ -83,11 +98,12 @@ def transient(exc: KafkaError) -> bool:
     return isinstance(exc, KafkaConnectionError) or bool(getattr(exc, "retriable", False))
 
 
-async def _ensure_once(settings: Settings, changelogs: list[str]) -> list[str]:
+async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -> list[str]:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id=f"{settings.app_id}-admin")
     await admin.start()
     try:
         wanted = topic_configs(settings)
+        changelogs = list(internal)
         existing = await _shapes(admin, [*wanted, *changelogs])
         _check_partitions(settings, {n: s for n, s in existing.items() if n in wanted})
         _check_replicas(settings, existing)
@@ -105,7 +121,13 @@ async def _ensure_once(settings: Settings, changelogs: list[str]) -> list[str]:
         created = [name for name in wanted if name not in existing]
         if created:
             await _create(admin, settings, {name: wanted[name] for name in created})
-        return created
+        created_internal = [name for name in internal if name not in existing]
+        for name in created_internal:
+            topic = internal[name]
+            await _create(admin, settings, {name: {**topic.configs, MIN_ISR: str(settings.min_insync_replicas)}}, topic.partitions)
+        await _wait_until_known(admin, {**{n: settings.partitions for n in wanted}, **{n: t.partitions for n, t in internal.items()}})
+        await _wait_for_coordinator(admin, settings.app_id)
+        return [*created, *created_internal]
     finally:
         await admin.close()
 
@@ -210,9 +232,52 @@ async def _align_min_insync(admin: AIOKafkaAdminClient, settings: Settings, name
         log.info("min_insync_set topic=%s from=%s to=%s", name, current, wanted)
 
 
-async def _create(admin: AIOKafkaAdminClient, settings: Settings, configs: dict[str, dict[str, str]]) -> None:
+async def _wait_until_known(admin: AIOKafkaAdminClient, partitions: dict[str, int]) -> None:
+    """Wait until every live broker's metadata has each topic with all its partitions led:
+    a topic just created reaches the brokers a moment after CreateTopics returns, and a
+    consumer group joined before that would leave it unassigned."""
+    deadline = time.monotonic() + KNOWN_WITHIN_S
+    for node in await _live_brokers(admin):
+        while True:
+            response = await admin._send_request_to_node(node, MetadataRequest(list(partitions)))
+            missing = _not_known(response.to_object()["topics"], partitions)
+            if not missing:
+                break
+            if time.monotonic() > deadline:
+                raise TopicMismatchError(
+                    f"broker {node} still does not know topics {', '.join(sorted(missing)[:3])} {KNOWN_WITHIN_S:.0f} s after they were created; "
+                    "check the brokers' health (kafka-topics --describe)"
+                )
+            await asyncio.sleep(0.1)
+
+
+async def _wait_for_coordinator(admin: AIOKafkaAdminClient, group: str) -> None:
+    """Wait until the group has a coordinator: on a brand-new cluster the offsets topic is
+    created on the first request for one, and a consumer asking meanwhile logs errors."""
+    deadline = time.monotonic() + KNOWN_WITHIN_S
+    while True:
+        try:
+            await admin.find_coordinator(group)
+            return
+        except (CoordinatorNotAvailableError, NotCoordinatorError, CoordinatorLoadInProgressError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
+def _not_known(described: list[dict[str, Any]], partitions: dict[str, int]) -> set[str]:
+    """The topics a metadata answer lacks, or has with fewer partitions or a partition without leader."""
+    known = {
+        d["topic"]
+        for d in described
+        if d["error_code"] == 0 and len(d["partitions"]) >= partitions.get(d["topic"], 0) and all(p["leader"] >= 0 for p in d["partitions"])
+    }
+    return set(partitions) - known
+
+
+async def _create(admin: AIOKafkaAdminClient, settings: Settings, configs: dict[str, dict[str, str]], partitions: int | None = None) -> None:
     new = [
-        NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=config)
+        NewTopic(name, partitions or settings.partitions, settings.replication_factor, topic_configs=config)
         for name, config in configs.items()
     ]
     response = await admin.create_topics(new)

@@ -59,6 +59,7 @@ from dlqapp.flowcontrol.limits import RateLimits
 from dlqapp.flowcontrol.slots import PRIORITIES
 from dlqapp.inference import InferenceBackend, InferenceOutput
 from dlqapp.observability import metrics
+from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.observability.logs import log_event
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.worker.flow import PriorityLimiter
@@ -105,6 +106,7 @@ class Pipeline:
         max_payload_bytes: int,
         timeout_ms: int,
         clock: Clock,
+        lateness: LatenessWindow,
         rng: random.Random | None = None,
         gate: RateGate | None = None,
     ) -> None:
@@ -118,6 +120,7 @@ class Pipeline:
         self.outlets = outlets
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
+        self.lateness = lateness
         self.in_flight: set[str] = set()
         self._rng = rng or random.Random()
         self._timeout_s = timeout_ms / 1000
@@ -268,6 +271,7 @@ class Pipeline:
             raise DeadlinePassed(expired)
         if scheduled is not None:
             metrics.lateness.labels(label).observe(max(0, started - scheduled) / 1000)
+            self.lateness.add(label, started - scheduled, started)
         output, failure = await self.call_backend(request, number, model)
         self.after_call(model or request.model, permit, output, failure, (self.clock() - started) / 1000)
         return started, output, failure

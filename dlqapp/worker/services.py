@@ -183,17 +183,3 @@ class AlertWebhook(Service):
     @Service.task
     async def _run(self) -> None:
         await self.alerts.run(lambda: self.should_stop)
-
-
-class HealthMarks(_Loop):
-    """Every few seconds, let the health panel's minute ring mark the retry-lateness histogram,
-    so its p99 covers the last minutes even when nobody had the page open."""
-
-    interval_s = 5.0
-
-    def __init__(self, app: Any, mark: Any, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        self.mark = mark
-
-    async def tick(self) -> None:
-        self.mark()

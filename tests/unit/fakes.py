@@ -14,6 +14,7 @@ from typing import Any
 
 from dlqapp.worker.input_gate import InputGate
 from dlqapp.core.backoff import Backoff
+from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.core.breaker import BreakerConfig, CircuitBreaker
 from dlqapp.core.errors import DEFAULT_RETRYABLE, ErrorClass, InferenceError
 from dlqapp.core.outcomes import RetryPolicy
@@ -204,6 +205,7 @@ def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool 
         max_payload_bytes=1_000_000,
         timeout_ms=5000,
         clock=clock,
+        lateness=LatenessWindow(),
     )
     scheduler = RetryScheduler(parked, pipeline, io, None, InputGate(lambda: True, clock), batch=100, max_payload_bytes=1_000_000, clock=clock)  # type: ignore[arg-type]
     recorder = DeadLetterRecorder(dead_letters, FakeTable("dead-letters-by-time"), counters, str(tmp_path / "dead-letters.jsonl"))  # type: ignore[arg-type]

@@ -1,3 +1,7 @@
+import random
+
+import pytest
+
 from dlqapp.core.breaker import CLOSED, HALF_OPEN, OPEN, BreakerConfig, CircuitBreaker
 from dlqapp.core.errors import ErrorClass, Failure
 
@@ -14,7 +18,8 @@ class Clock:
 
 
 def breaker(clock, **overrides):
-    return CircuitBreaker(BreakerConfig(**{"window": 10, "min_calls": 4, "failure_ratio": 0.5, "open_ms": 5000, "max_open_ms": 20_000, "probes": 2, **overrides}), clock)
+    config = {"window_ms": 10_000, "min_calls": 4, "failure_ratio": 0.5, "consecutive": 100, "open_ms": 5000, "max_open_ms": 20_000, "probes": 2}
+    return CircuitBreaker(BreakerConfig(**{**config, **overrides}), clock)
 
 
 def test_opens_on_backend_wide_failures_only():
@@ -76,16 +81,32 @@ def test_disabled_breaker_never_opens():
     assert b.state == CLOSED
 
 
-def test_one_request_failing_again_and_again_counts_once():
-    b = breaker(Clock())
-    for _ in range(20):
-        b.record(DOWN, "the-same-broken-request")
+def test_the_window_is_time_old_outcomes_leave_it():
+    clock = Clock()
+    b = breaker(clock, min_calls=4)
     for n in range(3):
-        b.record(None, f"fine-{n}")
+        b.record(DOWN, f"old-{n}")
+    clock.now += 10.0  # the three failures are a window old now
+    b.record(DOWN, "new")
+    assert b.state == CLOSED and b.snapshot()["recent_calls"] == 1
+    for n in range(3):
+        b.record(DOWN, f"new-{n}")
+    assert b.state == OPEN
+
+
+def test_consecutive_fresh_failures_open_it_whatever_the_window_holds():
+    clock = Clock()
+    b = breaker(clock, consecutive=5, min_calls=1000)
+    for n in range(100):
+        b.record(None, f"ok-{n}")
+    for n in range(4):
+        b.record(DOWN, f"down-{n}")
+    b.record(None, "one-success")  # breaks the run
+    for n in range(4):
+        b.record(DOWN, f"down-again-{n}")
     assert b.state == CLOSED
-    for n in range(3):
-        b.record(DOWN, f"other-{n}")
-    assert b.state == OPEN  # 4 distinct requests down out of 7 seen
+    b.record(DOWN, "fifth-in-a-row")
+    assert b.state == OPEN
 
 
 def _open_then_half_open(clock, b):
@@ -169,3 +190,67 @@ def test_a_probe_cancelled_before_its_outcome_is_given_back():
     b.record(None, "c")
     b.record(None, "d")
     assert b.state == CLOSED
+
+
+def simulate(rate_per_s: float, failure_share: float, seconds: float, seed: int, outage_from: float | None = None, **config):
+    """Fresh requests at a steady rate over a fake clock; a share fail backend-wide (all
+    of them from `outage_from` on). Returns the breaker and the time it first opened."""
+    clock = Clock()
+    start = clock.now
+    b = CircuitBreaker(BreakerConfig(**config), clock)
+    rng = random.Random(seed)
+    opened_at = None
+    for n in range(int(rate_per_s * seconds)):
+        clock.now = start + n / rate_per_s
+        down = rng.random() < failure_share or (outage_from is not None and clock.now - start >= outage_from)
+        b.record(DOWN if down else None, f"r{n}", rank=0)
+        if opened_at is None and b.state != CLOSED:
+            opened_at = clock.now - start
+    return b, opened_at
+
+
+@pytest.mark.parametrize("rate_per_s", [10, 150, 1000])
+@pytest.mark.parametrize("failure_share", [0.1, 0.21, 0.3])
+def test_a_steady_partial_failure_rate_never_opens_it_at_any_throughput(rate_per_s, failure_share):
+    """Issue 34: at 150 requests/s and 21 % failures the old 20-call window opened ~10 times a minute."""
+    b, opened_at = simulate(rate_per_s, failure_share, seconds=600 if rate_per_s < 1000 else 120, seed=rate_per_s)
+    assert opened_at is None, f"opened after {opened_at:.1f} s; moves {dict(b.moves)}"
+    assert b.moves == {}
+
+
+@pytest.mark.parametrize("rate_per_s", [10, 150, 1000])
+def test_an_outage_opens_it_within_two_seconds_of_traffic(rate_per_s):
+    b, opened_at = simulate(rate_per_s, 0.2, seconds=40, seed=7, outage_from=30.0)
+    assert opened_at is not None and 30.0 <= opened_at <= 32.0, opened_at
+
+
+def test_a_partial_outage_above_the_ratio_opens_it_through_the_window():
+    b, opened_at = simulate(150, 0.7, seconds=30, seed=3, consecutive=10_000)
+    assert opened_at is not None and opened_at <= 10.0
+
+
+def test_it_closes_once_the_backend_is_back():
+    clock = Clock()
+    b = breaker(clock, consecutive=5, min_calls=10)
+    for n in range(5):
+        b.record(DOWN, f"d{n}")
+    assert b.state == OPEN
+    clock.now += 5.0
+    assert b.allow("p1") and b.allow("p2")
+    b.record(None, "p1")
+    b.record(None, "p2")
+    assert b.state == CLOSED and b.snapshot()["recent_calls"] == 0
+    for n in range(4):  # a fresh window: four failures in a row are not five
+        b.record(DOWN, f"after-{n}")
+    assert b.state == CLOSED
+
+
+def test_moves_are_told_to_the_listener():
+    clock = Clock()
+    heard = []
+    b = CircuitBreaker(BreakerConfig(consecutive=2, open_ms=1000), clock, on_move=lambda *move: heard.append(move))
+    b.record(DOWN, "a")
+    b.record(DOWN, "b")
+    clock.now += 1.0
+    assert b.state == HALF_OPEN
+    assert heard == [("closed", "open", 1000), ("open", "half_open", None)]

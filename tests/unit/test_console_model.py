@@ -9,7 +9,8 @@ import math
 
 from dlqapp.core.headers import H_RUN_NOW
 from dlqapp.deadletters.estimate import estimated_tokens
-from dlqapp.observability.health import MINUTE_MS, MinuteRates, merge_health, quantile_from_buckets, worker_alerts
+from dlqapp.observability.health import MINUTE_MS, MinuteRates, merge_health, worker_alerts
+from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.listing import merge_retries
 from tests.unit.fakes import FakeEvent, FakeMessage, ScriptedBackend, request, state_of, worker
@@ -34,14 +35,18 @@ def test_minute_rates_keep_fifteen_minutes_and_only_the_four_series():
     assert all(p["received"] == 0 for p in points) and points[-1]["succeeded"] == 1  # the first minute fell off
 
 
-def test_lateness_p99_is_read_over_the_window_at_bucket_resolution():
-    bounds = [0.01, 0.1, 1.0, math.inf]
-    assert quantile_from_buckets(bounds, [0, 0, 0, 0], 0.99) is None
-    assert quantile_from_buckets(bounds, [98, 99, 100, 100], 0.99) == 0.1
-    assert quantile_from_buckets(bounds, [0, 0, 0, 5], 0.99) == 1.0  # past the last finite bucket
-    rates = MinuteRates()
-    rates.mark_lateness([100, 100, 100, 100], 0)
-    assert rates.lateness_window([100, 100, 110, 110]) == [0, 0, 10, 10]  # only what happened since the mark
+def test_lateness_p99_is_exact_per_tier_and_over_the_window():
+    window = LatenessWindow(window_ms=60_000)
+    assert window.p99_ms(0) is None and window.summary(0) == {}
+    for n in range(1, 101):  # 1..100 ms late
+        window.add("1s", n, at_ms=1_000 + n)
+    window.add("10s", 5_000, at_ms=1_000)
+    assert window.summary(2_000)["1s"] == {"count": 100, "p50_ms": 50, "p99_ms": 99, "max_ms": 100}
+    assert window.p99_ms(2_000) == 100  # 101 samples, rank ceil(99.99) = 100: 100 ms
+    assert window.summary(61_051) == {"1s": {"count": 50, "p50_ms": 75, "p99_ms": 100, "max_ms": 100}}  # older ones left
+    window.add("1s", -30, at_ms=61_051)  # started early on a skewed clock: never negative
+    assert window.summary(61_051)["1s"] == {"count": 51, "p50_ms": 75, "p99_ms": 100, "max_ms": 100}
+    assert window.p99_ms(200_000) is None
 
 
 def test_alerts_name_the_breaker_and_what_it_holds_and_stay_quiet_when_healthy():

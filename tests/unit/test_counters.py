@@ -21,7 +21,7 @@ def in_step(partition: int) -> FakeEvent:
 
 def test_counts_not_yet_written_by_a_step_are_written_on_a_hand_back():
     table = FakeTable("stats")
-    counters = Counters(table)
+    counters = Counters(table, open_steps=lambda partition: 2)  # another handler is running
     written: list[tuple[bytes, dict, int]] = []
 
     async def send(key: bytes, blob: bytes, partition: int) -> None:
@@ -36,4 +36,23 @@ def test_counts_not_yet_written_by_a_step_are_written_on_a_hand_back():
     assert asyncio.run(counters.write_unwritten(send)) == 1
     assert written == [(b"p2", {"dlq_size": 5}, 2)]
     assert asyncio.run(counters.write_unwritten(send)) == 0, "nothing is written twice"
+    del event
+
+
+def test_the_last_running_handler_of_a_partition_always_writes_its_counts():
+    """Issue 30: a burst's last increments stayed in memory until the partition's next
+    event, and a kill -9 meanwhile lost them (totals wrong after a failover)."""
+    table = FakeTable("stats")
+    running = {3: 3}
+    counters = Counters(table, open_steps=lambda partition: running[partition])
+    event = in_step(3)
+    counters.add("dlq_size")
+    counters.flush_due()  # the first write of the partition
+    counters.add("dlq_size")
+    counters.flush_due()  # two more handlers still running: they will write
+    assert json.loads(table[b"p3"]) == {"dlq_size": 1}
+    running[3] = 1
+    counters.add("dlq_size")
+    counters.flush_due()  # the last one of the burst: written at once
+    assert json.loads(table[b"p3"]) == {"dlq_size": 3}
     del event
