@@ -56,6 +56,9 @@ sys.path.insert(0, str(ROOT))
 
 from dlqapp.settings import Settings  # noqa: E402
 from dlqapp.worker.kafka_admin import ensure_topics  # noqa: E402
+from bench.soak import SoakConfig, run_soak  # noqa: E402
+from bench.soak import markdown as soak_markdown  # noqa: E402
+from bench.soak import plot as soak_plot  # noqa: E402
 from tests.support import (  # noqa: E402
     LocalKafka,
     MockLLM,
@@ -978,6 +981,11 @@ class Bench:
         print(f"  scale_out run: lost {lost}, {steps}", flush=True)
         return {"requests": len(ids), "lost": lost, "steps": steps}
 
+    def soak(self) -> dict[str, Any]:
+        """Steady state under a flaky provider with one outage (bench/soak.py); SOAK_S sets its length."""
+        result = run_soak(self.bootstrap, self.tmp, SoakConfig(duration_s=SOAK_S if not self.quick else 60, outage_s=20 if not self.quick else 5))
+        return result
+
     def recovery(self) -> dict[str, Any]:
         parked = 200 if self.quick else 100_000
         worker = self.simulated_worker(latency_ms=1, DLQ_RETRY_DELAYS="30m,31m,32m", DLQ_SESSION_TIMEOUT="6s")
@@ -1017,6 +1025,9 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     (out / "latest.json").write_text(json.dumps(results, indent=2))
     (out / "latest.md").write_text(markdown(results))
     plots(results, samples, out)
+    if "soak" in results:
+        (out / "soak.json").write_text(json.dumps({"when": results["when"], "machine": results["machine"], **results["soak"]}, indent=2))
+        soak_plot(results["soak"], out)
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -1024,7 +1035,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines = ["# dlqapp benchmark", "", header, ""]
     for section, render in (("throughput", _md_throughput), ("overhead", _md_overhead), ("llm_scale", _md_llm_scale), ("latency", _md_latency), ("lateness", _md_lateness),
                             ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery), ("stats_cost", _md_stats_cost),
-                            ("flow_control", _md_flow_control), ("partitions", _md_partitions), ("scale_out", _md_scale_out)):
+                            ("flow_control", _md_flow_control), ("partitions", _md_partitions), ("scale_out", _md_scale_out), ("soak", soak_markdown)):
         if section in r:
             lines += render(r[section]) + [""]
     return "\n".join(lines)
@@ -1257,6 +1268,9 @@ SCALE_PARTITIONS = 12
 SCALE_RUNS = 3
 """`scale_out`: each step's length, the steady input rate, the partitions the workers share, runs."""
 
+SOAK_S = int(os.environ.get("SOAK_S", "1800"))
+"""Length of the `soak` run (30 min by default)."""
+
 PARTITION_COUNTS = (3, 12, 24)
 """DLQ_PARTITIONS values `partitions` compares (fresh worker and topics each run)."""
 
@@ -1273,9 +1287,10 @@ SECTIONS = {
     "flow_control": "flow_control",
     "partitions": "partition_cost",
     "scale_out": "scale_out",
+    "soak": "soak",
 }
 """Report section → Bench method, in the order a full run measures them."""
-NOT_IN_QUICK = {"flow_control", "scale_out"}
+NOT_IN_QUICK = {"flow_control", "scale_out", "soak"}
 """Left out of `--quick` unless named in `--only` (six and four workers: too slow for `make test`)."""
 
 

@@ -39,6 +39,7 @@ from dlqapp.deadletters.queries import (
 from dlqapp.observability import metrics
 from dlqapp.observability.health import merge_health
 from dlqapp.retries.listing import RetryFilter, local_retries, merge_retries
+from dlqapp.settings import parse_duration_ms
 from dlqapp.worker.counters import grouped
 from dlqapp.worker.faust_compat import active_partitions, consumer_lag, values_newest_first
 
@@ -90,6 +91,20 @@ def handled(handler: Callable[..., Awaitable[web.Response]]) -> Callable[..., Aw
     wrapper.__name__ = handler.__name__
     wrapper.__doc__ = handler.__doc__
     return wrapper
+
+
+def lateness_window(request: web.Request) -> int | None:
+    """`?window=` of a health read in ms (None: the whole window kept)."""
+    text = request.query.get("window")
+    if text is None:
+        return None
+    try:
+        window_ms = parse_duration_ms(text)
+    except ValueError as exc:
+        raise BadQuery(f"window: {exc}") from None
+    if window_ms <= 0:
+        raise BadQuery("window must be positive (example: 15s)")
+    return window_ms
 
 
 async def read_json(request: web.Request) -> Any:
@@ -396,11 +411,12 @@ class Api:
 
     # -- health -----------------------------------------------------------------------
 
-    def local_health(self) -> dict[str, Any]:
-        """This worker's share of the health panel."""
+    def local_health(self, lateness_window_ms: int | None = None) -> dict[str, Any]:
+        """This worker's share of the health panel (retry lateness over the last
+        `lateness_window_ms`, at most and by default 5 minutes)."""
         parts, now = self.parts, self.parts.clock()
         next_due, earliest = parts.parked.next_due()
-        late_ms = parts.pipeline.lateness.p99_ms(now)
+        late_ms = parts.pipeline.lateness.p99_ms(now, lateness_window_ms)
         breaker = parts.pipeline.breaker.snapshot()
         breaker.pop("transitions", None)
         return {
@@ -413,12 +429,13 @@ class Api:
             "oldest_overdue_ms": (now - earliest) if earliest is not None and earliest < now else None,
             "consumer_lag": sum(lag for _, _, lag in consumer_lag(self.app, set(self.settings.all_topics()))),
             "retry_lateness_p99_s": None if late_ms is None else late_ms / 1000,
-            "retry_lateness_by_tier": parts.pipeline.lateness.summary(now),
+            "retry_lateness_by_tier": parts.pipeline.lateness.summary(now, lateness_window_ms),
             "event_loop_lag_s": metrics.loop_lag._value.get(),
         }
 
-    async def health(self) -> dict[str, Any]:
-        parts, errors = await self.fan_out(self.local_health, "/health/_local/", {})
+    async def health(self, lateness_window_ms: int | None = None) -> dict[str, Any]:
+        params = {} if lateness_window_ms is None else {"window": f"{lateness_window_ms}ms"}
+        parts, errors = await self.fan_out(lambda: self.local_health(lateness_window_ms), "/health/_local/", params)
         return merge_health(parts, errors, self.parts.clock())
 
     async def replay(self, request_id: str, body: Any, actor: str) -> dict[str, Any]:
@@ -566,13 +583,14 @@ def register_views(app: Any, api: Api) -> None:
     @app.page("/health/")
     @handled
     async def health(self: web.View, request: web.Request) -> web.Response:
-        """Health of every worker and in total: rates per minute, breaker, parked, lag, alerts."""
-        return self.json(await api.health())
+        """Health of every worker and in total: rates per minute, breaker, parked, lag, alerts;
+        `?window=15s`: retry lateness over that last while (default and most: 5 min)."""
+        return self.json(await api.health(lateness_window(request)))
 
     @app.page("/health/_local/")
     async def health_local(self: web.View, request: web.Request) -> web.Response:
         """This worker's share of the health panel (used by the fan-out)."""
-        return self.json(api.local_health())
+        return self.json(api.local_health(lateness_window(request)))
 
 
     @app.page("/inference/calls/{request_id}/")

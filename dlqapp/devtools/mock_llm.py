@@ -2,6 +2,12 @@
 
     dlqapp-mock-llm --port 8000 --latency-ms 100 --jitter-ms 20 --fail 503=0.05,429=0.02 --seed 1
     dlqapp-mock-llm --limit-rpm 600 --limit-tpm 100000
+    dlqapp-mock-llm --fail-once 503=0.2 --fail-always 401=0.01
+
+`--fail` fails a share of *calls* at random. `--fail-once` and `--fail-always` fail a share
+of *requests* (by `X-Request-ID`, drawn from a hash of the id, so the same ids fail in every
+run): `--fail-once` their first call only (a flaky provider: the retry succeeds),
+`--fail-always` every call (a request the provider never serves).
 
 `--limit-rpm`/`--limit-tpm` enforce a provider's limits per model: a call over them is
 answered at once with 429 `rate_limit_exceeded` and `retry-after`/`retry-after-ms` (the time
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import logging
 import math
 import random
@@ -86,6 +93,8 @@ class MockState:
     outcomes: Counter[str] = field(default_factory=Counter)
     outage_status: int | None = None
     limits: "ProviderLimits | None" = None
+    once: list[tuple[str, float]] = field(default_factory=list)
+    always: list[tuple[str, float]] = field(default_factory=list)
 
 
 class ProviderLimits:
@@ -161,7 +170,7 @@ def build_app(state: MockState) -> web.Application:
             return throttled
         delay = max(0.0, state.latency_ms + (state.rng.random() * 2 - 1) * state.jitter_ms) / 1000
         await asyncio.sleep(delay)
-        failure = _planned_failure(state, request_id) or _outage(state) or _random_failure(state)
+        failure = _planned_failure(state, request_id) or _outage(state) or _request_failure(state, request_id) or _random_failure(state)
         if failure == TIMEOUT:
             state.outcomes[TIMEOUT] += 1
             await asyncio.sleep(HANG_S)  # the client's timeout ends the call
@@ -266,6 +275,34 @@ def _outage(state: MockState) -> web.Response | None:
     return failure_response(state.outage_status)
 
 
+def request_share(request_id: str) -> float:
+    """Where a request id falls in [0, 1): the same for every run and every process."""
+    return int.from_bytes(hashlib.sha1(request_id.encode()).digest()[:8], "big") / 2**64
+
+
+def _request_failure(state: MockState, request_id: str) -> Failure:
+    """`--fail-once` then `--fail-always`, as consecutive bands of the id's share."""
+    if not (state.once or state.always) or not request_id:
+        return None
+    roll = request_share(request_id)
+    for kind, share in state.once:
+        if roll < share:
+            return _failure_of(kind, state) if state.calls[request_id] == 1 else None
+        roll -= share
+    for kind, share in state.always:
+        if roll < share:
+            return _failure_of(kind, state)
+        roll -= share
+    return None
+
+
+def _failure_of(kind: str, state: MockState) -> Failure:
+    if kind == TIMEOUT:
+        return TIMEOUT
+    status = int(kind)
+    return failure_response(status, headers={"retry-after": str(state.retry_after)} if status == 429 else {})
+
+
 def _random_failure(state: MockState) -> Failure:
     roll = state.rng.random()
     for kind, share in state.mix:
@@ -294,13 +331,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--latency-ms", type=float, default=100.0, help="fixed latency per call")
     parser.add_argument("--jitter-ms", type=float, default=0.0, help="uniform ± jitter on the latency")
     parser.add_argument("--fail", type=parse_mix, default=[], help="failure mix, e.g. 500=0.02,503=0.03,429=0.02,timeout=0.01,400=0.01")
+    parser.add_argument("--fail-once", type=parse_mix, default=[], help="shares of request ids whose first call fails, e.g. 503=0.2")
+    parser.add_argument("--fail-always", type=parse_mix, default=[], help="shares of request ids whose every call fails, e.g. 401=0.01")
     parser.add_argument("--retry-after", type=float, default=1.0, help="retry-after seconds on random 429s")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--limit-rpm", type=_positive, default=None, help="requests per minute per model; more are answered 429 with retry-after")
     parser.add_argument("--limit-tpm", type=_positive, default=None, help="tokens (usage.total_tokens) per minute per model; more are answered 429")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    state = MockState(args.latency_ms, args.jitter_ms, args.fail, args.retry_after, random.Random(args.seed))
+    state = MockState(args.latency_ms, args.jitter_ms, args.fail, args.retry_after, random.Random(args.seed), once=args.fail_once, always=args.fail_always)
+    if sum(share for _, share in [*args.fail_once, *args.fail_always]) > 1:
+        parser.error("--fail-once and --fail-always shares add up to more than 1")
     if args.limit_rpm or args.limit_tpm:
         state.limits = ProviderLimits(args.limit_rpm, args.limit_tpm)
     print(f"dlqapp-mock-llm on http://{args.host}:{args.port}/v1 (latency {args.latency_ms:g}±{args.jitter_ms:g} ms)", flush=True)

@@ -37,24 +37,27 @@ class LatenessWindow:
             samples = self._samples[tier] = deque(maxlen=self.max_samples)
         samples.append((at_ms, max(0, late_ms)))
 
-    def _recent(self, now_ms: int) -> dict[str, list[int]]:
+    def _recent(self, now_ms: int, window_ms: int | None) -> dict[str, list[int]]:
         oldest = now_ms - self.window_ms
+        since = now_ms - min(window_ms or self.window_ms, self.window_ms)
         recent = {}
         for tier, samples in self._samples.items():
             while samples and samples[0][0] < oldest:
                 samples.popleft()
-            if samples:
-                recent[tier] = sorted(late for _, late in samples)
+            values = sorted(late for at, late in samples if at >= since)
+            if values:
+                recent[tier] = values
         return recent
 
-    def summary(self, now_ms: int) -> dict[str, dict[str, int]]:
-        """Per tier: count, p50, p99 and max lateness in ms over the window."""
+    def summary(self, now_ms: int, window_ms: int | None = None) -> dict[str, dict[str, int]]:
+        """Per tier: count, p50, p99 and max lateness in ms over the last `window_ms`
+        (at most, and by default, the whole window kept)."""
         return {
             tier: {"count": len(values), "p50_ms": quantile(values, 0.5), "p99_ms": quantile(values, 0.99), "max_ms": values[-1]}
-            for tier, values in sorted(self._recent(now_ms).items())
+            for tier, values in sorted(self._recent(now_ms, window_ms).items())
         }
 
-    def p99_ms(self, now_ms: int) -> int | None:
+    def p99_ms(self, now_ms: int, window_ms: int | None = None) -> int | None:
         """The p99 over every tier together (None with no retry in the window)."""
-        values = sorted(v for tier_values in self._recent(now_ms).values() for v in tier_values)
+        values = sorted(v for tier_values in self._recent(now_ms, window_ms).values() for v in tier_values)
         return quantile(values, 0.99) if values else None

@@ -112,9 +112,13 @@ def scan_chunk(db: Any, after: bytes | None, limit: int, values: bool = True) ->
 
 
 def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
-    """(topic, partition, log end offset minus committed offset) for `topics`.
+    """(topic, partition, messages not yet read by the agents) for `topics`: the log end
+    offset minus the next offset to read.
 
-    Faust keeps the committed offsets it knows in `Consumer._committed_offset`.
+    Faust keeps the offset it last handed to a stream in `Consumer._read_offset`, the
+    committed ones in `Consumer._committed_offset` (used before the first read). The
+    committed offset trails the read one by up to the commit interval (2.8 s), so a lag
+    measured from it says more about the commit interval than about falling behind.
     """
     consumer = app.consumer
     lag: list[tuple[str, int, int]] = []
@@ -130,7 +134,9 @@ def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
         except Exception:  # not fetched yet
             continue
         if high is not None:
-            lag.append((tp.topic, tp.partition, max(0, high - (consumer._committed_offset.get(tp) or 0))))
+            read = consumer._read_offset.get(tp)
+            position = read + 1 if read is not None else consumer._committed_offset.get(tp) or 0
+            lag.append((tp.topic, tp.partition, max(0, high - position)))
     return lag
 
 

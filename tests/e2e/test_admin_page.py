@@ -27,7 +27,8 @@ def worker(kafka_bootstrap, tmp_path_factory):
 def dead(worker):
     """Five dead letters: three auth_error, one content_filter, one carrying a script."""
     plan = lambda error: {"metadata": {"simulate": {"fail_times": 1, "error": error}}}  # noqa: E731
-    ids = {"auth": [unique("auth") for _ in range(3)], "filter": [unique("filter")], "script": [unique("script")]}
+    long_id = unique("filter") + "-rag-ingestion-batch-2026-12-02-document-chunk-000123456789"  # shown whole, never cut
+    ids = {"auth": [unique("auth") for _ in range(3)], "filter": [long_id], "script": [unique("script")]}
     messages = [(rid.encode(), request_bytes(rid, **plan("auth_error"))) for rid in ids["auth"]]
     messages += [(rid.encode(), request_bytes(rid, **plan("content_filter"))) for rid in ids["filter"]]
     script_id = ids["script"][0]

@@ -224,7 +224,7 @@ def test_lookup_shows_the_attempt_timeline_scheduled_vs_actual(worker, mock, pag
 
 @pytest.mark.parametrize("width", [1280, 800])
 def test_health_panel_and_nothing_clipped(worker, mock, new_page, width):
-    park(worker, mock, f"layout{width}", 1)
+    park(worker, mock, f"layout{width}-rag-ingestion-batch-2026-12-02-document-chunk", 1)  # a long id is shown whole
     page = new_page(width, 900)
     page.goto(worker.url + "/ui/")
     page.wait_for_selector("#health-total .tile")
