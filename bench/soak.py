@@ -175,15 +175,15 @@ def goals(series: list[dict[str, Any]], config: SoakConfig) -> dict[str, Any]:
     steady = [r for r in series if r["t_s"] > config.sample_s and not (start <= r["t_s"] <= end + config.sample_s)]
     before = [r for r in series if r["t_s"] < start]
     moves_before = before[-1]["moves"] if before else 0
-    moves_after_settle = next((r["moves"] for r in series if r["t_s"] > end), None)
     moves_end = series[-1]["moves"] if series else 0
+    moves_after_settle = next((r["moves"] for r in series if r["t_s"] > end), moves_end)
     lateness = [r["lateness_p99_ms"] for r in steady if r["lateness_p99_ms"] is not None]
     third = len(series) // 3
     rss_growth = (series[-1]["rss_mib"] / series[third]["rss_mib"] - 1) if third and series else None
     return {
         "moves_before_outage": moves_before,
-        "moves_during_outage": (moves_after_settle or 0) - moves_before,
-        "moves_after_outage": moves_end - (moves_after_settle if moves_after_settle is not None else moves_end),
+        "moves_during_outage": moves_after_settle - moves_before,
+        "moves_after_outage": moves_end - moves_after_settle,
         "max_lag_steady": max((r["consumer_lag"] for r in steady), default=None),
         "lag_goal": config.rate_per_s,
         "lateness_p99_ms_steady": {"median": statistics.median(lateness), "max": max(lateness)} if lateness else None,

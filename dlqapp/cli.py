@@ -344,11 +344,14 @@ async def generate(self: Any, count: int, rate: float | None, fail_share: float,
 
     if count < 1 or (rate is not None and rate <= 0):
         fail("--count and --rate must be positive", EXIT_USAGE)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", linger_ms=5)
+    producer = AIOKafkaProducer(**settings.kafka_client(acks="all", linger_ms=5))
     try:
         await producer.start()
     except Exception as exc:  # noqa: BLE001 - any start failure means Kafka is unreachable
-        fail(f"cannot reach Kafka at {settings.kafka_bootstrap} ({exc}); set DLQ_KAFKA_BOOTSTRAP", EXIT_UNREACHABLE)
+        fail(f"cannot reach Kafka at {settings.kafka_bootstrap} ({exc}); set DLQ_KAFKA_BOOTSTRAP and the DLQ_KAFKA_* security settings", EXIT_UNREACHABLE)
+    if settings.input not in (await producer.client.fetch_all_metadata()).topics():
+        await producer.stop()
+        fail(f"topic {settings.input} does not exist on Kafka at {settings.kafka_bootstrap}: start a worker first (it creates its topics), or check DLQ_TOPIC_PREFIX", EXIT_USAGE)
     run_id = f"{prefix}-{now_ms()}"
     started = time.monotonic()
     pending = []
@@ -399,6 +402,18 @@ async def grow_partitions(self: Any, to: int, as_json: bool) -> None:
         f"Start the workers with DLQ_PARTITIONS={report.partitions_after}."
     )
     emit(data, as_json, human)
+
+
+@command(option("--principal", required=True, help="Who the ACLs are for, as Kafka names principals: User:NAME."), JSON)
+async def acls(self: Any, principal: str, as_json: bool) -> None:
+    """Print the ACLs this deployment needs, one kafka-acls argument line per resource."""
+    from dlqapp.kafka.acls import kafka_acls_lines, required
+
+    if ":" not in principal or not principal.split(":", 1)[1]:
+        fail(f"--principal {principal!r} is not a Kafka principal such as User:dlqapp", EXIT_USAGE)
+    grants = required(self.app.dlq_settings)
+    data = [{"resource": g.resource, "name": g.name, "pattern": "prefixed" if g.prefixed else "literal", "operations": [op.name for op in g.operations]} for g in grants]
+    emit(data, as_json, "\n".join(kafka_acls_lines(grants, principal)))
 
 
 def synthetic_request(request_id: str, fail_share: float, invalid_share: float) -> tuple[bytes | None, bytes]:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from dlqapp.core.breaker import BreakerConfig
 from dlqapp.core.errors import DEFAULT_RETRYABLE, ErrorClass
 from dlqapp.core.tiers import Tier, build_tiers
 from dlqapp.flowcontrol.limits import RateLimits, parse_rate_limits
+from dlqapp.kafka.security import MECHANISMS, PROTOCOLS, KafkaSecurity, Secret, SecurityError
 
 
 class SettingsError(ValueError):
@@ -105,6 +107,16 @@ def _port(text: str) -> int:
     return value
 
 
+def _upper_choice(*options: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().upper()
+        if value not in options:
+            raise ValueError(f"{text!r} is not one of: {', '.join(o for o in options if o)}")
+        return value
+
+    return parse
+
+
 def _choice(*options: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in options:
@@ -142,6 +154,15 @@ class Settings:
 
     app_id: str = _setting("DLQ_APP_ID", "dlqapp", str, "Faust app id: the consumer group and the prefix of internal topics.")
     kafka_bootstrap: str = _setting("DLQ_KAFKA_BOOTSTRAP", "127.0.0.1:9092", str, "Kafka bootstrap servers, comma-separated host:port.")
+    kafka_security_protocol: str = _setting("DLQ_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT", _upper_choice(*PROTOCOLS), "How every Kafka client connects: `PLAINTEXT`, `SSL`, `SASL_PLAINTEXT` or `SASL_SSL` (Kafka's names).")
+    kafka_sasl_mechanism: str = _setting("DLQ_KAFKA_SASL_MECHANISM", "", _upper_choice("", *MECHANISMS), "SASL mechanism with a SASL protocol: `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.")
+    kafka_sasl_username: str = _setting("DLQ_KAFKA_SASL_USERNAME", "", str, "SASL user name.")
+    kafka_sasl_password: Secret = _setting("DLQ_KAFKA_SASL_PASSWORD", "", Secret, "SASL password (never logged or shown); or use DLQ_KAFKA_SASL_PASSWORD_FILE.")
+    kafka_sasl_password_file: str = _setting("DLQ_KAFKA_SASL_PASSWORD_FILE", "", str, "File holding the SASL password, read at start (a mounted Kubernetes secret); a trailing newline is dropped.")
+    kafka_ssl_cafile: str = _setting("DLQ_KAFKA_SSL_CAFILE", "", str, "PEM file of the CA certificates that signed the brokers' (empty: the system's CAs).")
+    kafka_ssl_certfile: str = _setting("DLQ_KAFKA_SSL_CERTFILE", "", str, "PEM client certificate, for mutual TLS (with DLQ_KAFKA_SSL_KEYFILE).")
+    kafka_ssl_keyfile: str = _setting("DLQ_KAFKA_SSL_KEYFILE", "", str, "PEM private key of the client certificate (unencrypted).")
+    kafka_ssl_check_hostname: bool = _setting("DLQ_KAFKA_SSL_CHECK_HOSTNAME", "true", _parse_bool, "Check that a broker's certificate names the host connected to; `false` only by choice (logged as a warning at start).")
     topic_prefix: str = _setting("DLQ_TOPIC_PREFIX", "", str, "Prefix applied to every topic name below.")
     input_topic: str = _setting("DLQ_INPUT_TOPIC", "input", str, "Topic of incoming inference requests.")
     retry_topic_template: str = _setting("DLQ_RETRY_TOPIC_TEMPLATE", "retry-{delay}", str, "Name of each retry tier topic; `{delay}` becomes the tier delay (`1s`).")
@@ -230,7 +251,34 @@ class Settings:
         settings._check_topic_names()
         settings._check_flow()
         settings._check_replication()
+        settings._check_kafka_security()
         return settings
+
+    def _check_kafka_security(self) -> None:
+        try:
+            self.kafka_security.check()
+        except SecurityError as exc:
+            raise SettingsError(str(exc)) from None
+
+    @cached_property
+    def kafka_security(self) -> KafkaSecurity:
+        """How every Kafka client connects (DLQ_KAFKA_SECURITY_PROTOCOL and the rest)."""
+        return KafkaSecurity(
+            protocol=self.kafka_security_protocol,
+            mechanism=self.kafka_sasl_mechanism,
+            username=self.kafka_sasl_username,
+            password=self.kafka_sasl_password,
+            password_file=self.kafka_sasl_password_file,
+            cafile=self.kafka_ssl_cafile,
+            certfile=self.kafka_ssl_certfile,
+            keyfile=self.kafka_ssl_keyfile,
+            check_hostname=self.kafka_ssl_check_hostname,
+        )
+
+    def kafka_client(self, **extra: Any) -> dict[str, Any]:
+        """Keyword arguments of an aiokafka client of this deployment: the bootstrap
+        servers and the security options, plus `extra`."""
+        return {"bootstrap_servers": self.kafka_bootstrap, **self.kafka_security.client_options(), **extra}
 
     def _check_flow(self) -> None:
         if self.concurrency_floor > self.concurrency:

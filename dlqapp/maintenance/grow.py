@@ -77,7 +77,7 @@ async def grow(settings: Settings, to: int) -> GrowReport:
     if to <= before:
         raise GrowRefused(f"--to {to} must be more than DLQ_PARTITIONS={before} (Kafka cannot remove partitions)")
     report = GrowReport(before, to)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id=f"{settings.app_id}-grow")
+    admin = AIOKafkaAdminClient(**settings.kafka_client(client_id=f"{settings.app_id}-grow"))
     await admin.start()
     try:
         await _refuse_while_running(admin, settings.app_id)
@@ -90,7 +90,7 @@ async def grow(settings: Settings, to: int) -> GrowReport:
         committed = await admin.list_consumer_group_offsets(settings.app_id)
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True, max_request_size=settings.max_message_bytes)
+    producer = AIOKafkaProducer(**settings.kafka_client(acks="all", enable_idempotence=True, max_request_size=settings.max_message_bytes))
     await producer.start()
     try:
         for name, table in tables.items():
@@ -130,7 +130,7 @@ async def _read(settings: Settings, topic: str, partition: int, start: int | Non
     """Every record of one partition from `start` (default: its beginning) to its end now."""
     tp = TopicPartition(topic, partition)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", max_partition_fetch_bytes=settings.max_message_bytes
+        **settings.kafka_client(enable_auto_commit=False, auto_offset_reset="earliest", max_partition_fetch_bytes=settings.max_message_bytes)
     )
     await consumer.start()
     try:
@@ -189,7 +189,7 @@ async def _move_unconsumed(settings: Settings, producer: AIOKafkaProducer, topic
 
 async def _commit(settings: Settings, offsets: dict[TopicPartition, int]) -> None:
     """Commit `offsets` for the app's consumer group (it has no members now)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap, group_id=settings.app_id, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(**settings.kafka_client(group_id=settings.app_id, enable_auto_commit=False))
     await consumer.start()
     try:
         consumer.assign(list(offsets))

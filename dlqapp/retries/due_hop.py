@@ -20,13 +20,14 @@ class DueHop:
     due retries back for a few hundred milliseconds.
     """
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.bootstrap = bootstrap
+    def __init__(self, client: dict[str, Any], topic: str) -> None:
+        """`client`: the aiokafka client options of the deployment (Settings.kafka_client)."""
+        self.client = client
         self.topic = topic
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks=1, linger_ms=0, client_id="dlqapp-due-hop")
+        self._producer = AIOKafkaProducer(**{**self.client, "acks": 1, "linger_ms": 0})
         await self._producer.start()
 
     async def stop(self) -> None:

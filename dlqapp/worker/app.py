@@ -23,6 +23,7 @@ from dlqapp.observability.logs import apply_log_format, configure_logging, log_e
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.worker.durability import ConfirmedTable
 from dlqapp.worker.faust_compat import PatientTransport, SingleChannelReplyConsumer, dlq_consumer_class, keep_in_metadata, producer_client, widen_changelog_buffer
+from dlqapp.kafka.access import KafkaAccessError
 from dlqapp.worker.kafka_admin import InternalTopic, TopicMismatchError, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -101,14 +102,17 @@ class DlqApp(faust.App):
             self.lifecycle.started()
         started = time.monotonic()
         internal = self.internal_topics()
+        security = self.dlq_settings.kafka_security
+        if security.uses_tls and not security.check_hostname:
+            log_event(log, logging.WARNING, "kafka_hostname_unchecked", setting="DLQ_KAFKA_SSL_CHECK_HOSTNAME=false", risk="any certificate the CA signed is accepted for any broker")
         try:
             created = await ensure_topics(self.dlq_settings, internal)
-        except TopicMismatchError as exc:
+        except (TopicMismatchError, KafkaAccessError) as exc:
             log.critical("refusing to start: %s", exc)
             print(f"dlqapp: refusing to start: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(3) from None
         checked = len(self.dlq_settings.all_topics()) + len(internal)
-        log_event(log, logging.INFO, "topics_ready", checked=checked, created=len(created), seconds=round(time.monotonic() - started, 2))
+        log_event(log, logging.INFO, "topics_ready", checked=checked, created=len(created), seconds=round(time.monotonic() - started, 2), kafka=self.dlq_settings.kafka_security.describe())
 
     async def on_started(self) -> None:
         await super().on_started()
@@ -242,6 +246,7 @@ def create_app(settings: Settings) -> DlqApp:
         web_bind=settings.web_host,
         web_host=settings.web_host,
         web_port=settings.web_port,
+        broker_credentials=settings.kafka_security.faust_credentials(),
         web_tables_enabled=False,
         web_application_options={
             "client_max_size": settings.max_body_bytes,

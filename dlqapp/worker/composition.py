@@ -118,7 +118,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         rng=random.Random(),
         gate=rate_gate(settings, lambda: input_share(app, settings)),
     )
-    due_hop = DueHop(settings.kafka_bootstrap, topology.due.get_topic_name())
+    due_hop = DueHop(settings.kafka_client(client_id="dlqapp-due-hop"), topology.due.get_topic_name())
     input_gate = InputGate(lambda: pipeline.breaker.state == CLOSED, clock)
     scheduler = RetryScheduler(parked, pipeline, io, due_hop, input_gate, batch=settings.timer_batch, max_payload_bytes=settings.max_payload_bytes, clock=clock, lead=DueLead(settings.due_lead_max_ms))
     alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None

@@ -20,8 +20,19 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.protocol.metadata import MetadataRequest
-from aiokafka.errors import CoordinatorLoadInProgressError, CoordinatorNotAvailableError, KafkaConnectionError, NotCoordinatorError, KafkaError, TopicAlreadyExistsError, for_code
+from aiokafka.errors import (
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    GroupAuthorizationFailedError,
+    KafkaConnectionError,
+    KafkaError,
+    NotCoordinatorError,
+    TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
+    for_code,
+)
 
+from dlqapp.kafka.access import ConnectionCauses, KafkaAccessError, check_access, explain, principal_of
 from dlqapp.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -99,11 +110,12 @@ def transient(exc: KafkaError) -> bool:
 
 
 async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -> list[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, client_id=f"{settings.app_id}-admin")
-    await admin.start()
+    admin = await connect_admin(settings)
     try:
         wanted = topic_configs(settings)
         changelogs = list(internal)
+        await _wait_for_coordinator(admin, settings)
+        await check_access(admin, settings, [*wanted, *changelogs])
         existing = await _shapes(admin, [*wanted, *changelogs])
         _check_partitions(settings, {n: s for n, s in existing.items() if n in wanted})
         _check_replicas(settings, existing)
@@ -126,10 +138,28 @@ async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -
             topic = internal[name]
             await _create(admin, settings, {name: {**topic.configs, MIN_ISR: str(settings.min_insync_replicas)}}, topic.partitions)
         await _wait_until_known(admin, {**{n: settings.partitions for n in wanted}, **{n: t.partitions for n, t in internal.items()}})
-        await _wait_for_coordinator(admin, settings.app_id)
+        if created or created_internal:
+            await check_access(admin, settings, [*created, *created_internal])
         return [*created, *created_internal]
     finally:
         await admin.close()
+
+
+async def connect_admin(settings: Settings) -> AIOKafkaAdminClient:
+    """A started admin client; KafkaAccessError when the settings cannot work (a refused
+    login, an untrusted certificate, another protocol), KafkaConnectionError when Kafka is
+    not reachable (retried by the caller)."""
+    admin = AIOKafkaAdminClient(**settings.kafka_client(client_id=f"{settings.app_id}-admin"))
+    with ConnectionCauses() as causes:
+        try:
+            await admin.start()
+        except KafkaConnectionError:
+            await admin.close()
+            reason = explain(causes.messages, settings.kafka_security, settings.kafka_bootstrap)
+            if reason is not None:
+                raise KafkaAccessError(reason) from None
+            raise
+    return admin
 
 
 async def _shapes(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, TopicShape]:
@@ -251,18 +281,20 @@ async def _wait_until_known(admin: AIOKafkaAdminClient, partitions: dict[str, in
             await asyncio.sleep(0.1)
 
 
-async def _wait_for_coordinator(admin: AIOKafkaAdminClient, group: str) -> None:
+async def _wait_for_coordinator(admin: AIOKafkaAdminClient, settings: Settings) -> None:
     """Wait until the group has a coordinator: on a brand-new cluster the offsets topic is
     created on the first request for one, and a consumer asking meanwhile logs errors."""
     deadline = time.monotonic() + KNOWN_WITHIN_S
     while True:
         try:
-            await admin.find_coordinator(group)
+            await admin.find_coordinator(settings.app_id)
             return
         except (CoordinatorNotAvailableError, NotCoordinatorError, CoordinatorLoadInProgressError):
             if time.monotonic() > deadline:
                 raise
             await asyncio.sleep(0.2)
+        except GroupAuthorizationFailedError:
+            return  # check_access names it, with every other missing ACL
 
 
 def _not_known(described: list[dict[str, Any]], partitions: dict[str, int]) -> set[str]:
@@ -283,5 +315,11 @@ async def _create(admin: AIOKafkaAdminClient, settings: Settings, configs: dict[
     response = await admin.create_topics(new)
     for topic_errors in getattr(response, "topic_errors", []):
         name, code = topic_errors[0], topic_errors[1]
+        if code and for_code(code) is TopicAuthorizationFailedError:
+            raise KafkaAccessError(
+                f"{principal_of(settings)} may not create topic {name} on Kafka at {settings.kafka_bootstrap}: grant CREATE on it, "
+                f"or create it yourself with {settings.partitions} partitions. `faust -A dlqapp acls --principal {principal_of(settings)}` "
+                "prints every ACL this deployment needs"
+            )
         if code and for_code(code) is not TopicAlreadyExistsError:
             raise TopicMismatchError(f"could not create topic {name}: {for_code(code).__name__}")

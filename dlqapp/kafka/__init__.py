@@ -1,0 +1,1 @@
+"""Adapters to Kafka that know nothing of Faust: how clients connect (`security`)."""
