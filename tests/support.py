@@ -97,11 +97,13 @@ def produce(
     messages: Iterable[tuple[bytes | None, bytes | None]],
     headers: list[tuple[str, bytes]] | None = None,
     timestamp_ms: int | None = None,
+    client: dict[str, Any] | None = None,
 ) -> None:
-    """Send (key, value) pairs and wait for every acknowledgement."""
+    """Send (key, value) pairs and wait for every acknowledgement (`client`: more aiokafka
+    options, e.g. a secured broker's, see tests/secure.py)."""
 
     async def run() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=16 * 1024 * 1024)
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=16 * 1024 * 1024, **(client or {}))
         await producer.start()
         try:
             futures = [await producer.send(topic, key=k, value=v, headers=headers, timestamp_ms=timestamp_ms) for k, v in messages]
@@ -117,12 +119,14 @@ def request_bytes(request_id: str, **extra: Any) -> bytes:
     return json.dumps(body).encode()
 
 
-def read_topic(bootstrap: str, topic: str | list[str], until: Callable[[list[Record]], bool], timeout: float, partitions: int = 3) -> list[Record]:
+def read_topic(
+    bootstrap: str, topic: str | list[str], until: Callable[[list[Record]], bool], timeout: float, partitions: int = 3, client: dict[str, Any] | None = None
+) -> list[Record]:
     """Read `topic` (or several) from the beginning until `until(records)` holds; fail on timeout."""
     topics = [topic] if isinstance(topic, str) else topic
 
     async def run() -> list[Record]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **(client or {}))
         await consumer.start()
         try:
             consumer.assign([TopicPartition(t, p) for t in topics for p in range(partitions)])

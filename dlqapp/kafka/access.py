@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 TOPIC_AUTHORIZATION_FAILED = 29
 GROUP_AUTHORIZATION_FAILED = 30
+OPERATIONS_UNKNOWN = -(2**31)
+"""`authorized_operations` when the broker did not compute them."""
 
 
 class KafkaAccessError(RuntimeError):
@@ -199,6 +201,8 @@ async def _note_group(admin: AIOKafkaAdminClient, settings: Settings, grants: li
 
 def _note(lacking: dict[Grant, set[Operation]], grants: list[Grant], resource: str, name: str, bits: int | None) -> None:
     """Add what `name` lacks to the grant that covers it (everything it needs when `bits` is None: not even visible)."""
+    if bits == OPERATIONS_UNKNOWN:
+        return  # the broker did not say (no authorizer answers so): nothing to judge
     for grant in grants:
         if grant.covers(resource, name):
             absent = grant.operations if bits is None else missing([grant], resource, name, bits)

@@ -23,10 +23,10 @@ class Ledger:
     attempts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, bootstrap: str, results_topic: str, dlq_topic: str, ids: list[str], timeout: float, partitions: int = 3) -> "Ledger":
+    def read(cls, bootstrap: str, results_topic: str, dlq_topic: str, ids: list[str], timeout: float, partitions: int = 3, client: dict[str, Any] | None = None) -> "Ledger":
         """Read both topics until every id has an outcome (or fail after `timeout`)."""
         wanted = set(ids)
-        records = read_topic(bootstrap, [results_topic, dlq_topic], all_keys_seen(wanted), timeout, partitions)
+        records = read_topic(bootstrap, [results_topic, dlq_topic], all_keys_seen(wanted), timeout, partitions, client)
         ledger = cls(ids)
         for record in records:
             if record.key is None or not record.value:
