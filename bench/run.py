@@ -56,7 +56,10 @@ sys.path.insert(0, str(ROOT))
 
 from dlqapp.settings import Settings  # noqa: E402
 from dlqapp.worker.kafka_admin import ensure_topics  # noqa: E402
+from bench.measure import STEADY_SHARE, cpu_seconds, percentile, process_memory, spread, throughput_of  # noqa: E402,F401
 from bench.soak import SoakConfig, run_soak  # noqa: E402
+from bench.tls_cost import markdown as tls_markdown  # noqa: E402
+from bench.tls_cost import run_tls_cost  # noqa: E402
 from bench.soak import markdown as soak_markdown  # noqa: E402
 from bench.soak import plot as soak_plot  # noqa: E402
 from tests.support import (  # noqa: E402
@@ -95,13 +98,6 @@ RSS_HOLD_MS = 600_000
 # -- helpers -----------------------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def make_topics(bootstrap: str, prefix: str) -> Settings:
     settings = Settings.from_env({"DLQ_KAFKA_BOOTSTRAP": bootstrap, "DLQ_TOPIC_PREFIX": prefix, "DLQ_PARTITIONS": str(BENCH_PARTITIONS)})
     asyncio.run(ensure_topics(settings))
@@ -110,21 +106,6 @@ def make_topics(bootstrap: str, prefix: str) -> Settings:
 
 def requests_for(ids: list[str]) -> list[tuple[bytes, bytes]]:
     return [(rid.encode(), request_bytes(rid)) for rid in ids]
-
-
-STEADY_SHARE = 0.8
-
-
-def throughput_of(records: list[Record]) -> float:
-    """Results per second from the first result to the 80th percentile one.
-
-    Startup is excluded, and so is the tail of requests still waiting out a retry delay
-    (with 10% failures the last results arrive seconds later by design).
-    """
-    stamps = sorted(r.timestamp for r in records)
-    last = max(1, int(len(stamps) * STEADY_SHARE) - 1)
-    span = (stamps[last] - stamps[0]) / 1000
-    return last / span if span > 0 else float("nan")
 
 
 class SystemDied(AssertionError):
@@ -192,11 +173,6 @@ def probe_lateness(bootstrap: str, worker: Worker, probes: int, flood_size: int 
         for attempt in record.json["history"][1:]:
             per_tier.setdefault(attempt["topic"].split(".")[-1], []).append(attempt["at"] - attempt["scheduled"])
     return per_tier
-
-
-def spread(values: list[float]) -> dict[str, float]:
-    """Median and range of one figure over several runs."""
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 class LoopLagSampler:
@@ -268,24 +244,6 @@ def metric_sum(worker: Worker, name: str) -> int:
 def parked_gauge(worker: Worker) -> int:
     """Retries the worker has parked (its gauge: cheap to read, unlike the exact count)."""
     return metric_sum(worker, "dlqapp_parked_retries")
-
-
-def process_memory(pid: int) -> dict[str, int]:
-    """Resident memory of a process in bytes: now (VmRSS) and peak (VmHWM)."""
-    fields = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name in ("VmRSS", "VmHWM"):
-                fields[name] = int(rest.split()[0]) * 1024
-    return {"rss_bytes": fields["VmRSS"], "peak_rss_bytes": fields["VmHWM"]}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time a process has used so far, in seconds (/proc/<pid>/stat)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()  # fields 3… of stat(5); utime and stime are 14 and 15
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -981,6 +939,10 @@ class Bench:
         print(f"  scale_out run: lost {lost}, {steps}", flush=True)
         return {"requests": len(ids), "lost": lost, "steps": steps}
 
+    def tls_cost(self) -> dict[str, Any]:
+        """dlqapp on plaintext beside SASL_SSL under the overhead and llm_scale loads (bench/tls_cost.py)."""
+        return run_tls_cost(self.bootstrap, self.tmp, runs=1 if self.quick else (self.runs or 3), requests=100 if self.quick else self.requests)
+
     def soak(self) -> dict[str, Any]:
         """Steady state under a flaky provider with one outage (bench/soak.py); SOAK_S sets its length."""
         result = run_soak(self.bootstrap, self.tmp, SoakConfig(duration_s=SOAK_S if not self.quick else 60, outage_s=20 if not self.quick else 5))
@@ -1025,6 +987,8 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     (out / "latest.json").write_text(json.dumps(results, indent=2))
     (out / "latest.md").write_text(markdown(results))
     plots(results, samples, out)
+    if "tls_cost" in results:
+        (out / "tls_cost.json").write_text(json.dumps({"when": results["when"], "machine": results["machine"], **results["tls_cost"]}, indent=2))
     if "soak" in results:
         (out / "soak.json").write_text(json.dumps({"when": results["when"], "machine": results["machine"], **results["soak"]}, indent=2))
         soak_plot(results["soak"], out)
@@ -1035,7 +999,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines = ["# dlqapp benchmark", "", header, ""]
     for section, render in (("throughput", _md_throughput), ("overhead", _md_overhead), ("llm_scale", _md_llm_scale), ("latency", _md_latency), ("lateness", _md_lateness),
                             ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery), ("stats_cost", _md_stats_cost),
-                            ("flow_control", _md_flow_control), ("partitions", _md_partitions), ("scale_out", _md_scale_out), ("soak", soak_markdown)):
+                            ("flow_control", _md_flow_control), ("partitions", _md_partitions), ("scale_out", _md_scale_out), ("soak", soak_markdown), ("tls_cost", tls_markdown)):
         if section in r:
             lines += render(r[section]) + [""]
     return "\n".join(lines)
@@ -1288,9 +1252,10 @@ SECTIONS = {
     "partitions": "partition_cost",
     "scale_out": "scale_out",
     "soak": "soak",
+    "tls_cost": "tls_cost",
 }
 """Report section → Bench method, in the order a full run measures them."""
-NOT_IN_QUICK = {"flow_control", "scale_out", "soak"}
+NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost"}
 """Left out of `--quick` unless named in `--only` (six and four workers: too slow for `make test`)."""
 
 

@@ -33,7 +33,7 @@ def test_compose_ships_no_usable_default_token():
 
 def test_the_cluster_profile_runs_three_kraft_nodes_and_a_worker_replicating_on_them():
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
-    nodes = {name: s for name, s in services.items() if name.startswith("kafka-")}
+    nodes = {name: s for name, s in services.items() if name in ("kafka-1", "kafka-2", "kafka-3")}
     assert sorted(nodes) == ["kafka-1", "kafka-2", "kafka-3"]
     voters = {n["environment"]["KAFKA_CONTROLLER_QUORUM_VOTERS"] for n in nodes.values()}
     assert voters == {"1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"}
@@ -52,3 +52,20 @@ def test_the_cluster_profile_runs_three_kraft_nodes_and_a_worker_replicating_on_
     assert env["DLQ_ADMIN_TOKEN"].startswith("${DLQ_ADMIN_TOKEN:?")
     single = [name for name, s in services.items() if "profiles" not in s]
     assert "kafka" in single and not any(n in single for n in nodes)  # `docker compose up` stays single-node
+
+
+def test_the_secured_profile_offers_only_sasl_ssl_with_acls_and_a_worker_holding_exactly_the_printed_ones():
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    kafka, worker = services["kafka-secured"], services["worker-secured"]
+    env = kafka["environment"]
+    assert env["KAFKA_LISTENERS"] == "SASL_SSL://:9094,CONTROLLER://:9093" and "PLAINTEXT://" not in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert env["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer") and env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert "faust -A dlqapp acls --principal User:dlqapp" in services["secured-acls"]["entrypoint"][-1]
+    assert "kafka-acls.sh" in (ROOT / "deploy" / "secured" / "setup.sh").read_text()
+    wenv = worker["environment"]
+    assert set(wenv) <= {e for e, _, _ in SETTINGS}
+    assert (wenv["DLQ_KAFKA_SECURITY_PROTOCOL"], wenv["DLQ_KAFKA_SASL_MECHANISM"], wenv["DLQ_KAFKA_SASL_USERNAME"]) == ("SASL_SSL", "SCRAM-SHA-512", "dlqapp")
+    for secret in (wenv["DLQ_KAFKA_SASL_PASSWORD"], wenv["DLQ_ADMIN_TOKEN"], env["KAFKA_SSL_KEYSTORE_PASSWORD"]):
+        assert secret.startswith("${"), secret  # no password ships in the file
+    assert worker["depends_on"]["secured-setup"]["condition"] == "service_completed_successfully"
+    assert all(s.get("profiles") == ["secured"] for n, s in services.items() if "secured" in n)
