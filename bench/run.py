@@ -57,6 +57,8 @@ sys.path.insert(0, str(ROOT))
 from dlqapp.settings import Settings  # noqa: E402
 from dlqapp.worker.kafka_admin import ensure_topics  # noqa: E402
 from bench.measure import STEADY_SHARE, cpu_seconds, percentile, process_memory, spread, throughput_of  # noqa: E402,F401
+from bench.demo import markdown as demo_markdown  # noqa: E402
+from bench.demo import run_demo  # noqa: E402
 from bench.soak import SoakConfig, run_soak  # noqa: E402
 from bench.tls_cost import markdown as tls_markdown  # noqa: E402
 from bench.tls_cost import run_tls_cost  # noqa: E402
@@ -939,6 +941,10 @@ class Bench:
         print(f"  scale_out run: lost {lost}, {steps}", flush=True)
         return {"requests": len(ids), "lost": lost, "steps": steps}
 
+    def demo(self) -> dict[str, Any]:
+        """The README demo on fresh topics, measured (bench/demo.py)."""
+        return run_demo(self.bootstrap, self.tmp, runs=1 if self.quick else 3)
+
     def tls_cost(self) -> dict[str, Any]:
         """dlqapp on plaintext beside SASL_SSL under the overhead and llm_scale loads (bench/tls_cost.py)."""
         return run_tls_cost(self.bootstrap, self.tmp, runs=1 if self.quick else (self.runs or 3), requests=100 if self.quick else self.requests)
@@ -987,6 +993,9 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     (out / "latest.json").write_text(json.dumps(results, indent=2))
     (out / "latest.md").write_text(markdown(results))
     plots(results, samples, out)
+    for section in ("demo",):
+        if section in results:
+            (out / f"{section}.json").write_text(json.dumps({"when": results["when"], "machine": results["machine"], **results[section]}, indent=2))
     if "tls_cost" in results:
         (out / "tls_cost.json").write_text(json.dumps({"when": results["when"], "machine": results["machine"], **results["tls_cost"]}, indent=2))
     if "soak" in results:
@@ -999,7 +1008,7 @@ def markdown(r: dict[str, Any]) -> str:
     lines = ["# dlqapp benchmark", "", header, ""]
     for section, render in (("throughput", _md_throughput), ("overhead", _md_overhead), ("llm_scale", _md_llm_scale), ("latency", _md_latency), ("lateness", _md_lateness),
                             ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery), ("stats_cost", _md_stats_cost),
-                            ("flow_control", _md_flow_control), ("partitions", _md_partitions), ("scale_out", _md_scale_out), ("soak", soak_markdown), ("tls_cost", tls_markdown)):
+                            ("flow_control", _md_flow_control), ("partitions", _md_partitions), ("scale_out", _md_scale_out), ("soak", soak_markdown), ("tls_cost", tls_markdown), ("demo", demo_markdown)):
         if section in r:
             lines += render(r[section]) + [""]
     return "\n".join(lines)
@@ -1253,9 +1262,10 @@ SECTIONS = {
     "scale_out": "scale_out",
     "soak": "soak",
     "tls_cost": "tls_cost",
+    "demo": "demo",
 }
 """Report section → Bench method, in the order a full run measures them."""
-NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost"}
+NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost", "demo"}
 """Left out of `--quick` unless named in `--only` (six and four workers: too slow for `make test`)."""
 
 

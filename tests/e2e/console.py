@@ -13,7 +13,7 @@ from tests.support import ROOT
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SCREENSHOTS = Path(os.environ.get("DLQ_SCREENSHOTS_DIR") or ROOT / "build" / "screenshots")
-"""Where the tests save PNGs of the console's main states (README: Admin page)."""
+"""Where the tests save PNGs of the console's main states (docs/operations.md: Admin page)."""
 
 SCRIPT_PAYLOAD = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
 
