@@ -44,6 +44,9 @@ SLOT_AHEAD_MS = 100
 and holds it until then: under a flood every slot is busy with fresh input, and a retry that
 asked for one only when due waited for the next call to end (up to a call's latency)."""
 
+PREVIOUS_ATTEMPT_WAIT_S = 30.0
+"""How long a handed-over retry waits for the request's previous attempt to finish its step."""
+
 class RetryScheduler:
     """Parks retries from tier topics, fires due ones, and attempts them."""
 
@@ -164,13 +167,24 @@ class RetryScheduler:
         fired_at = self.fired.get(key)
         if fired_at is not None:
             self.lead.observe(self.clock() - fired_at)
+        if key in self.running:
+            return  # a re-fire (or "run now") while this retry's attempt is still running
         envelope = self.parked.get(key)
         if envelope is None:
             self.fired.pop(key, None)
             return
         request_id = envelope.request_id
-        if request_id in self.pipeline.in_flight or key in self.running:
-            return  # a re-fire (or "run now") while the first attempt is still running
+        if request_id in self.pipeline.in_flight:
+            # The attempt that parked this retry is still finishing its step (the timer hands
+            # a retry over up to DLQ_DUE_LEAD_MAX early). Waiting for it, rather than dropping
+            # this hand-over, keeps the retry on time: a dropped one waited REFIRE_AFTER_MS.
+            if not await self.pipeline.wait_until_idle(request_id, PREVIOUS_ATTEMPT_WAIT_S) or key in self.running:
+                self.fired.pop(key, None)  # still busy: the timer hands it over again
+                return
+            envelope = self.parked.get(key)
+            if envelope is None:
+                self.fired.pop(key, None)
+                return
         self.running.add(key)
         try:
             due = None if is_run_now(event.headers) else decode_parked_key(key)[0]

@@ -90,6 +90,10 @@ class Outlets:
     results: TopicT
 
 
+LATE_WARNING_MS = 5_000
+"""A retry that starts this long after its due time is logged as a warning: something held it."""
+
+
 class Pipeline:
     """Request handling shared by the input agent and the due-retry agent."""
 
@@ -122,6 +126,7 @@ class Pipeline:
         self.clock = clock
         self.lateness = lateness
         self.in_flight: set[str] = set()
+        self._idle_waiters: dict[str, asyncio.Event] = {}
         self._rng = rng or random.Random()
         self._timeout_s = timeout_ms / 1000
 
@@ -211,6 +216,21 @@ class Pipeline:
             await self.carry_out(outcome, envelope, request, record)
         finally:
             self.in_flight.discard(request.request_id)
+            waiter = self._idle_waiters.pop(request.request_id, None)
+            if waiter is not None:
+                waiter.set()
+
+    async def wait_until_idle(self, request_id: str, timeout_s: float) -> bool:
+        """Wait until no attempt of the request runs here (its previous attempt may still be
+        finishing its step when its retry is handed over early); False after `timeout_s`."""
+        if request_id not in self.in_flight:
+            return True
+        waiter = self._idle_waiters.setdefault(request_id, asyncio.Event())
+        try:
+            await asyncio.wait_for(waiter.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return request_id not in self.in_flight
 
     async def call(
         self, request: Request, number: int, topic: str, label: str, scheduled: int | None, priority: int, model: str | None = None, not_before: int | None = None
@@ -272,6 +292,8 @@ class Pipeline:
         if scheduled is not None:
             metrics.lateness.labels(label).observe(max(0, started - scheduled) / 1000)
             self.lateness.add(label, started - scheduled, started)
+            if started - scheduled > LATE_WARNING_MS:
+                log_event(log, logging.WARNING, "retry_late", request_id=request.request_id, tier=label, attempt=number, late_ms=started - scheduled, scheduled=scheduled)
         output, failure = await self.call_backend(request, number, model)
         self.after_call(model or request.model, permit, output, failure, (self.clock() - started) / 1000)
         return started, output, failure

@@ -114,3 +114,24 @@ def test_with_a_lead_the_timer_just_ticks_and_without_one_it_wakes_for_the_next_
     assert timer.next_sleep_s() == 0.005  # no lead: wake when it falls due
     scheduler.next_fire_at = None
     assert timer.next_sleep_s() == 0.02
+
+
+def test_a_retry_handed_over_while_its_previous_attempt_finishes_waits_for_it_not_for_the_refire(tmp_path):
+    """Issue 34's soak: the timer hands a 1 s retry over up to a second early, sometimes before
+    the attempt that parked it has left its step; that hand-over was dropped, and the retry
+    ran REFIRE_AFTER_MS (2 min) late."""
+    w, key = _parked_retry(tmp_path)
+    w.clock.now += 1000  # due now
+
+    async def run():
+        w.pipeline.in_flight.add("r7")  # the previous attempt is still finishing
+        attempt = asyncio.create_task(w.scheduler.on_due(FakeEvent(b"r7", key, message=FakeMessage("due"))))
+        await asyncio.sleep(0.02)
+        assert not attempt.done() and w.backend.calls_for("r7") == 1  # waits; it neither drops nor runs beside it
+        w.pipeline.in_flight.discard("r7")
+        waiter = w.pipeline._idle_waiters.pop("r7")
+        waiter.set()  # what the previous attempt's end does
+        await asyncio.wait_for(attempt, 5)
+
+    asyncio.run(run())
+    assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"] and key not in w.parked_table
