@@ -32,6 +32,7 @@ import faust
 from faust import current_event
 
 from dlqapp.worker.faust_compat import local_partition_db, producer_of, set_persisted_offset
+from dlqapp.worker.rocksdb_memory import share_memory
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +74,9 @@ class ConfirmedTable(faust.Table):
         super().__init__(*args, **kwargs)
         self._offsets_due: dict[int, int] = {}
         self._offsets_written_at: dict[int, float] = {}
+
+    def _new_store(self) -> Any:
+        return share_memory(super()._new_store())
 
     def get(self, key: Any, default: Any = None) -> Any:
         """Faust's in-stream read (the event's partition), without its sensors and key index."""

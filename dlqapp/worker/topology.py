@@ -17,6 +17,7 @@ from faust.tables import Table
 from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.commands import UNDECODABLE
 from dlqapp.settings import Settings
+from dlqapp.worker.rocksdb_memory import MEMTABLE_BUDGET, SHARED_CACHE
 
 TOLERANT_JSON = "dlqapp-json"
 
@@ -110,11 +111,13 @@ def declare(app: faust.App, settings: Settings) -> Topology:
 
 
 def _rocksdb_options(settings: Settings) -> dict[str, int]:
-    """Bounded RocksDB memory per table partition (Faust's defaults allow 192 MiB of write
-    buffers and a 2 GiB block cache for each, so resident memory grew with the tables)."""
+    """Bounded RocksDB memory for the whole worker (dlqapp.worker.rocksdb_memory): Faust's
+    defaults allow 192 MiB of write buffers and a 2 GiB block cache per table partition."""
     return {
         "write_buffer_size": settings.table_write_buffer_bytes,
         "max_write_buffer_number": 2,
         "block_cache_size": settings.table_cache_bytes,
         "block_cache_compressed_size": settings.table_cache_bytes,
+        SHARED_CACHE: settings.table_cache_bytes,
+        MEMTABLE_BUDGET: settings.table_memtable_budget_bytes,
     }
