@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dlqapp.settings import Settings  # noqa: E402
-from dlqapp.worker.kafka_admin import ensure_topics  # noqa: E402
+from dlqapp.kafka.admin import ensure_topics  # noqa: E402
 from bench.measure import STEADY_SHARE, cpu_seconds, percentile, process_memory, spread, throughput_of  # noqa: E402,F401
 from bench.demo import markdown as demo_markdown  # noqa: E402
 from bench.demo import run_demo  # noqa: E402

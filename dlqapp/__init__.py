@@ -1,7 +1,7 @@
 """dlqapp: LLM inference requests from Kafka, retried through delay tiers, never lost.
 
 `faust -A dlqapp worker` finds `app` here: the first access builds it from the
-environment (`dlqapp.worker.composition.build_app`). Importing dlqapp, or any of its
+environment (`dlqapp.wiring.composition.build_app`). Importing dlqapp, or any of its
 modules, builds nothing.
 """
 
@@ -15,7 +15,7 @@ __all__ = ["app", "__version__"]
 
 def __getattr__(name: str) -> Any:
     if name == "app":
-        from dlqapp.worker.composition import build_app
+        from dlqapp.wiring.composition import build_app
 
         app = build_app()
         globals()["app"] = app

@@ -40,8 +40,8 @@ from dlqapp.observability import metrics
 from dlqapp.observability.health import merge_health
 from dlqapp.retries.listing import RetryFilter, local_retries, merge_retries
 from dlqapp.settings import parse_duration_ms
-from dlqapp.worker.counters import grouped
-from dlqapp.worker.faust_compat import active_partitions, consumer_lag, values_newest_first
+from dlqapp.tables.counters import grouped
+from dlqapp.kafka.faust_compat import active_partitions, consumer_lag, values_newest_first
 
 log = logging.getLogger("dlqapp.api.views")
 
@@ -144,7 +144,7 @@ def _force(body: dict[str, Any]) -> bool:
 
 
 class Api:
-    """What the routes do, over one worker's components (`dlqapp.worker.composition`)."""
+    """What the routes do, over one worker's components (`dlqapp.wiring.composition`)."""
 
     def __init__(self, app: Any, parts: Any, operator_agent: Any) -> None:
         self.app = app

@@ -1,7 +1,7 @@
 """What happens to a request after an attempt, decided in one pure function.
 
 `decide()` returns an explicit outcome (`Succeeded`, `RetryAt`, `DeadLetter`);
-`dlqapp.worker.pipeline` carries it out. The retry policy reads top to bottom here.
+`dlqapp.processing.pipeline` carries it out. The retry policy reads top to bottom here.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def count_duplicate(previous: dict[str, Any], at: int, source: str) -> dict[str,
 
 
 def counted(previous: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
-    """The counters (dlqapp.worker.counters) a state change moves: `received` for a new id,
+    """The counters (dlqapp.tables.counters) a state change moves: `received` for a new id,
     `succeeded` the first time it succeeds, one per retry tier and per dead letter."""
     names = [] if previous is not None else ["received"]
     state = new["state"]

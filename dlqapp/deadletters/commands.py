@@ -58,7 +58,7 @@ class Command:
     """Replay even though the request has succeeded since it was dead-lettered."""
     table: str | None = None
     expired: list[list[Any]] | None = None
-    """Expire only: [key, last change] pairs of `table` (dlqapp.worker.retention)."""
+    """Expire only: [key, last change] pairs of `table` (dlqapp.tables.retention)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -27,7 +27,7 @@ from dlqapp.core.headers import (
     header_json,
 )
 from dlqapp.core.partitioning import owner_partition
-from dlqapp.worker.faust_compat import (
+from dlqapp.kafka.faust_compat import (
     keys_with_prefix,
     partition_db,
 )

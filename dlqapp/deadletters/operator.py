@@ -33,8 +33,8 @@ from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.observability import metrics
 from dlqapp.retries.actions import RETRY_ACTIONS, RetryActions
 from dlqapp.observability.logs import log_event
-from dlqapp.worker.partition_io import PartitionIO
-from dlqapp.worker.retention import (
+from dlqapp.processing.partition_io import PartitionIO
+from dlqapp.tables.retention import (
     ledger_last_change,
     request_last_change,
     still_unchanged,

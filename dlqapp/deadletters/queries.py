@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Mapping
 
-from dlqapp.worker.counters import grouped
+from dlqapp.tables.counters import grouped
 
 
 class BadQuery(ValueError):
@@ -133,7 +133,7 @@ def merge_pages(pages: Iterable[Mapping[str, Any]], limit: int, offset: int) -> 
 
 
 def local_stats(total: Counter[str], oldest_dead_at: int | None) -> dict[str, Any]:
-    """This worker's share of the counts, from its running counters (dlqapp.worker.counters)."""
+    """This worker's share of the counts, from its running counters (dlqapp.tables.counters)."""
     return {
         "received": total["received"],
         "succeeded": total["succeeded"],

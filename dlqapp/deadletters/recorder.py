@@ -24,8 +24,8 @@ from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.deadletters.entries import build_entry, summary, time_key
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
-from dlqapp.worker.counters import Counters
-from dlqapp.worker.faust_compat import (
+from dlqapp.tables.counters import Counters
+from dlqapp.kafka.faust_compat import (
     active_partitions,
     partition_db,
     scan_chunk,

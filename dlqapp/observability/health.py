@@ -23,7 +23,7 @@ OVERDUE_ALERT_MS = 30_000
 
 
 def series_of(counter_name: str) -> str | None:
-    """Which chart series a stats counter (dlqapp.worker.counters) feeds, if any."""
+    """Which chart series a stats counter (dlqapp.tables.counters) feeds, if any."""
     base = counter_name.split("|", 1)[0]
     return base if base in SERIES else None
 

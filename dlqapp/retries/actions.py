@@ -24,8 +24,8 @@ from dlqapp.deadletters.commands import Action, Command, ReplayStatus
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
-from dlqapp.worker.partition_io import PartitionIO
-from dlqapp.worker.pipeline import Pipeline
+from dlqapp.processing.partition_io import PartitionIO
+from dlqapp.processing.pipeline import Pipeline
 
 RETRY_ACTIONS = frozenset({Action.RUN_NOW, Action.DEAD_LETTER_NOW})
 Answer = tuple[dict[str, Any], dict[str, Any] | None]

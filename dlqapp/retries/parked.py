@@ -12,7 +12,7 @@ from dlqapp.core.envelope import Envelope
 from dlqapp.core.tiers import Tier, tier_after
 from dlqapp.retries.keys import decode_parked_key, parked_key
 from dlqapp.retries.scan import SCAN_CHUNK, ScanStarts, head_of_parked
-from dlqapp.worker.faust_compat import active_partitions, is_offset_record, partition_db, scan_chunk
+from dlqapp.kafka.faust_compat import active_partitions, is_offset_record, partition_db, scan_chunk
 
 
 class ParkedRetries:
@@ -28,7 +28,7 @@ class ParkedRetries:
     def store(self, envelope: Envelope, tier: Tier) -> None:
         """Park an envelope under its due time (idempotent; inside the owning partition's stream).
 
-        dlqapp parks its own retries when it decides them (dlqapp.worker.pipeline), in the same
+        dlqapp parks its own retries when it decides them (dlqapp.processing.pipeline), in the same
         stream step that records the state, so a retry never depends on the tier topic
         being consumed; the tier agent then finds the entry already there. Retries that
         others put on a tier topic are parked by the tier agent.

@@ -32,10 +32,10 @@ from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scan import REFIRE_AFTER_MS, next_due_after, scan_due
-from dlqapp.worker.flow import HIGH
-from dlqapp.worker.input_gate import InputGate
-from dlqapp.worker.partition_io import PartitionIO
-from dlqapp.worker.pipeline import Pipeline
+from dlqapp.processing.flow import HIGH
+from dlqapp.flowcontrol.input_gate import InputGate
+from dlqapp.processing.partition_io import PartitionIO
+from dlqapp.processing.pipeline import Pipeline
 
 log = logging.getLogger("dlqapp.retries.scheduler")
 

@@ -15,7 +15,7 @@ import asyncio
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from dlqapp.worker.faust_compat import keep_in_metadata
+from dlqapp.kafka.faust_compat import keep_in_metadata
 from tests.support import unique
 
 

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlqapp.worker.input_gate import InputGate
+from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.core.backoff import Backoff
 from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.core.breaker import BreakerConfig, CircuitBreaker
@@ -25,9 +25,9 @@ from dlqapp.inference import InferenceOutput
 from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
-from dlqapp.worker.flow import PriorityLimiter
-from dlqapp.worker.partition_io import PartitionIO
-from dlqapp.worker.pipeline import Outlets, Pipeline
+from dlqapp.processing.flow import PriorityLimiter
+from dlqapp.processing.partition_io import PartitionIO
+from dlqapp.processing.pipeline import Outlets, Pipeline
 
 PARTITIONS = 1  # one partition: every id is owned by the event's partition
 
@@ -90,7 +90,7 @@ class FakeTopic:
 
 
 def send_to(*topics: FakeTopic) -> Any:
-    """A producer's `send` (dlqapp.worker.partition_io.Send) that records into `topics` by name."""
+    """A producer's `send` (dlqapp.processing.partition_io.Send) that records into `topics` by name."""
     by_name = {topic.name: topic for topic in topics}
 
     async def send(topic: str, key: bytes, value: bytes | None, partition: int, headers: Any) -> asyncio.Future[None]:

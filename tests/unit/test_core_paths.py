@@ -146,7 +146,7 @@ def test_expire_deletes_only_what_did_not_change(tmp_path):
 
 
 def test_the_retry_timer_tick_fires_due_retries_and_recounts(tmp_path):
-    from dlqapp.worker.services import RetryTimer
+    from dlqapp.wiring.services import RetryTimer
 
     w = worker(tmp_path)
     calls = []
@@ -168,7 +168,7 @@ def test_the_retry_timer_tick_fires_due_retries_and_recounts(tmp_path):
 def test_a_message_whose_request_already_succeeded_is_known_as_such_before_it_is_called_poison(tmp_path):
     """The crash guard names a message poison after it was in progress at three unclean
     stops; one first in line after each restart (result written, offset not committed)
-    must not get a dead letter beside its result (dlqapp.worker.agents: poison)."""
+    must not get a dead letter beside its result (dlqapp.wiring.agents: poison)."""
     w = worker(tmp_path)
     run(w.pipeline.on_input(input_event("r9"), w.input))
     assert w.pipeline.already_succeeded(input_event("r9", offset=1))

@@ -8,7 +8,7 @@ import weakref
 
 from faust.streams import _current_event
 
-from dlqapp.worker.counters import Counters
+from dlqapp.tables.counters import Counters
 from tests.unit.fakes import FakeEvent, FakeMessage, FakeTable
 
 

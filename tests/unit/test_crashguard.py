@@ -2,7 +2,7 @@
 
 import asyncio
 
-from dlqapp.worker.crashguard import CrashGuard
+from dlqapp.processing.crashguard import CrashGuard
 
 P = ("input", 1, 42)
 INNOCENT = ("input", 1, 41)

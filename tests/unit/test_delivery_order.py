@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from dlqapp.worker.delivery_order import DeliveryOrder, Verdict
+from dlqapp.kafka.delivery_order import DeliveryOrder, Verdict
 
 TP = ("input", 0)
 

@@ -102,7 +102,7 @@ def test_a_due_retry_takes_its_backend_slot_ahead_of_its_due_time_and_calls_at_i
 def test_with_a_lead_the_timer_just_ticks_and_without_one_it_wakes_for_the_next_retry():
     from types import SimpleNamespace
 
-    from dlqapp.worker.services import RetryTimer
+    from dlqapp.wiring.services import RetryTimer
 
     now = 1_000_000
     scheduler = SimpleNamespace(next_due=now + 5, lead=DueLead(cap_ms=1000), clock=lambda: now)

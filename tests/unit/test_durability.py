@@ -12,8 +12,8 @@ import faust
 import pytest
 from faust.streams import _current_event
 
-from dlqapp.worker import durability
-from dlqapp.worker.durability import ConfirmedTable, changelog_barrier
+from dlqapp.tables import durability
+from dlqapp.tables.durability import ConfirmedTable, changelog_barrier
 
 
 @dataclass

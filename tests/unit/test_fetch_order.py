@@ -9,7 +9,7 @@ from typing import Any
 
 from faust.types import TP
 
-from dlqapp.worker.faust_compat import _FetchWaitConsumerThread
+from dlqapp.kafka.faust_compat import _FetchWaitConsumerThread
 
 INPUT, DUE = TP("input", 0), TP("due", 0)
 

@@ -1,6 +1,6 @@
 import asyncio
 
-from dlqapp.worker.flow import HIGH, LOW, GatedFeed, InFlightWindow, PriorityLimiter
+from dlqapp.processing.flow import HIGH, LOW, GatedFeed, InFlightWindow, PriorityLimiter
 
 
 class FakeEvent:
@@ -253,7 +253,7 @@ def test_an_event_held_before_submit_across_a_rebalance_is_given_back_not_handle
 
 
 def _gate():
-    from dlqapp.worker.input_gate import InputGate
+    from dlqapp.flowcontrol.input_gate import InputGate
 
     return InputGate(lambda: True, clock=lambda: 0)
 
@@ -372,7 +372,7 @@ def test_events_taken_while_the_windows_are_released_are_given_back_not_started_
     input agent takes meanwhile belong to the revoked assignment. Started afterwards, one
     held by an open breaker would never be acked and Faust would wait for it until the
     rebalance timed out."""
-    from dlqapp.worker.flow import InFlightWindows
+    from dlqapp.processing.flow import InFlightWindows
 
     async def run():
         acked, forgotten, started = [], [], []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from dlqapp.worker.input_gate import InputGate
+from dlqapp.flowcontrol.input_gate import InputGate
 
 
 class FakeClock:

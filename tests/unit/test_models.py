@@ -134,7 +134,7 @@ def test_expirable_records_and_log_rotation(tmp_path):
     import json
 
     from dlqapp.deadletters.recorder import rotate
-    from dlqapp.worker.retention import ledger_last_change, request_last_change
+    from dlqapp.tables.retention import ledger_last_change, request_last_change
 
     assert request_last_change(json.dumps({"state": "succeeded", "updated_at": 5}).encode()) == 5
     assert request_last_change(json.dumps({"state": "retry_scheduled", "updated_at": 5}).encode()) is None

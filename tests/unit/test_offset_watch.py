@@ -1,4 +1,4 @@
-from dlqapp.worker.offset_watch import OffsetWatch
+from dlqapp.kafka.offset_watch import OffsetWatch
 
 
 def test_a_skipped_offset_is_counted_per_topic_and_redeliveries_are_not():
@@ -24,7 +24,7 @@ def test_after_a_rebalance_partitions_start_without_a_baseline():
 def test_holes_are_logged_at_most_once_a_minute_per_topic(caplog):
     now = [0.0]
     watch = OffsetWatch(lambda topic, skipped: None, clock=lambda: now[0])
-    with caplog.at_level("WARNING", logger="dlqapp.worker.offset_watch"):
+    with caplog.at_level("WARNING", logger="dlqapp.kafka.offset_watch"):
         for offset in range(0, 20, 2):  # a transaction marker after every record: nine holes
             watch.seen("in", 0, offset)
         now[0] = 61.0

@@ -5,7 +5,7 @@ import logging
 import pytest
 
 from dlqapp.settings import Settings, SettingsError
-from dlqapp.worker.kafka_admin import (
+from dlqapp.kafka.admin import (
     TopicMismatchError,
     TopicShape,
     _check_brokers,

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dlqapp.worker import retention
-from dlqapp.worker.retention import Sweeper, SweptTable, request_last_change
+from dlqapp.tables import retention
+from dlqapp.tables.retention import Sweeper, SweptTable, request_last_change
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """Crash-loop guard: a message that kills the worker again and again becomes `poison`.
 
-Handler exceptions are already dead-lettered as `poison` (dlqapp.worker.flow); this is for the
+Handler exceptions are already dead-lettered as `poison` (dlqapp.processing.flow); this is for the
 deaths nothing can catch (a crash in a C extension, the OOM killer). Like Kafka Streams'
 processing-exception handler and Karafka's poison-pill handling, but for the process:
 
@@ -31,7 +31,7 @@ from typing import Any, AsyncIterator
 
 from dlqapp.observability.logs import log_event
 
-log = logging.getLogger("dlqapp.worker.crashguard")
+log = logging.getLogger("dlqapp.processing.crashguard")
 
 CAREFUL_TIMEOUT_S = 5.0
 MARGIN = 128

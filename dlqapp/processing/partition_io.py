@@ -21,13 +21,13 @@ from dlqapp.core.headers import H_ORIGINAL_TIMESTAMP, H_SOURCE, header_dict
 from dlqapp.core.partitioning import owner_partition
 from dlqapp.core.states import RequestState
 from dlqapp.observability.logs import log_event
-from dlqapp.worker.counters import Counters
+from dlqapp.tables.counters import Counters
 
-log = logging.getLogger("dlqapp.worker.partition_io")
+log = logging.getLogger("dlqapp.processing.partition_io")
 
 Send = Callable[[str, bytes, bytes | None, int, list[tuple[str, bytes]]], Awaitable[Awaitable[Any]]]
 """`send(topic, key, value, partition, headers)`: hands one record to the producer and
-returns what resolves once the broker has it (dlqapp.worker.faust_compat.producer_send)."""
+returns what resolves once the broker has it (dlqapp.kafka.faust_compat.producer_send)."""
 
 
 class PartitionIO:

@@ -18,12 +18,12 @@ from dlqapp.core.clock import Clock
 from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.observability import metrics
 from dlqapp.retries.scheduler import RetryScheduler
-from dlqapp.worker.crashguard import CrashGuard
-from dlqapp.worker.faust_compat import set_topic_paused
-from dlqapp.worker.input_gate import InputGate
-from dlqapp.worker.retention import Sweeper
+from dlqapp.processing.crashguard import CrashGuard
+from dlqapp.kafka.faust_compat import set_topic_paused
+from dlqapp.flowcontrol.input_gate import InputGate
+from dlqapp.tables.retention import Sweeper
 
-log = logging.getLogger("dlqapp.worker.services")
+log = logging.getLogger("dlqapp.wiring.services")
 
 SWEEP_INTERVAL_S = 1.0
 ERROR_LOG_INTERVAL_S = 60.0
@@ -104,7 +104,7 @@ class RetryTimer(_Loop):
 
 
 class RetentionSweep(_Loop):
-    """Forget settled states and old ledgers after DLQ_STATE_RETENTION (dlqapp.worker.retention)."""
+    """Forget settled states and old ledgers after DLQ_STATE_RETENTION (dlqapp.tables.retention)."""
 
     interval_s = SWEEP_INTERVAL_S
 
@@ -160,7 +160,7 @@ class LoopLag(Service):
 
 
 class CrashJournal(Service):
-    """Keeps the crash-loop guard's journal about a second behind (dlqapp.worker.crashguard)."""
+    """Keeps the crash-loop guard's journal about a second behind (dlqapp.processing.crashguard)."""
 
     def __init__(self, guard: CrashGuard, **kwargs: Any) -> None:
         super().__init__(**kwargs)

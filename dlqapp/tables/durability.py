@@ -31,8 +31,8 @@ from typing import Any, Callable
 import faust
 from faust import current_event
 
-from dlqapp.worker.faust_compat import local_partition_db, producer_of, set_persisted_offset
-from dlqapp.worker.rocksdb_memory import share_memory
+from dlqapp.kafka.faust_compat import local_partition_db, producer_of, set_persisted_offset
+from dlqapp.tables.rocksdb_memory import share_memory
 
 log = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from mode.utils.times import want_seconds
 from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
 from dlqapp.settings import Settings, SettingsError
-from dlqapp.worker.durability import ConfirmedTable
-from dlqapp.worker.faust_compat import PatientTransport, SingleChannelReplyConsumer, dlq_consumer_class, keep_in_metadata, producer_client, widen_changelog_buffer
+from dlqapp.tables.durability import ConfirmedTable
+from dlqapp.kafka.faust_compat import PatientTransport, SingleChannelReplyConsumer, dlq_consumer_class, keep_in_metadata, producer_client, widen_changelog_buffer
 from dlqapp.kafka.access import KafkaAccessError
-from dlqapp.worker.kafka_admin import InternalTopic, TopicMismatchError, ensure_topics
+from dlqapp.kafka.admin import InternalTopic, TopicMismatchError, ensure_topics
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class IdempotentProducer(AIOKafkaProducer):
 
 
 class Lifecycle(Protocol):
-    """What the worker does at start and when it gives work back (dlqapp.worker.agents)."""
+    """What the worker does at start and when it gives work back (dlqapp.wiring.agents)."""
 
     def started(self) -> None: ...
 
@@ -86,7 +86,7 @@ class DlqApp(faust.App):
     dlq_settings: Settings
     lifecycle: Lifecycle | None = None
     parts: Any = None
-    """The worker's components (dlqapp.worker.composition.Components), for views and commands."""
+    """The worker's components (dlqapp.wiring.composition.Components), for views and commands."""
     _recovery_start: tuple[float, dict[Any, int]] | None = None
     _ready_logged = False
 

@@ -17,7 +17,7 @@ from faust.tables import Table
 from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.commands import UNDECODABLE
 from dlqapp.settings import Settings
-from dlqapp.worker.rocksdb_memory import MEMTABLE_BUDGET, SHARED_CACHE
+from dlqapp.tables.rocksdb_memory import MEMTABLE_BUDGET, SHARED_CACHE
 
 TOLERANT_JSON = "dlqapp-json"
 
@@ -106,12 +106,12 @@ def declare(app: faust.App, settings: Settings) -> Topology:
         dead_letters=table("dead-letters", "DLQ entries keyed by request id."),
         dead_letters_by_time=table("dead-letters-by-time", "DLQ list index: key = dead_at (u64 BE) ‖ DLQ key, value = the entry's summary."),
         replay_ledger=table("replay-ledger", "Operator actions per request id: who replayed or discarded what, and when."),
-        stats=table("stats", "Running counts, one blob per partition (dlqapp.worker.counters)."),
+        stats=table("stats", "Running counts, one blob per partition (dlqapp.tables.counters)."),
     )
 
 
 def _rocksdb_options(settings: Settings) -> dict[str, int]:
-    """Bounded RocksDB memory for the whole worker (dlqapp.worker.rocksdb_memory): Faust's
+    """Bounded RocksDB memory for the whole worker (dlqapp.tables.rocksdb_memory): Faust's
     defaults allow 192 MiB of write buffers and a 2 GiB block cache per table partition."""
     return {
         "write_buffer_size": settings.table_write_buffer_bytes,

@@ -37,23 +37,23 @@ from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.settings import Settings
-from dlqapp.worker.app import DlqApp, create_app, install_event_loop, load_settings
-from dlqapp.worker.counters import Counters
-from dlqapp.worker.crashguard import CrashGuard
-from dlqapp.worker.durability import at_end_of_step, open_steps
-from dlqapp.worker.faust_compat import consumer_lag, producer_send
-from dlqapp.worker.flow import InFlightWindows
-from dlqapp.worker.input_gate import InputGate
-from dlqapp.worker.offset_watch import OffsetWatch
-from dlqapp.worker.partition_io import PartitionIO
-from dlqapp.worker.pipeline import Outlets, Pipeline
-from dlqapp.worker.retention import (
+from dlqapp.wiring.faust_app import DlqApp, create_app, install_event_loop, load_settings
+from dlqapp.tables.counters import Counters
+from dlqapp.processing.crashguard import CrashGuard
+from dlqapp.tables.durability import at_end_of_step, open_steps
+from dlqapp.kafka.faust_compat import consumer_lag, producer_send
+from dlqapp.processing.flow import InFlightWindows
+from dlqapp.flowcontrol.input_gate import InputGate
+from dlqapp.kafka.offset_watch import OffsetWatch
+from dlqapp.processing.partition_io import PartitionIO
+from dlqapp.processing.pipeline import Outlets, Pipeline
+from dlqapp.tables.retention import (
     Sweeper,
     SweptTable,
     ledger_last_change,
     request_last_change,
 )
-from dlqapp.worker.services import (
+from dlqapp.wiring.services import (
     AlertWebhook,
     CrashJournal,
     InputPause,
@@ -61,7 +61,7 @@ from dlqapp.worker.services import (
     RetentionSweep,
     RetryTimer,
 )
-from dlqapp.worker.topology import Topology, declare, register_codecs
+from dlqapp.kafka.topology import Topology, declare, register_codecs
 
 
 @dataclass
@@ -190,7 +190,7 @@ def build_app(settings: Settings | None = None) -> DlqApp:
     """The dlqapp Faust app with every agent, service, view and command registered."""
     from dlqapp.api.views import Api, register_views
     from dlqapp.cli import register_commands
-    from dlqapp.worker.agents import register_agents
+    from dlqapp.wiring.agents import register_agents
 
     settings = settings or load_settings()
     install_event_loop(settings)

@@ -22,12 +22,12 @@ from faust.types import AgentT
 
 from dlqapp.core.errors import ErrorClass
 from dlqapp.observability.logs import log_event
-from dlqapp.worker.crashguard import PoisonMessage
-from dlqapp.worker.durability import changelog_barrier
-from dlqapp.worker.faust_compat import crash, forget_unacked, send_to_changelog
-from dlqapp.worker.topology import TierTopic
+from dlqapp.processing.crashguard import PoisonMessage
+from dlqapp.tables.durability import changelog_barrier
+from dlqapp.kafka.faust_compat import crash, forget_unacked, send_to_changelog
+from dlqapp.kafka.topology import TierTopic
 
-log = logging.getLogger("dlqapp.worker.agents")
+log = logging.getLogger("dlqapp.wiring.agents")
 
 DUE_WINDOW = 4096
 """Due retries the due agent holds at once. Most of them only wait for their due time (the
@@ -46,7 +46,7 @@ class Agents:
 
 
 class WorkerLifecycle:
-    """Start-up and hand-back of a worker (DlqApp calls it; see dlqapp.worker.app)."""
+    """Start-up and hand-back of a worker (DlqApp calls it; see dlqapp.wiring.faust_app)."""
 
     def __init__(self, parts: Any) -> None:
         self.parts = parts
@@ -129,7 +129,7 @@ class _Handlers:
         await self.parts.pipeline.dead_letter_unprocessable(event, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000])
 
     def watch(self, event: EventT) -> None:
-        """Notice a hole in the offsets handed to this agent (dlqapp.worker.offset_watch)."""
+        """Notice a hole in the offsets handed to this agent (dlqapp.kafka.offset_watch)."""
         message = event.message
         self.parts.offsets.seen(message.topic, message.partition, message.offset)
 
@@ -156,7 +156,7 @@ class _Handlers:
 
         async def input_requests(stream: StreamT) -> None:
             """Fresh requests: many in flight at once, acked in offset order; none started
-            while due retries are on their way (dlqapp.worker.input_gate)."""
+            while due retries are on their way (dlqapp.flowcontrol.input_gate)."""
             window = self.window()
             feed = self.parts.windows.feed(window, gate, closed_limit=self.app.conf.stream_buffer_maxsize + 4 * self.app.conf.broker_max_poll_records)
             gate.pause_fetching_when(feed.backlogged)

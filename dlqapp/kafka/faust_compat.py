@@ -3,13 +3,13 @@
 Each helper names the private member it touches and why. Checked against
 faust-streaming 0.15.3 and rocksdict 0.3; read these first after an upgrade.
 
-Elsewhere, overrides of Faust hooks (dlqapp.worker.app): `_settings_extra` of the
+Elsewhere, overrides of Faust hooks (dlqapp.wiring.faust_app): `_settings_extra` of the
 aiokafka producer (idempotence), `App.on_started` (`keep_in_metadata`), `App._new_producer` (to use that producer),
 `App._new_consumer` (to use `dlq_consumer_class`), `App._new_transport` and
 `_new_producer_transport` (to use `PatientTransport`), `App._reply_consumer` (to use
 `SingleChannelReplyConsumer`), `App._on_partitions_revoked` (to
 hand work back before Faust waits for acks) and `App._on_partitions_assigned` (to take
-work again); and the `_loads` of Faust's JSON codec (dlqapp.worker.topology).
+work again); and the `_loads` of Faust's JSON codec (dlqapp.kafka.topology).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from rocksdict import ReadOptions
 
 from dlqapp.observability.logs import log_event
-from dlqapp.worker.delivery_order import DeliveryOrder, Verdict
-from dlqapp.worker.kafka_admin import retry_while_transient
+from dlqapp.kafka.delivery_order import DeliveryOrder, Verdict
+from dlqapp.kafka.admin import retry_while_transient
 
-_log = logging.getLogger("dlqapp.worker.delivery")
+_log = logging.getLogger("dlqapp.kafka.delivery")
 
 IDLE_CHECK_S = 1.0
 """How often an idle consumer looks for partitions whose position passed undelivered records."""
@@ -217,7 +217,7 @@ class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
 
 def dlq_consumer_class(fetch_max_wait_ms: int, first_topics: frozenset[str] = frozenset()) -> type:
     """Faust's aiokafka consumer with aiokafka's `fetch_max_wait_ms` set and records handed
-    to the agents strictly in offset order (dlqapp.worker.delivery_order).
+    to the agents strictly in offset order (dlqapp.kafka.delivery_order).
 
     Fetch wait: Faust passes a fixed `fetch_max_wait_ms=1500`
     (`AIOKafkaConsumerThread._create_worker_consumer`) and has no setting for it. aiokafka
@@ -501,7 +501,7 @@ def widen_changelog_buffer(producer: Any, max_messages: int) -> None:
     the agents until 100 are sent (`Conductor.on_message` -> `wait_until_ebb`). A burst of
     300 retries (five or so writes each) held due retries back that way 0.1-0.35 s at a time,
     with a WARNING each time. dlqapp's handlers already wait for their own writes
-    (dlqapp.worker.durability), so the writes pending are bounded by the handlers in flight.
+    (dlqapp.tables.durability), so the writes pending are bounded by the handlers in flight.
     """
     producer.buffer.max_messages = max_messages
 

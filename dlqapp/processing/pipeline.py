@@ -62,10 +62,10 @@ from dlqapp.observability import metrics
 from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.observability.logs import log_event
 from dlqapp.retries.parked import ParkedRetries
-from dlqapp.worker.flow import PriorityLimiter
-from dlqapp.worker.partition_io import PartitionIO, as_header_pairs, source_of
+from dlqapp.processing.flow import PriorityLimiter
+from dlqapp.processing.partition_io import PartitionIO, as_header_pairs, source_of
 
-log = logging.getLogger("dlqapp.worker.pipeline")
+log = logging.getLogger("dlqapp.processing.pipeline")
 
 MAX_ORIGINAL_HEADERS_CHARS = 65536
 FALLBACK_LABEL = "fallback"

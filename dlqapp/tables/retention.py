@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from dlqapp.core import states
-from dlqapp.worker.faust_compat import active_partitions, partition_db, scan_chunk
+from dlqapp.kafka.faust_compat import active_partitions, partition_db, scan_chunk
 
 EXPIRED_STATES = frozenset({states.SUCCEEDED, states.DISCARDED})
 CHUNK = 2000

@@ -19,8 +19,8 @@ from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Protocol
 
 from dlqapp.flowcontrol.slots import DUE, NORMAL, SlotLimiter
-from dlqapp.worker.crashguard import CrashGuard, PoisonMessage
-from dlqapp.worker.durability import changelog_barrier
+from dlqapp.processing.crashguard import CrashGuard, PoisonMessage
+from dlqapp.tables.durability import changelog_barrier
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,7 @@ class InFlightWindow:
 
 
 class Gate(Protocol):
-    """What a `GatedFeed` needs of dlqapp.worker.input_gate.InputGate."""
+    """What a `GatedFeed` needs of dlqapp.flowcontrol.input_gate.InputGate."""
 
     @property
     def is_open(self) -> bool: ...

@@ -1,0 +1,1 @@
+"""Table durability: confirmed writes, running counters, retention, the RocksDB memory budget."""
