@@ -24,7 +24,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from tests.support import MockLLM, Worker, http_json, keys_seen, read_topic, request_bytes, unique
+from tests.support import MockLLM, Worker, keys_seen, read_topic, request_bytes, unique
 
 
 @dataclass(frozen=True)
