@@ -188,7 +188,8 @@ def input_share(app: DlqApp, settings: Settings) -> float:
 
 def build_app(settings: Settings | None = None) -> DlqApp:
     """The dlqapp Faust app with every agent, service, view and command registered."""
-    from dlqapp.api.views import Api, register_views
+    from dlqapp.api.service import Api
+    from dlqapp.api.views import register_views
     from dlqapp.cli import register_commands
     from dlqapp.wiring.agents import register_agents
 

@@ -1,0 +1,104 @@
+"""HTTP plumbing every route shares: JSON errors, query and body parsing, who asked."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Awaitable, Callable
+
+from faust import web
+
+from dlqapp.deadletters.commands import ReplayStatus
+from dlqapp.deadletters.queries import BadQuery
+from dlqapp.settings import parse_duration_ms
+
+STATUS_CODES: dict[str, int] = {
+    ReplayStatus.REPROCESSED: 200,
+    ReplayStatus.DISCARDED: 200,
+    ReplayStatus.FIRED: 200,
+    ReplayStatus.DEAD_LETTERED: 200,
+    ReplayStatus.EXPIRED: 200,
+    ReplayStatus.NOT_FOUND: 404,
+    ReplayStatus.REFUSED: 409,
+    ReplayStatus.INVALID: 400,
+    ReplayStatus.ERROR: 500,
+}
+
+
+class ApiError(Exception):
+    """An error answered as `{"error": message}` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.message, self.extra = status, message, extra
+
+
+def error_response(view: web.View, exc: ApiError) -> web.Response:
+    return view.json({"error": exc.message, **exc.extra}, status=exc.status)
+
+
+def handled(handler: Callable[..., Awaitable[web.Response]]) -> Callable[..., Awaitable[web.Response]]:
+    """Turn `ApiError` and `BadQuery` raised by a handler into JSON error responses."""
+
+    async def wrapper(self: web.View, request: web.Request, **kwargs: Any) -> web.Response:
+        try:
+            return await handler(self, request, **kwargs)
+        except ApiError as exc:
+            return error_response(self, exc)
+        except BadQuery as exc:
+            return self.json({"error": str(exc)}, status=400)
+
+    wrapper.__name__ = handler.__name__
+    wrapper.__doc__ = handler.__doc__
+    return wrapper
+
+
+def lateness_window(request: web.Request) -> int | None:
+    """`?window=` of a health read in ms (None: the whole window kept)."""
+    text = request.query.get("window")
+    if text is None:
+        return None
+    try:
+        window_ms = parse_duration_ms(text)
+    except ValueError as exc:
+        raise BadQuery(f"window: {exc}") from None
+    if window_ms <= 0:
+        raise BadQuery("window must be positive (example: 15s)")
+    return window_ms
+
+
+async def read_json(request: web.Request) -> Any:
+    """The request body as JSON, or ApiError 400 naming the problem."""
+    body = await request.read()
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+
+
+def actor_of(request: web.Request) -> str:
+    """Who asked: the X-DLQ-Actor header, else the client address."""
+    return (request.headers.get("X-DLQ-Actor") or f"api@{request.remote}")[:200]
+
+
+def command_response(view: web.View, result: dict[str, Any]) -> web.Response:
+    return view.json(result, status=STATUS_CODES.get(result.get("status", ReplayStatus.ERROR), 500))
+
+
+def force_of(body: dict[str, Any]) -> bool:
+    force = body.get("force", False)
+    if not isinstance(force, bool):
+        raise ApiError(400, "force must be true or false")
+    return force
+
+
+def top_of(params: Any) -> int:
+    """The `top` of a fan-out's local read (how many items each worker sends)."""
+    try:
+        top = int(params.get("top", "50"))
+    except ValueError:
+        raise BadQuery("top must be an integer") from None
+    if top < 0:
+        raise BadQuery("top must be >= 0")
+    return top
