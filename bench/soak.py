@@ -228,6 +228,7 @@ def plot(soak: dict[str, Any], out: Path) -> None:
         ([("lateness_p99_ms", "retry lateness p99")], "ms"),
         ([("rss_mib", "RSS"), ("cpu_pct", "CPU %")], "MiB / %"),
     ]
+    axes[2].set_yscale("symlog", linthresh=100)
     for ax, (lines, unit) in zip(axes, panels):
         for key, label in lines:
             ax.plot(t, [r[key] if r[key] is not None else float("nan") for r in series], label=label)

@@ -112,13 +112,15 @@ def scan_chunk(db: Any, after: bytes | None, limit: int, values: bool = True) ->
 
 
 def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
-    """(topic, partition, messages not yet read by the agents) for `topics`: the log end
-    offset minus the next offset to read.
+    """(topic, partition, messages not yet handled) for `topics`: the log end offset minus
+    the oldest offset still being handled (read, not yet acked), or, when none is, minus
+    the next offset to read.
 
-    Faust keeps the offset it last handed to a stream in `Consumer._read_offset`, the
-    committed ones in `Consumer._committed_offset` (used before the first read). The
-    committed offset trails the read one by up to the commit interval (2.8 s), so a lag
-    measured from it says more about the commit interval than about falling behind.
+    Faust keeps the offset it last handed to a stream in `Consumer._read_offset` and the
+    events not yet acked in `Consumer._unacked_messages`; the committed offset trails by
+    the commit interval (2.8 s), so a lag measured from it says more about that interval
+    than about falling behind, and one measured from the read offset alone misses what
+    waits in the streams' buffers (an outage fills them).
     """
     consumer = app.consumer
     lag: list[tuple[str, int, int]] = []
@@ -126,6 +128,11 @@ def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
         assigned = consumer.assignment()
     except Exception:  # the consumer has not started yet
         return lag
+    oldest: dict[Any, int] = {}
+    for message in list(getattr(consumer, "_unacked_messages", ())):
+        tp = message.tp
+        if tp.topic in topics and (tp not in oldest or message.offset < oldest[tp]):
+            oldest[tp] = message.offset
     for tp in assigned:
         if tp.topic not in topics:
             continue
@@ -135,7 +142,7 @@ def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
             continue
         if high is not None:
             read = consumer._read_offset.get(tp)
-            position = read + 1 if read is not None else consumer._committed_offset.get(tp) or 0
+            position = oldest.get(tp, read + 1 if read is not None else consumer._committed_offset.get(tp) or 0)
             lag.append((tp.topic, tp.partition, max(0, high - position)))
     return lag
 

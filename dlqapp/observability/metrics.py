@@ -87,7 +87,7 @@ class StateCollector(Collector):
         for tier, count in sorted(self.parked_by_tier().items()):
             parked.add_metric([tier], count)
         yield parked
-        lag = GaugeMetricFamily("dlqapp_consumer_lag", "Messages not yet read by the agents, per topic and partition.", labels=["topic", "partition"])
+        lag = GaugeMetricFamily("dlqapp_consumer_lag", "Messages not yet handled (log end minus the oldest offset read but not acked, else the next to read), per topic and partition.", labels=["topic", "partition"])
         for topic, partition, value in self.consumer_lag():
             lag.add_metric([topic, str(partition)], value)
         yield lag
