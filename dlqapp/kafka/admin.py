@@ -59,6 +59,9 @@ class InternalTopic:
 
     partitions: int
     configs: dict[str, str]
+    ephemeral: bool = False
+    """Made anew at each start (a worker's reply topic): created with the replicas the live
+    brokers allow, so a broker down never stops a worker from starting."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,7 @@ async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -
         _check_replicas(settings, existing)
         await _check_dlq_compacted(admin, settings, existing)
         brokers = await _live_brokers(admin)
-        missing = [name for name in [*wanted, *changelogs] if name not in existing]
+        missing = [name for name in [*wanted, *changelogs] if name not in existing and not (name in internal and internal[name].ephemeral)]
         if missing:
             _check_brokers(settings, brokers, missing)
         elif len(brokers) < settings.replication_factor:
@@ -136,7 +139,9 @@ async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -
         created_internal = [name for name in internal if name not in existing]
         for name in created_internal:
             topic = internal[name]
-            await _create(admin, settings, {name: {**topic.configs, MIN_ISR: str(settings.min_insync_replicas)}}, topic.partitions)
+            replicas = max(1, min(settings.replication_factor, len(brokers))) if topic.ephemeral else settings.replication_factor
+            min_isr = min(settings.min_insync_replicas, replicas)
+            await _create(admin, settings, {name: {**topic.configs, MIN_ISR: str(min_isr)}}, topic.partitions, replicas)
         await _wait_until_known(admin, {**{n: settings.partitions for n in wanted}, **{n: t.partitions for n, t in internal.items()}})
         if created or created_internal:
             await check_access(admin, settings, [*created, *created_internal])
@@ -307,9 +312,11 @@ def _not_known(described: list[dict[str, Any]], partitions: dict[str, int]) -> s
     return set(partitions) - known
 
 
-async def _create(admin: AIOKafkaAdminClient, settings: Settings, configs: dict[str, dict[str, str]], partitions: int | None = None) -> None:
+async def _create(
+    admin: AIOKafkaAdminClient, settings: Settings, configs: dict[str, dict[str, str]], partitions: int | None = None, replicas: int | None = None
+) -> None:
     new = [
-        NewTopic(name, partitions or settings.partitions, settings.replication_factor, topic_configs=config)
+        NewTopic(name, partitions or settings.partitions, replicas or settings.replication_factor, topic_configs=config)
         for name, config in configs.items()
     ]
     response = await admin.create_topics(new)

@@ -132,7 +132,7 @@ class DlqApp(faust.App):
         }
         topics[f"{self.conf.id}-__assignor-__leader"] = InternalTopic(1, {})
         reply_ms = int(want_seconds(self.conf.reply_expires) * 1000)
-        topics[self.conf.reply_to] = InternalTopic(1, {"cleanup.policy": "delete", "retention.ms": str(reply_ms)})
+        topics[self.conf.reply_to] = InternalTopic(1, {"cleanup.policy": "delete", "retention.ms": str(reply_ms)}, ephemeral=True)
         return topics
 
     def written_topics(self) -> list[str]:
