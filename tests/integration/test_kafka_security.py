@@ -20,6 +20,15 @@ from tests.support import FAUST, Worker, http_json, keys_seen, produce, read_top
 FAST = {"DLQ_RETRY_DELAYS": "200ms,400ms,600ms", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}
 
 
+@pytest.fixture
+def workers():
+    """Every worker a test makes, killed at its end (they are not made by `make_worker`)."""
+    made: list[Worker] = []
+    yield made
+    for worker in made:
+        worker.kill()
+
+
 @pytest.fixture(scope="module")
 def secure(tmp_path_factory):
     kafka = SecureKafka(tmp_path_factory.mktemp("sasl-ssl-kafka"), "sasl_ssl", authorizer=True).start()
@@ -48,8 +57,9 @@ def assert_no_secret(kafka: SecureKafka, *texts: str) -> None:
         assert all(secret not in text for text in texts), f"the {user} password leaked"
 
 
-def test_the_whole_pipeline_runs_on_sasl_ssl_with_only_the_acls_it_printed(secure, tmp_path):
+def test_the_whole_pipeline_runs_on_sasl_ssl_with_only_the_acls_it_printed(secure, tmp_path, workers):
     worker = secured_worker(secure, tmp_path, env_extra=FAST)
+    workers.append(worker)
     granted = secure.apply_acls(worker)
     assert any("--group" in line for line in granted) and not any("--cluster" in line for line in granted)
     worker.start()
@@ -95,8 +105,9 @@ def test_the_whole_pipeline_runs_on_sasl_ssl_with_only_the_acls_it_printed(secur
         ("missing ACL", {}, "READ on group"),
     ],
 )
-def test_misconfiguration_ends_the_worker_at_start_naming_what_to_fix(secure, tmp_path, case, env, named):
+def test_misconfiguration_ends_the_worker_at_start_naming_what_to_fix(secure, tmp_path, workers, case, env, named):
     worker = secured_worker(secure, tmp_path, env_extra=env)
+    workers.append(worker)
     if case == "missing ACL":
         secure.apply_acls(worker, skip="--group")
     worker.start(wait=False)
@@ -113,11 +124,12 @@ def test_misconfiguration_ends_the_worker_at_start_naming_what_to_fix(secure, tm
 
 
 @pytest.mark.parametrize(("security", "mechanism"), [("ssl", None), ("sasl_plaintext", "PLAIN")])
-def test_mutual_tls_and_sasl_plain_connect_too(tmp_path, security, mechanism):
+def test_mutual_tls_and_sasl_plain_connect_too(tmp_path, workers, security, mechanism):
     kafka = SecureKafka(tmp_path / "kafka", security, authorizer=False).start()
     try:
         env = {**FAST, **({"DLQ_KAFKA_SASL_MECHANISM": mechanism} if mechanism else {})}
         worker = secured_worker(kafka, tmp_path, env_extra=env)
+        workers.append(worker)
         if security == "ssl":
             assert worker.env()["DLQ_KAFKA_SSL_CERTFILE"].endswith("dlqapp.pem")  # a client certificate, no password
         worker.start()
@@ -130,9 +142,10 @@ def test_mutual_tls_and_sasl_plain_connect_too(tmp_path, security, mechanism):
         kafka.stop()
 
 
-def test_kill_9_on_the_secured_broker_loses_nothing(secure, tmp_path):
+def test_kill_9_on_the_secured_broker_loses_nothing(secure, tmp_path, workers):
     count, kills = (20_000, 5) if FULL else (3_000, 2)
     worker = secured_worker(secure, tmp_path, env_extra={"DLQ_RETRY_DELAYS": "200ms,400ms,600ms", "DLQ_SIMULATED_SUCCESS_RATE": "0.8", "DLQ_SESSION_TIMEOUT": "6s"})
+    workers.append(worker)
     secure.apply_acls(worker)
     worker.start()
     ids = unique_ids("kill", count)
