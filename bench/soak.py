@@ -14,7 +14,6 @@ requests held, RSS and CPU. At the end every request must have an outcome.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import threading
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from bench.measure import cpu_seconds, process_memory
 from tests.support import MockLLM, Worker, keys_seen, read_topic, request_bytes, unique
 
 
@@ -88,21 +88,12 @@ class PacedProducer(threading.Thread):
             await producer.stop()
 
 
-def proc_sample(pid: int) -> tuple[float, float]:
-    """(RSS MiB, CPU seconds so far) of a process."""
-    with open(f"/proc/{pid}/status") as f:
-        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return rss, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def sample(worker: Worker, config: SoakConfig, since: float, previous: dict[str, Any] | None, sent: int) -> dict[str, Any]:
     """One row of the series."""
     stats = worker.get("/dlq/stats/")[1]
     health = worker.get(f"/health/?window={config.sample_s}s")[1]
     breaker = next(iter(stats["breaker"].values()))
-    rss, cpu = proc_sample(worker.process.pid)
+    rss, cpu = process_memory(worker.process.pid)["rss_bytes"] / 2**20, cpu_seconds(worker.process.pid)
     now = time.monotonic()
     done = stats["succeeded"] + stats["dlq_size"]
     interval = now - previous["_at"] if previous else now - since
