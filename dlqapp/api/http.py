@@ -7,7 +7,7 @@ from typing import Any, Awaitable, Callable
 
 from faust import web
 
-from dlqapp.deadletters.commands import ReplayStatus
+from dlqapp.core.commands import ReplayStatus
 from dlqapp.deadletters.queries import BadQuery
 from dlqapp.settings import parse_duration_ms
 

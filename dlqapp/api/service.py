@@ -20,7 +20,7 @@ from dlqapp import __version__
 from dlqapp.api.http import ApiError, force_of
 from dlqapp.core import states
 from dlqapp.core.states import RequestState
-from dlqapp.deadletters.commands import Action, Command, ReplayStatus, check_edit
+from dlqapp.core.commands import Action, Command, ReplayStatus, check_edit
 from dlqapp.deadletters.entries import find_dead_letter, owner_id, presented, summary
 from dlqapp.deadletters.estimate import METHOD as ESTIMATE_METHOD
 from dlqapp.deadletters.estimate import estimated_tokens
@@ -141,7 +141,7 @@ class Api:
 
     def local_stats(self) -> dict[str, Any]:
         stats = local_stats(self.parts.counters.total_of(self.topology.stats), self.parts.oldest_dead_letter.get())
-        stats["breaker"] = {str(self.app.conf.canonical_url): self.parts.pipeline.breaker.snapshot()}
+        stats["breaker"] = {str(self.app.conf.canonical_url): self.parts.caller.breaker.snapshot()}
         stats["flow"] = {str(self.app.conf.canonical_url): self.flow()}
         return stats
 
@@ -222,15 +222,15 @@ class Api:
             "topics": self.settings.all_topics(),
             "inference": self.parts.backend.name,
             "in_flight": len(self.parts.pipeline.in_flight),
-            "concurrency_limit": self.parts.pipeline.limiter.limit,
+            "concurrency_limit": self.parts.caller.limiter.limit,
             "flow": self.flow(),
             "admin_page": "/ui/",
         }
 
     def flow(self) -> dict[str, Any]:
         """Flow control on this worker: the adaptive limit, waiters by priority, rate limits per model."""
-        pipeline = self.parts.pipeline
-        return {**pipeline.limiter.snapshot(), "rate_limit_share": round(pipeline.gate.share, 4), "rate_limits": pipeline.gate.snapshot()}
+        caller = self.parts.caller
+        return {**caller.limiter.snapshot(), "rate_limit_share": round(caller.gate.share, 4), "rate_limits": caller.gate.snapshot()}
 
     def _assignment(self) -> dict[str, list[int]]:
         """Active partitions per topic on this worker (tables show as their changelog topics)."""
@@ -335,8 +335,8 @@ class Api:
         `lateness_window_ms`, at most and by default 5 minutes)."""
         parts, now = self.parts, self.parts.clock()
         next_due, earliest = parts.parked.next_due()
-        late_ms = parts.pipeline.lateness.p99_ms(now, lateness_window_ms)
-        breaker = parts.pipeline.breaker.snapshot()
+        late_ms = parts.caller.lateness.p99_ms(now, lateness_window_ms)
+        breaker = parts.caller.breaker.snapshot()
         breaker.pop("transitions", None)
         return {
             "url": str(self.app.conf.canonical_url),
@@ -348,7 +348,7 @@ class Api:
             "oldest_overdue_ms": (now - earliest) if earliest is not None and earliest < now else None,
             "consumer_lag": sum(lag for _, _, lag in consumer_lag(self.app, set(self.settings.all_topics()))),
             "retry_lateness_p99_s": None if late_ms is None else late_ms / 1000,
-            "retry_lateness_by_tier": parts.pipeline.lateness.summary(now, lateness_window_ms),
+            "retry_lateness_by_tier": parts.caller.lateness.summary(now, lateness_window_ms),
             "event_loop_lag_s": metrics.loop_lag._value.get(),
         }
 

@@ -19,7 +19,7 @@ from dlqapp.api.http import (
     top_of,
 )
 from dlqapp.api.service import UI_PAGE, Api
-from dlqapp.deadletters.commands import Action, Command
+from dlqapp.core.commands import Action, Command
 from dlqapp.deadletters.queries import (
     DlqFilter,
     page_params,

@@ -11,7 +11,7 @@ from faust.cli import argument, option
 
 from dlqapp.cli.base import EXIT_NOT_FOUND, EXIT_USAGE, JSON, CliError, call, command, emit, progress, run, table, when
 from dlqapp.core.clock import now_ms
-from dlqapp.deadletters.commands import BULK_OUTCOMES
+from dlqapp.core.commands import BULK_OUTCOMES
 from dlqapp.settings import Settings
 
 

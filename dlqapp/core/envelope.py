@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from dlqapp.core.clock import now_ms
 from dlqapp.core.headers import (
@@ -23,7 +23,6 @@ from dlqapp.core.headers import (
     H_RETRY_COUNT,
     H_SCHEDULED_TIME,
     H_SOURCE,
-    header_dict,
     header_int,
     header_json,
 )
@@ -100,18 +99,24 @@ class Envelope:
         return [(k, str(v).encode()) for k, v in values.items() if v is not None]
 
     @classmethod
-    def from_headers(
-        cls, request_id: str, payload: bytes, headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None
-    ) -> "Envelope":
-        """Rebuild an envelope from Kafka headers written by `headers()`.
+    def fresh(cls, request_id: str, payload: bytes, headers: Mapping[str, str], written_ms: int, read_from: dict[str, Any]) -> "Envelope":
+        """A request first seen: no attempts yet; its replay lineage and `source` header
+        (where it first entered dlqapp) kept, else `read_from`."""
+        return cls(
+            request_id=request_id,
+            payload=payload,
+            original_timestamp=written_ms,
+            source=header_json(headers, H_SOURCE, dict) or read_from,
+            lineage=lineage_of(headers),
+        )
+
+    @classmethod
+    def from_headers(cls, request_id: str, payload: bytes, headers: Mapping[str, str]) -> "Envelope":
+        """Rebuild an envelope from parsed headers written by `headers()`.
 
         Never raises: a malformed value is read as absent.
         """
-        h = header_dict(headers)
-        lineage = {H_REPLAY_OF: h[H_REPLAY_OF][:200]} if H_REPLAY_OF in h else {}
-        replay_count = header_int(h, H_REPLAY_COUNT)
-        if replay_count is not None:
-            lineage[H_REPLAY_COUNT] = str(replay_count)
+        h = headers
         return cls(
             request_id=request_id,
             payload=payload,
@@ -122,7 +127,7 @@ class Envelope:
             error_class=h.get(H_ERROR_CLASS),
             last_error=h.get(H_LAST_ERROR),
             history=[a for a in header_json(h, H_HISTORY, list) or [] if isinstance(a, dict)],
-            lineage=lineage,
+            lineage=lineage_of(h),
         )
 
     def to_bytes(self) -> bytes:
@@ -135,6 +140,15 @@ class Envelope:
         meta_raw, _, payload = blob.partition(b"\n")
         meta = json.loads(meta_raw)
         return cls.from_headers(meta[H_REQUEST_ID], payload, meta)
+
+
+def lineage_of(headers: Mapping[str, str]) -> dict[str, str]:
+    """The replay lineage headers a request carries on (`replay_of`, `replay_count`)."""
+    lineage = {H_REPLAY_OF: headers[H_REPLAY_OF][:200]} if H_REPLAY_OF in headers else {}
+    replay_count = header_int(headers, H_REPLAY_COUNT)
+    if replay_count is not None:
+        lineage[H_REPLAY_COUNT] = str(replay_count)
+    return lineage
 
 
 @dataclass

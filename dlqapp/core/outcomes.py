@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from dlqapp.core.backoff import Backoff
 from dlqapp.core.errors import ErrorClass, Failure, is_retryable
-from dlqapp.inference.base import InferenceOutput
+from dlqapp.core.backend import InferenceOutput
 
 
 @dataclass(frozen=True)

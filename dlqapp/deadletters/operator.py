@@ -27,13 +27,12 @@ from dlqapp.core.headers import (
     H_REPLAYED_AT,
     H_REPLAYED_BY,
 )
-from dlqapp.deadletters.commands import Action, Command, ReplayStatus, check_edit
+from dlqapp.core.commands import RETRY_ACTIONS, Action, Command, CommandHandler, ReplayStatus, check_edit
 from dlqapp.deadletters.entries import find_dead_letter, original_payload, owner_id
 from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.observability import metrics
-from dlqapp.retries.actions import RETRY_ACTIONS, RetryActions
 from dlqapp.observability.logs import log_event
-from dlqapp.processing.partition_io import PartitionIO
+from dlqapp.tables.partition_io import PartitionIO
 from dlqapp.tables.retention import (
     ledger_last_change,
     request_last_change,
@@ -50,7 +49,7 @@ class Operator:
         io: PartitionIO,
         recorder: DeadLetterRecorder,
         ledger: Table,
-        retries: RetryActions,
+        retries: CommandHandler,
         *,
         input_topic: TopicT,
         dlq_topic: TopicT,

@@ -13,12 +13,9 @@ import os
 import time
 from typing import Any
 
-from faust import EventT
 from faust.tables import Table
 
-from dlqapp.core.headers import (
-    header_dict,
-)
+from dlqapp.core.record import Record
 from dlqapp.core.requests import fallback_key
 from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.deadletters.entries import build_entry, summary, time_key
@@ -111,18 +108,17 @@ class DeadLetterRecorder:
         self.max_payload_bytes = max_payload_bytes
         self.alerts = alerts
 
-    async def on_message(self, event: EventT) -> None:
-        raw_key = event.key if isinstance(event.key, (bytes, bytearray)) and event.key else fallback_key(event.value).encode()
-        request_id = bytes(raw_key).decode("utf-8", "replace")
+    async def on_message(self, record: Record) -> None:
+        """Record one message of the `dlq` topic (a tombstone removes its entry)."""
+        request_id = record.key_text or fallback_key(record.payload)
         key = request_id.encode()
-        if event.value is None:
+        if record.payload is None:
             self.remove(key)
             return
-        message = event.message
         previous = self.table.get(key)
-        if previous is not None and json.loads(previous).get("dlq") == {"partition": message.partition, "offset": message.offset}:
+        if previous is not None and json.loads(previous).get("dlq") == {"partition": record.partition, "offset": record.offset}:
             return  # redelivered after a crash: already recorded, logged and alerted
-        entry = build_entry(request_id, event.value, header_dict(event.headers), message.partition, message.offset, self.max_payload_bytes)
+        entry = build_entry(request_id, record.payload, record.headers, record.partition, record.offset, self.max_payload_bytes)
         if previous is not None:
             self._unindex(key, json.loads(previous))
         self.table[key] = json.dumps(entry, separators=(",", ":")).encode()

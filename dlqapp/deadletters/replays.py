@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from dlqapp.deadletters.commands import BULK_OUTCOMES
+from dlqapp.core.commands import BULK_OUTCOMES
 
 ReplayOne = Callable[[str], Awaitable[dict[str, Any]]]
 BULK_CONCURRENCY = 16

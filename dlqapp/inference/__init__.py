@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlqapp.inference.base import InferenceBackend, InferenceOutput
+from dlqapp.core.backend import InferenceBackend, InferenceOutput
 from dlqapp.inference.openai import OpenAIBackend
 from dlqapp.inference.simulated import SimulatedBackend
 from dlqapp.settings import Settings, SettingsError

@@ -14,7 +14,7 @@ import aiohttp
 
 from dlqapp.core.errors import ErrorClass, InferenceError
 from dlqapp.core.requests import Request
-from dlqapp.inference.base import CallLog, InferenceOutput
+from dlqapp.core.backend import CallLog, InferenceOutput
 from dlqapp.inference.openai_errors import classify_response
 
 

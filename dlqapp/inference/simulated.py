@@ -16,7 +16,7 @@ from typing import Any
 
 from dlqapp.core.errors import ErrorClass, InferenceError
 from dlqapp.core.requests import Request
-from dlqapp.inference.base import CallLog, InferenceOutput
+from dlqapp.core.backend import CallLog, InferenceOutput
 
 CRASH_EXIT_CODE = 134
 

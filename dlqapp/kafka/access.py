@@ -23,7 +23,7 @@ from aiokafka.protocol.api import Request, RequestStruct, Response
 from aiokafka.protocol.types import Array, Boolean, Int16, Int32, Schema, String
 
 from dlqapp.kafka.acls import Grant, Operation, missing, required
-from dlqapp.kafka.security import KafkaSecurity
+from dlqapp.settings.kafka_security import KafkaSecurity
 
 if TYPE_CHECKING:
     from aiokafka.admin import AIOKafkaAdminClient

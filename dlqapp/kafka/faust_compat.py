@@ -9,7 +9,7 @@ aiokafka producer (idempotence), `App.on_started` (`keep_in_metadata`), `App._ne
 `_new_producer_transport` (to use `PatientTransport`), `App._reply_consumer` (to use
 `SingleChannelReplyConsumer`), `App._on_partitions_revoked` (to
 hand work back before Faust waits for acks) and `App._on_partitions_assigned` (to take
-work again); and the `_loads` of Faust's JSON codec (dlqapp.kafka.topology).
+work again); and the `_loads` of Faust's JSON codec (dlqapp.tables.topology).
 """
 
 from __future__ import annotations

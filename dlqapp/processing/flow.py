@@ -6,7 +6,7 @@ event of its partition are done. Faust therefore never sees an out-of-order ack,
 its offset-commit bug with out-of-order acks (faust #606) cannot commit past a message
 whose outcome is not yet confirmed.
 
-`PriorityLimiter` (dlqapp.flowcontrol.slots) bounds backend calls and serves due retries
+`SlotLimiter` (dlqapp.flowcontrol.slots) bounds backend calls and serves due retries
 before fresh input.
 """
 
@@ -18,7 +18,6 @@ import logging
 from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Protocol
 
-from dlqapp.flowcontrol.slots import DUE, NORMAL, SlotLimiter
 from dlqapp.processing.crashguard import CrashGuard, PoisonMessage
 from dlqapp.tables.durability import changelog_barrier
 
@@ -343,8 +342,3 @@ class InFlightWindows:
         for window in self._windows:
             window.reopen()
 
-
-HIGH, LOW = DUE, NORMAL
-"""Slot priorities of due retries and of fresh input without a `priority`."""
-PriorityLimiter = SlotLimiter
-"""Backend slots: see dlqapp.flowcontrol.slots (priorities, ageing, the adaptive limit)."""

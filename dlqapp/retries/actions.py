@@ -16,19 +16,16 @@ record for it to append.
 
 from __future__ import annotations
 
-from typing import Any
-
+from dlqapp.core.commands import Action, Answer, Command, ReplayStatus
 from dlqapp.core.errors import ErrorClass
+from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import DeadLetter
-from dlqapp.deadletters.commands import Action, Command, ReplayStatus
+from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
-from dlqapp.processing.partition_io import PartitionIO
-from dlqapp.processing.pipeline import Pipeline
+from dlqapp.tables.partition_io import PartitionIO
 
-RETRY_ACTIONS = frozenset({Action.RUN_NOW, Action.DEAD_LETTER_NOW})
-Answer = tuple[dict[str, Any], dict[str, Any] | None]
 
 
 def error_class_of(value: str | None) -> ErrorClass:
@@ -41,10 +38,11 @@ def error_class_of(value: str | None) -> ErrorClass:
 class RetryActions:
     """Carries out `run_now` and `dead_letter_now` commands on the owning worker."""
 
-    def __init__(self, parked: ParkedRetries, scheduler: RetryScheduler, pipeline: Pipeline, io: PartitionIO) -> None:
+    def __init__(self, parked: ParkedRetries, scheduler: RetryScheduler, dead_letters: DeadLetterWriter, in_flight: InFlight, io: PartitionIO) -> None:
         self.parked = parked
         self.scheduler = scheduler
-        self.pipeline = pipeline
+        self.dead_letters = dead_letters
+        self.in_flight = in_flight
         self.io = io
 
     async def execute(self, command: Command, at: int) -> Answer:
@@ -56,7 +54,7 @@ class RetryActions:
         if not keys:
             return {"request_id": rid, "status": ReplayStatus.NOT_FOUND, "reason": f"no parked retry for {rid!r} (it may have run already)"}, None
         key = keys[0]
-        if rid in self.pipeline.in_flight or self.scheduler.is_firing(key):
+        if rid in self.in_flight or self.scheduler.is_firing(key):
             return {"request_id": rid, "status": ReplayStatus.REFUSED, "reason": f"{rid} is being attempted right now"}, None
         if command.action is Action.RUN_NOW:
             return await self._run_now(command, key, partition, at)
@@ -84,7 +82,7 @@ class RetryActions:
             tier = self.parked.tier_of(envelope)
             error_class = error_class_of(envelope.error_class)
             reason = f"dead-lettered by {command.actor} while parked in {tier.label} (after {envelope.attempts} attempts); last error: {envelope.last_error or error_class.value}"
-            await self.pipeline.carry_out(DeadLetter(error_class, reason[:1000], final=True), envelope, None, None)
+            await self.dead_letters.write(DeadLetter(error_class, reason[:1000], final=True), envelope)
             for stale in keys:  # copies of its retry chain left by a crash go with it
                 copy = self.parked.get(stale)
                 if copy is not None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Mapping
 
 from aiokafka import AIOKafkaProducer
 
-from dlqapp.core.headers import H_RUN_NOW, header_dict
+from dlqapp.core.headers import H_RUN_NOW
 
 
 class DueHop:
@@ -46,6 +46,6 @@ class DueHop:
         return await self._producer.send(self.topic, value=value, key=key, partition=partition, headers=headers)
 
 
-def is_run_now(headers: Any) -> bool:
-    """The due message asks for the attempt at once (`DueHop.send(now=True)`)."""
-    return H_RUN_NOW in header_dict(headers)
+def is_run_now(headers: Mapping[str, str]) -> bool:
+    """The due message (its parsed headers) asks for the attempt at once (`DueHop.send(now=True)`)."""
+    return H_RUN_NOW in headers

@@ -16,26 +16,30 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from faust import EventT, TopicT
+from typing import Awaitable, Protocol
+
+from faust import TopicT
 
 from dlqapp.core import states
 from dlqapp.core.clock import Clock, sleep_until
 from dlqapp.core.envelope import Envelope
 from dlqapp.core.errors import ErrorClass
 from dlqapp.core.headers import H_REPLAY_COUNT, header_int
+from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import DeadLetter
-from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, parse_request
+from dlqapp.core.record import Record
+from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, Request, parse_request
 from dlqapp.core.tiers import Tier
+from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.observability.logs import log_event
 from dlqapp.retries.due_hop import DueHop, is_run_now
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scan import REFIRE_AFTER_MS, next_due_after, scan_due
-from dlqapp.processing.flow import HIGH
+from dlqapp.flowcontrol.slots import DUE
 from dlqapp.flowcontrol.input_gate import InputGate
-from dlqapp.processing.partition_io import PartitionIO
-from dlqapp.processing.pipeline import Pipeline
+from dlqapp.tables.partition_io import PartitionIO
 
 log = logging.getLogger("dlqapp.retries.scheduler")
 
@@ -47,13 +51,21 @@ asked for one only when due waited for the next call to end (up to a call's late
 PREVIOUS_ATTEMPT_WAIT_S = 30.0
 """How long a handed-over retry waits for the request's previous attempt to finish its step."""
 
+class Attempt(Protocol):
+    """Attempts a request and carries out the outcome (`dlqapp.processing.pipeline.Pipeline.attempt`)."""
+
+    def __call__(self, envelope: Envelope, request: Request, topic: str, tier: Tier | None, priority: int, not_before: int | None = None) -> Awaitable[None]: ...
+
+
 class RetryScheduler:
     """Parks retries from tier topics, fires due ones, and attempts them."""
 
     def __init__(
         self,
         parked: ParkedRetries,
-        pipeline: Pipeline,
+        attempt: Attempt,
+        dead_letters: DeadLetterWriter,
+        in_flight: InFlight,
         io: PartitionIO,
         due_hop: DueHop,
         gate: InputGate,
@@ -64,7 +76,9 @@ class RetryScheduler:
         lead: DueLead | None = None,
     ) -> None:
         self.parked = parked
-        self.pipeline = pipeline
+        self.attempt = attempt
+        self.dead_letters = dead_letters
+        self.in_flight = in_flight
         self.io = io
         self.due_hop = due_hop
         self.gate = gate
@@ -82,18 +96,19 @@ class RetryScheduler:
 
     # -- 1. park ----------------------------------------------------------------------
 
-    async def park(self, event: EventT, tier: Tier, topic: TopicT) -> None:
+    async def park(self, record: Record, tier: Tier, topic: TopicT) -> None:
         """Store one tier-topic message in the due-time table."""
-        request_id = _request_id(event)
+        request_id = _request_id(record)
         if request_id is None:
-            await self.pipeline.dead_letter_invalid(event, InvalidRequest(["retry message key must be a UTF-8 request id"]))
+            reason = f"invalid request: {InvalidRequest(['retry message key must be a UTF-8 request id'])}"
+            await self.dead_letters.write_unprocessable(record, ErrorClass.INVALID_REQUEST, reason)
             return
-        if not self.io.owns(event, request_id):
-            await self.io.forward(event, topic, request_id)
+        if not self.io.owns(record, request_id):
+            await self.io.forward(record, topic, request_id)
             return
-        envelope = Envelope.from_headers(request_id, event.value or b"", event.headers or {})
+        envelope = Envelope.from_headers(request_id, record.payload or b"", record.headers)
         if envelope.scheduled_time is None:
-            envelope.scheduled_time = self.io.event_time_ms(event) + tier.delay_ms
+            envelope.scheduled_time = record.timestamp_ms + tier.delay_ms
         self.parked.store(envelope, tier)
 
     # -- 2. fire ----------------------------------------------------------------------
@@ -158,9 +173,9 @@ class RetryScheduler:
 
     # -- 3. attempt -------------------------------------------------------------------
 
-    async def on_due(self, event: EventT) -> None:
+    async def on_due(self, record: Record) -> None:
         """Attempt the parked retry named by a due message, then delete it."""
-        key = event.value
+        key = record.payload
         if not isinstance(key, bytes) or len(key) <= 8:
             raise ValueError("a due message must carry a parked-retry key")
         self.gate.received(key)
@@ -174,11 +189,11 @@ class RetryScheduler:
             self.fired.pop(key, None)
             return
         request_id = envelope.request_id
-        if request_id in self.pipeline.in_flight:
+        if request_id in self.in_flight:
             # The attempt that parked this retry is still finishing its step (the timer hands
             # a retry over up to DLQ_DUE_LEAD_MAX early). Waiting for it, rather than dropping
             # this hand-over, keeps the retry on time: a dropped one waited REFIRE_AFTER_MS.
-            if not await self.pipeline.wait_until_idle(request_id, PREVIOUS_ATTEMPT_WAIT_S) or key in self.running:
+            if not await self.in_flight.wait_until_idle(request_id, PREVIOUS_ATTEMPT_WAIT_S) or key in self.running:
                 self.fired.pop(key, None)  # still busy: the timer hands it over again
                 return
             envelope = self.parked.get(key)
@@ -187,7 +202,7 @@ class RetryScheduler:
                 return
         self.running.add(key)
         try:
-            due = None if is_run_now(event.headers) else decode_parked_key(key)[0]
+            due = None if is_run_now(record.headers) else decode_parked_key(key)[0]
             if due is not None:
                 await sleep_until(self.clock, due - SLOT_AHEAD_MS)
             tier = self.parked.tier_of(envelope)  # before the attempt adds to the envelope's count
@@ -205,9 +220,9 @@ class RetryScheduler:
         try:
             request = parse_request(envelope.payload, self.max_payload_bytes)
         except InvalidRequest as exc:
-            await self.pipeline.carry_out(DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}"), envelope, None, None)
+            await self.dead_letters.write(DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}"), envelope)
             return
-        await self.pipeline.attempt(envelope, request, tier.topic, tier, priority=HIGH, not_before=not_before)
+        await self.attempt(envelope, request, tier.topic, tier, priority=DUE, not_before=not_before)
 
 
 def superseded_by(state: dict | None, envelope: Envelope) -> str | None:
@@ -232,11 +247,11 @@ def superseded_by(state: dict | None, envelope: Envelope) -> str | None:
     return None
 
 
-def _request_id(event: EventT) -> str | None:
-    key = event.key
-    if isinstance(key, (bytes, bytearray)) and key:
+def _request_id(record: Record) -> str | None:
+    key = record.key
+    if key:
         try:
-            text = bytes(key).decode()
+            text = key.decode()
         except UnicodeDecodeError:
             return None
         return text if text.strip() and len(text) <= MAX_REQUEST_ID_CHARS else None

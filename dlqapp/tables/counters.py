@@ -18,11 +18,18 @@ import time
 from collections import Counter
 from typing import Any, Awaitable, Callable, Iterable
 
+
 from faust import current_event
 
 from dlqapp.kafka.faust_compat import active_partitions, read_partition
 
 FLUSH_INTERVAL_S = 0.25
+
+
+def faust_step_partition() -> int | None:
+    """The partition of Faust's current stream step (None outside one)."""
+    event = current_event()
+    return None if event is None else event.message.partition
 
 
 def _key(partition: int) -> bytes:
@@ -32,12 +39,20 @@ def _key(partition: int) -> bytes:
 class Counters:
     """Per-partition counters: `add` in a stream step, `flush_due` at its end, `total` to read."""
 
-    def __init__(self, table: Any, open_steps: Callable[[int], int], observe: Callable[[str, int], None] = lambda name, amount: None) -> None:
+    def __init__(
+        self,
+        table: Any,
+        open_steps: Callable[[int], int],
+        observe: Callable[[str, int], None] = lambda name, amount: None,
+        step_partition: Callable[[], int | None] | None = None,
+    ) -> None:
         """`open_steps(partition)` says how many handlers of the partition are running (the
         caller's included); `observe(name, amount)` sees every counted change (the health
         page's minute rates)."""
         self.table = table
         self.open_steps = open_steps
+        self.step_partition = step_partition or faust_step_partition
+        """The partition of the stream step running now (None outside one)."""
         self.observe = observe
         self._counts: dict[int, Counter[str]] = {}
         self._written_at: dict[int, float] = {}
@@ -47,10 +62,9 @@ class Counters:
 
     def add(self, name: str, amount: int = 1) -> None:
         """Count `amount` more of `name` on the current event's partition."""
-        event = current_event()
-        if event is None:
+        partition = self.step_partition()
+        if partition is None:
             return
-        partition = event.message.partition
         self._load(partition)[name] += amount
         self._dirty.add(partition)
         self.observe(name, amount)
@@ -58,11 +72,8 @@ class Counters:
     def flush_due(self) -> None:
         """Write the current partition's blob if it changed, unless it was written lately
         and another handler of the partition is still running (it will write it)."""
-        event = current_event()
-        if event is None:
-            return
-        partition = event.message.partition
-        if partition not in self._dirty:
+        partition = self.step_partition()
+        if partition is None or partition not in self._dirty:
             return
         now = time.monotonic()
         if now - self._written_at.get(partition, 0.0) >= FLUSH_INTERVAL_S or self.open_steps(partition) <= 1:

@@ -21,11 +21,13 @@ from faust import EventT, StreamT
 from faust.types import AgentT
 
 from dlqapp.core.errors import ErrorClass
+from dlqapp.core.record import Record
+from dlqapp.kafka.records import record_of
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
 from dlqapp.tables.durability import changelog_barrier
 from dlqapp.kafka.faust_compat import crash, forget_unacked, send_to_changelog
-from dlqapp.kafka.topology import TierTopic
+from dlqapp.tables.topology import TierTopic
 
 log = logging.getLogger("dlqapp.wiring.agents")
 
@@ -119,14 +121,19 @@ class _Handlers:
         """
         if isinstance(exc, KafkaError):
             raise exc
-        where = (event.message.topic, event.message.partition, event.message.offset)
-        if isinstance(exc, PoisonMessage) and self.parts.pipeline.already_succeeded(event):
+        record = self.record(event)  # the failure path: the handler's record went with it
+        where = record.position
+        if isinstance(exc, PoisonMessage) and self.parts.pipeline.already_succeeded(record):
             # In progress at every crash only because it is first in line after each restart
             # (its result was written, its offset not yet committed): nothing to dead-letter.
             log_event(log, logging.INFO, "poison_skipped", topic=where[0], partition=where[1], offset=where[2], reason="its request already succeeded")
             return
         log.error("handler failed on %s[%s]@%s; dead-lettering it as poison", *where, exc_info=None if isinstance(exc, PoisonMessage) else exc)
-        await self.parts.pipeline.dead_letter_unprocessable(event, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000])
+        await self.parts.dead_letters.write_unprocessable(record, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000])
+
+    def record(self, event: EventT) -> Record:
+        """The door: `event` read once into a `Record` (dlqapp.kafka.records)."""
+        return record_of(event, self.parts.clock)
 
     def watch(self, event: EventT) -> None:
         """Notice a hole in the offsets handed to this agent (dlqapp.kafka.offset_watch)."""
@@ -165,7 +172,8 @@ class _Handlers:
             try:
                 async for event in stream.noack().events():
                     self.watch(event)
-                    await feed.put(event.message.partition, event, lambda event=event: pipeline.on_input(event, topic))
+                    record = self.record(event)
+                    await feed.put(record.partition, event, lambda record=record: pipeline.on_input(record, topic))
             finally:
                 pump.cancel()
 
@@ -179,7 +187,8 @@ class _Handlers:
             window = self.window(DUE_WINDOW)
             async for event in stream.noack().events():
                 self.watch(event)
-                await window.submit(event.message.partition, event, lambda event=event: scheduler.on_due(event))
+                record = self.record(event)
+                await window.submit(record.partition, event, lambda record=record: scheduler.on_due(record))
 
         return due
 
@@ -190,7 +199,8 @@ class _Handlers:
             window = self.window()
             async for event in stream.noack().events():
                 self.watch(event)
-                await window.submit(event.message.partition, event, lambda event=event: scheduler.park(event, tier_topic.tier, tier_topic.topic))
+                record = self.record(event)
+                await window.submit(record.partition, event, lambda record=record: scheduler.park(record, tier_topic.tier, tier_topic.topic))
 
         park.__doc__ = f"Parks retries of tier {tier_topic.tier.label} until their due time."
         return park
@@ -200,12 +210,12 @@ class _Handlers:
 
         async def dlq(stream: StreamT) -> None:
             """Dead letters: the DLQ table, the JSON-lines log, the alert line."""
-            await self.each_event(stream, recorder.on_message)
+            await self.each_event(stream, lambda event: recorder.on_message(self.record(event)))
 
         return dlq
 
     def operator_agent(self) -> Callable[[StreamT], AsyncIterator[dict[str, Any]]]:
-        operator, pipeline = self.parts.operator, self.parts.pipeline
+        operator, dead_letters = self.parts.operator, self.parts.dead_letters
 
         async def operator_commands(stream: StreamT) -> AsyncIterator[dict[str, Any]]:
             """Operator commands, one at a time, on the owning worker; answers `ask()`."""
@@ -217,7 +227,7 @@ class _Handlers:
                 except ValueError as exc:  # not a command: dead-letter it (it was not an operator's)
                     event = stream.current_event
                     if event is not None:
-                        await pipeline.dead_letter_unprocessable(event, ErrorClass.INVALID_REQUEST, f"invalid operator command: {exc}"[:1000])
+                        await dead_letters.write_unprocessable(self.record(event), ErrorClass.INVALID_REQUEST, f"invalid operator command: {exc}"[:1000])
                     yield {"status": "invalid", "reason": str(exc)}
                 except Exception as exc:  # answer the asker instead of leaving it to time out
                     log.exception("operator command failed: %r", command)

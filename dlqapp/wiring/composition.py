@@ -17,11 +17,13 @@ from typing import Callable
 from dlqapp.core.backoff import Backoff
 from dlqapp.core.breaker import CLOSED, CircuitBreaker
 from dlqapp.core.clock import Clock, now_ms
+from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import RetryPolicy
 from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.deadletters.operator import Operator
 from dlqapp.deadletters.recorder import DeadLetterRecorder, OldestDeadLetter
 from dlqapp.deadletters.replays import ReplayJobs
+from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.flowcontrol.aimd import AimdLimit
 from dlqapp.flowcontrol.gate import RateGate, metric_label
 from dlqapp.flowcontrol.slots import SlotLimiter
@@ -35,6 +37,7 @@ from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.due_hop import DueHop
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
+from dlqapp.retries.parking import RetryParking
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.settings import Settings
 from dlqapp.wiring.faust_app import DlqApp, create_app, install_event_loop, load_settings
@@ -45,8 +48,9 @@ from dlqapp.kafka.faust_compat import consumer_lag, producer_send
 from dlqapp.processing.flow import InFlightWindows
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.kafka.offset_watch import OffsetWatch
-from dlqapp.processing.partition_io import PartitionIO
-from dlqapp.processing.pipeline import Outlets, Pipeline
+from dlqapp.tables.partition_io import PartitionIO, Send
+from dlqapp.processing.caller import BackendCaller
+from dlqapp.processing.pipeline import Pipeline
 from dlqapp.tables.retention import (
     Sweeper,
     SweptTable,
@@ -61,7 +65,7 @@ from dlqapp.wiring.services import (
     RetentionSweep,
     RetryTimer,
 )
-from dlqapp.kafka.topology import Topology, declare, register_codecs
+from dlqapp.tables.topology import Topology, declare, register_codecs
 
 
 @dataclass
@@ -75,6 +79,8 @@ class Components:
     counters: Counters
     io: PartitionIO
     parked: ParkedRetries
+    caller: BackendCaller
+    dead_letters: DeadLetterWriter
     pipeline: Pipeline
     scheduler: RetryScheduler
     input_gate: InputGate
@@ -90,37 +96,82 @@ class Components:
     offsets: OffsetWatch
 
 
-def build_components(app: DlqApp, settings: Settings, topology: Topology, clock: Clock = now_ms) -> Components:
+@dataclass(frozen=True)
+class Outside:
+    """What a worker's components talk to beyond themselves: Faust's producer, the model
+    backend, the due hop's producer, the group's assignment and the time. `build_app` gives
+    the real ones; unit tests give in-memory fakes to the same `build_components`."""
+
+    send: Send
+    backend: InferenceBackend
+    due_hop: DueHop
+    input_share: Callable[[], float]
+    """The fraction of the input partitions this worker owns now (its share of the rate limits)."""
+    clock: Clock = now_ms
+    step_partition: Callable[[], int | None] | None = None
+    """The partition of the stream step running now (default: Faust's current event's)."""
+
+
+def outside_of(app: DlqApp, settings: Settings, topology: Topology) -> Outside:
+    """The real world of a worker on `app`."""
+    return Outside(
+        send=producer_send(app),
+        backend=create_backend(settings),
+        due_hop=DueHop(settings.kafka_client(client_id="dlqapp-due-hop"), topology.due.get_topic_name()),
+        input_share=lambda: input_share(app, settings),
+    )
+
+
+def build_components(settings: Settings, topology: Topology, outside: Outside) -> Components:
     """Every component of a worker, wired from the settings."""
+    clock, backend = outside.clock, outside.backend
     rates = MinuteRates()
-    counters = Counters(topology.stats, open_steps, lambda name, amount: rates.add(name, amount, clock()))
-    io = PartitionIO(settings.partitions, topology.requests, counters, clock, producer_send(app))
+    counters = Counters(topology.stats, open_steps, lambda name, amount: rates.add(name, amount, clock()), outside.step_partition)
+    io = PartitionIO(settings.partitions, topology.requests, counters, clock, outside.send)
     parked = ParkedRetries(topology.parked_retries, settings.tiers)
-    backend = create_backend(settings)
     policy = RetryPolicy(
         backoff=Backoff(settings.retry_delays_ms, settings.backoff, settings.backoff_jitter),
         retryable=settings.retryable,
         max_age_ms=settings.max_age_ms,
         fallback_model=settings.fallback_model,
     )
-    pipeline = Pipeline(
+    in_flight = InFlight()
+    caller = BackendCaller(
         backend,
-        policy,
         CircuitBreaker(settings.breaker_config(), on_move=log_breaker_move),
         slot_limiter(settings),
-        io=io,
-        parked=parked,
-        outlets=Outlets(tuple((t.tier, t.topic) for t in topology.tiers), topology.dlq, topology.results),
-        max_payload_bytes=settings.max_payload_bytes,
         timeout_ms=settings.inference_timeout_ms,
         clock=clock,
         lateness=LatenessWindow(),
-        rng=random.Random(),
-        gate=rate_gate(settings, lambda: input_share(app, settings)),
+        gate=rate_gate(settings, outside.input_share),
     )
-    due_hop = DueHop(settings.kafka_client(client_id="dlqapp-due-hop"), topology.due.get_topic_name())
-    input_gate = InputGate(lambda: pipeline.breaker.state == CLOSED, clock)
-    scheduler = RetryScheduler(parked, pipeline, io, due_hop, input_gate, batch=settings.timer_batch, max_payload_bytes=settings.max_payload_bytes, clock=clock, lead=DueLead(settings.due_lead_max_ms))
+    dead_letters = DeadLetterWriter(io, topology.dlq, in_flight, clock)
+    pipeline = Pipeline(
+        caller,
+        policy,
+        io=io,
+        parking=RetryParking(io, parked, tuple((t.tier, t.topic) for t in topology.tiers), clock),
+        dead_letters=dead_letters,
+        results=topology.results,
+        in_flight=in_flight,
+        max_payload_bytes=settings.max_payload_bytes,
+        clock=clock,
+        rng=random.Random(),
+    )
+    input_gate = InputGate(lambda: caller.breaker.state == CLOSED, clock)
+    scheduler = RetryScheduler(
+        parked,
+        pipeline.attempt,
+        dead_letters,
+        in_flight,
+        io,
+        outside.due_hop,
+        input_gate,
+        batch=settings.timer_batch,
+        max_payload_bytes=settings.max_payload_bytes,
+        clock=clock,
+        lead=DueLead(settings.due_lead_max_ms),
+    )
     alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None
     recorder = DeadLetterRecorder(
         topology.dead_letters, topology.dead_letters_by_time, counters, settings.dead_letter_log, alerts, settings.max_payload_bytes, settings.dlq_log_max_bytes, settings.dlq_log_backups
@@ -129,7 +180,7 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         io,
         recorder,
         topology.replay_ledger,
-        RetryActions(parked, scheduler, pipeline, io),
+        RetryActions(parked, scheduler, dead_letters, in_flight, io),
         input_topic=topology.input,
         dlq_topic=topology.dlq,
         max_replays=settings.max_replays,
@@ -152,6 +203,8 @@ def build_components(app: DlqApp, settings: Settings, topology: Topology, clock:
         counters=counters,
         io=io,
         parked=parked,
+        caller=caller,
+        dead_letters=dead_letters,
         pipeline=pipeline,
         scheduler=scheduler,
         input_gate=input_gate,
@@ -198,7 +251,7 @@ def build_app(settings: Settings | None = None) -> DlqApp:
     register_codecs()
     app = create_app(settings)
     topology = declare(app, settings)
-    parts = build_components(app, settings, topology)
+    parts = build_components(settings, topology, outside_of(app, settings, topology))
     app.parts = parts
     at_end_of_step(parts.counters.flush_due)
     agents = register_agents(app, parts)
@@ -222,7 +275,7 @@ def _register_services(app: DlqApp, parts: Components) -> None:
 
 def _register_metrics(app: DlqApp, parts: Components) -> None:
     install_counting_monitor(app)
-    limiter = parts.pipeline.limiter
+    limiter = parts.caller.limiter
     metrics.concurrency_limit.set_function(lambda: limiter.limit)
     metrics.calls_in_flight.set_function(lambda: limiter.in_use)
     stats = parts.topology.stats
@@ -231,7 +284,7 @@ def _register_metrics(app: DlqApp, parts: Components) -> None:
             dlq_entries=lambda: max(0, parts.counters.total_of(stats)["dlq_size"]),
             parked_by_tier=parts.parked.by_tier_label,
             consumer_lag=lambda: consumer_lag(app, set(parts.settings.all_topics())),
-            breaker_state=lambda: parts.pipeline.breaker.state,
-            breaker_moves=lambda: dict(parts.pipeline.breaker.moves),
+            breaker_state=lambda: parts.caller.breaker.state,
+            breaker_moves=lambda: dict(parts.caller.breaker.moves),
         )
     )

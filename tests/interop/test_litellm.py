@@ -16,7 +16,7 @@ import pytest
 
 from dlqapp.core.errors import ErrorClass, Failure, InferenceError
 from dlqapp.core.requests import validate_request
-from dlqapp.inference.base import InferenceOutput
+from dlqapp.core.backend import InferenceOutput
 from dlqapp.inference.openai import OpenAIBackend
 from tests.interop.gateway import MASTER_KEY, LiteLLMProxy, config
 from tests.support import (

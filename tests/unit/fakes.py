@@ -12,22 +12,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from dlqapp.flowcontrol.input_gate import InputGate
-from dlqapp.core.backoff import Backoff
-from dlqapp.observability.lateness import LatenessWindow
-from dlqapp.core.breaker import BreakerConfig, CircuitBreaker
-from dlqapp.core.errors import DEFAULT_RETRYABLE, ErrorClass, InferenceError
-from dlqapp.core.outcomes import RetryPolicy
-from dlqapp.core.tiers import build_tiers
-from dlqapp.deadletters.operator import Operator
-from dlqapp.deadletters.recorder import DeadLetterRecorder
+from dlqapp.core.errors import ErrorClass, InferenceError
+from dlqapp.core.record import Record
+from dlqapp.kafka.records import record_of
 from dlqapp.inference import InferenceOutput
-from dlqapp.retries.actions import RetryActions
-from dlqapp.retries.parked import ParkedRetries
-from dlqapp.retries.scheduler import RetryScheduler
-from dlqapp.processing.flow import PriorityLimiter
-from dlqapp.processing.partition_io import PartitionIO
-from dlqapp.processing.pipeline import Outlets, Pipeline
+from dlqapp.settings import Settings
+from dlqapp.tables.topology import TierTopic, Topology
+from dlqapp.wiring.composition import Components, Outside, build_components
 
 PARTITIONS = 1  # one partition: every id is owned by the event's partition
 
@@ -90,7 +81,7 @@ class FakeTopic:
 
 
 def send_to(*topics: FakeTopic) -> Any:
-    """A producer's `send` (dlqapp.processing.partition_io.Send) that records into `topics` by name."""
+    """A producer's `send` (dlqapp.tables.partition_io.Send) that records into `topics` by name."""
     by_name = {topic.name: topic for topic in topics}
 
     async def send(topic: str, key: bytes, value: bytes | None, partition: int, headers: Any) -> asyncio.Future[None]:
@@ -106,6 +97,8 @@ class FakeMessage:
     offset: int = 0
     timestamp: float = 1_700_000_000.0
     value: bytes | None = None
+    key: bytes | None = None
+    headers: Any = None
 
 
 @dataclass
@@ -116,7 +109,12 @@ class FakeEvent:
     message: FakeMessage = field(default_factory=lambda: FakeMessage("input"))
 
     def __post_init__(self) -> None:
-        self.message.value = self.value
+        self.message.key, self.message.value, self.message.headers = self.key, self.value, self.headers
+
+
+def consumed(key: bytes | None, value: bytes | None, headers: dict[str, bytes] | None = None, message: FakeMessage | None = None) -> Record:
+    """A consumed message as the door makes it (`dlqapp.kafka.records.record_of`)."""
+    return record_of(FakeEvent(key, value, headers or {}, message or FakeMessage("input")), FixedClock())  # type: ignore[arg-type]
 
 
 class FixedClock:
@@ -127,16 +125,6 @@ class FixedClock:
 
     def __call__(self) -> int:
         return self.now
-
-
-class NullCounters:
-    """Counters outside a stream: they count into a plain Counter."""
-
-    def __init__(self) -> None:
-        self.counts: Counter[str] = Counter()
-
-    def add(self, name: str, amount: int = 1) -> None:
-        self.counts[name] += amount
 
 
 class ScriptedBackend:
@@ -159,59 +147,107 @@ class ScriptedBackend:
         return InferenceOutput(text="answer", model=model or "m")
 
 
+class FakeDueHop:
+    """The due hop's producer: remembers what the timer handed over."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, bytes, int, bool]] = []
+
+    async def send(self, key: bytes, value: bytes, partition: int, *, now: bool = False) -> asyncio.Future[None]:
+        self.sent.append((key, value, partition, now))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def fake_topology(settings: Settings) -> Topology:
+    """Every topic and table of `settings`, in memory."""
+    return Topology(
+        input=FakeTopic(settings.input),
+        tiers=tuple(TierTopic(tier, FakeTopic(tier.topic)) for tier in settings.tiers),
+        due=FakeTopic(settings.due),
+        dlq=FakeTopic(settings.dlq),
+        results=FakeTopic(settings.results),
+        commands=FakeTopic(settings.commands),
+        parked_retries=FakeTable("parked-retries"),
+        requests=FakeTable("requests"),
+        dead_letters=FakeTable("dead-letters"),
+        dead_letters_by_time=FakeTable("dead-letters-by-time"),
+        replay_ledger=FakeTable("replay-ledger"),
+        stats=FakeTable("stats"),
+    )
+
+
 @dataclass
 class Worker:
-    """The core components wired over fakes, as the composition root wires them over Faust."""
+    """A worker's components as the composition root builds them, over in-memory fakes."""
 
     backend: ScriptedBackend
     clock: FixedClock
-    counters: NullCounters
-    input: FakeTopic
-    tiers: tuple[FakeTopic, ...]
-    dlq: FakeTopic
-    results: FakeTopic
-    requests: FakeTable
-    parked_table: FakeTable
-    dead_letters: FakeTable
-    ledger: FakeTable
-    io: PartitionIO
-    parked: ParkedRetries
-    pipeline: Pipeline
-    scheduler: RetryScheduler
-    recorder: DeadLetterRecorder
-    operator: Operator
+    topology: Topology
+    parts: Components
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.parts, name)  # w.pipeline, w.scheduler, w.operator, w.io, …
+
+    @property
+    def input(self) -> FakeTopic:
+        return self.topology.input
+
+    @property
+    def tiers(self) -> tuple[FakeTopic, ...]:
+        return tuple(t.topic for t in self.topology.tiers)
+
+    @property
+    def dlq(self) -> FakeTopic:
+        return self.topology.dlq
+
+    @property
+    def results(self) -> FakeTopic:
+        return self.topology.results
+
+    @property
+    def requests(self) -> FakeTable:
+        return self.topology.requests
+
+    @property
+    def parked_table(self) -> FakeTable:
+        return self.topology.parked_retries
+
+    @property
+    def dead_letters_table(self) -> FakeTable:
+        return self.topology.dead_letters
+
+    @property
+    def ledger(self) -> FakeTable:
+        return self.topology.replay_ledger
+
+    @property
+    def counts(self) -> Counter[str]:
+        """What the counters hold for the one partition (written or not)."""
+        return self.parts.counters.total([0], lambda partition, key: None)
 
 
-def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool = False) -> Worker:
+def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool = False, **env: str) -> Worker:
+    """A one-partition worker built by `build_components` from settings over fakes."""
+    settings = Settings.from_env(
+        {
+            "DLQ_PARTITIONS": str(PARTITIONS),
+            "DLQ_DATA_DIR": str(tmp_path),
+            "DLQ_BREAKER": str(breaker).lower(),
+            "DLQ_CONCURRENCY": "8",
+            "DLQ_ADAPTIVE_CONCURRENCY": "false",
+            "DLQ_INFERENCE_TIMEOUT": "5s",
+            "DLQ_MAX_REPLAYS": "5",
+            **env,
+        }
+    )
     backend = backend or ScriptedBackend()
     clock = FixedClock()
-    counters = NullCounters()
-    delays = (1000, 10_000, 60_000)
-    tiers = build_tiers(delays, ("retry-1s", "retry-10s", "retry-1m"), "")
-    tier_topics = tuple(FakeTopic(t.topic) for t in tiers)
-    requests, parked_table, dead_letters, ledger = FakeTable("requests"), FakeTable("parked-retries"), FakeTable("dead-letters"), FakeTable("replay-ledger")
-    input_topic, dlq, results = FakeTopic("input"), FakeTopic("dlq"), FakeTopic("results")
-    io = PartitionIO(PARTITIONS, requests, counters, clock, send_to(input_topic, dlq, results, *tier_topics))  # type: ignore[arg-type]
-    parked = ParkedRetries(parked_table, tiers)  # type: ignore[arg-type]
-    policy = RetryPolicy(Backoff(delays), DEFAULT_RETRYABLE, max_age_ms=86_400_000)
-    pipeline = Pipeline(
-        backend,  # type: ignore[arg-type]
-        policy,
-        CircuitBreaker(BreakerConfig(enabled=breaker)),
-        PriorityLimiter(8),
-        io=io,
-        parked=parked,
-        outlets=Outlets(tuple(zip(tiers, tier_topics)), dlq, results),  # type: ignore[arg-type]
-        max_payload_bytes=1_000_000,
-        timeout_ms=5000,
-        clock=clock,
-        lateness=LatenessWindow(),
-    )
-    scheduler = RetryScheduler(parked, pipeline, io, None, InputGate(lambda: True, clock), batch=100, max_payload_bytes=1_000_000, clock=clock)  # type: ignore[arg-type]
-    recorder = DeadLetterRecorder(dead_letters, FakeTable("dead-letters-by-time"), counters, str(tmp_path / "dead-letters.jsonl"))  # type: ignore[arg-type]
-    retries = RetryActions(parked, scheduler, pipeline, io)
-    operator = Operator(io, recorder, ledger, retries, input_topic=input_topic, dlq_topic=dlq, max_replays=5, clock=clock)  # type: ignore[arg-type]
-    return Worker(backend, clock, counters, input_topic, tier_topics, dlq, results, requests, parked_table, dead_letters, ledger, io, parked, pipeline, scheduler, recorder, operator)
+    topology = fake_topology(settings)
+    topics = [topology.input, topology.dlq, topology.results, topology.due, topology.commands, *(t.topic for t in topology.tiers)]
+    outside = Outside(send=send_to(*topics), backend=backend, due_hop=FakeDueHop(), input_share=lambda: 1.0, clock=clock, step_partition=lambda: 0)
+    return Worker(backend, clock, topology, build_components(settings, topology, outside))
 
 
 def request(request_id: str, **extra: Any) -> bytes:

@@ -1,6 +1,6 @@
 """The per-request call log the backends keep: exact counts, bounded size."""
 
-from dlqapp.inference.base import CallLog
+from dlqapp.core.backend import CallLog
 
 
 def test_counts_calls_per_request_id():

@@ -13,7 +13,7 @@ from dlqapp.observability.health import MINUTE_MS, MinuteRates, merge_health, wo
 from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.listing import merge_retries
-from tests.unit.fakes import FakeEvent, FakeMessage, ScriptedBackend, request, state_of, worker
+from tests.unit.fakes import consumed, FakeMessage, ScriptedBackend, request, state_of, worker
 
 
 def run(coro):
@@ -95,7 +95,7 @@ class DueHopSpy:
 def parked_worker(tmp_path, rid: str):
     w = worker(tmp_path, ScriptedBackend({rid: 1}))
     w.scheduler.due_hop = DueHopSpy()
-    run(w.pipeline.on_input(FakeEvent(rid.encode(), request(rid), message=FakeMessage("input", 0, 0)), w.input))
+    run(w.pipeline.on_input(consumed(rid.encode(), request(rid), message=FakeMessage("input", 0, 0)), w.input))
     (key,) = list(w.parked_table)
     return w, key
 
@@ -111,9 +111,9 @@ def test_run_now_hands_the_entry_to_the_due_agent_like_the_timer_and_a_second_fi
     assert w.scheduler.due_hop.sent == [(b"r1", key, w.io.owner("r1"))] and key in w.scheduler.fired
     assert run(w.operator.execute(command("run_now", "r1")))["status"] == "refused"  # already handed over
     assert [r["action"] for r in w.operator.ledger_for("r1")] == ["run_now"]
-    run(w.scheduler.on_due(FakeEvent(b"r1", key, headers={H_RUN_NOW: b"1"}, message=FakeMessage("due"))))  # the due agent: attempt, outcome, then delete
+    run(w.scheduler.on_due(consumed(b"r1", key, headers={H_RUN_NOW: b"1"}, message=FakeMessage("due"))))  # the due agent: attempt, outcome, then delete
     w.clock.now = decode_parked_key(key)[0]
-    run(w.scheduler.on_due(FakeEvent(b"r1", key, message=FakeMessage("due"))))  # the timer's own fire of the same entry arriving late
+    run(w.scheduler.on_due(consumed(b"r1", key, message=FakeMessage("due"))))  # the timer's own fire of the same entry arriving late
     assert w.backend.calls_for("r1") == 2 and w.results.keys() == ["r1"] and key not in w.parked_table
 
 
@@ -121,7 +121,7 @@ def test_dead_letter_now_sends_the_history_to_the_dlq_and_a_concurrent_due_messa
     w, key = parked_worker(tmp_path, "r2")
 
     async def both() -> list:
-        due = FakeEvent(b"r2", key, message=FakeMessage("due"))
+        due = consumed(b"r2", key, message=FakeMessage("due"))
         return await asyncio.gather(w.operator.execute(command("dead_letter_now", "r2")), w.scheduler.on_due(due))
 
     answer, _ = run(both())

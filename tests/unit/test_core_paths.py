@@ -7,8 +7,9 @@ import json
 
 from dlqapp.core.errors import ErrorClass
 from dlqapp.retries.keys import parked_key
+from dlqapp.core.record import Record
 from tests.unit.fakes import (
-    FakeEvent,
+    consumed,
     FakeMessage,
     ScriptedBackend,
     request,
@@ -21,8 +22,8 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def input_event(request_id: str, value: bytes | None = None, offset: int = 0) -> FakeEvent:
-    return FakeEvent(request_id.encode(), value if value is not None else request(request_id), message=FakeMessage("input", 0, offset))
+def input_event(request_id: str, value: bytes | None = None, offset: int = 0) -> Record:
+    return consumed(request_id.encode(), value if value is not None else request(request_id), message=FakeMessage("input", 0, offset))
 
 
 def test_a_request_that_succeeds_is_published_once_and_a_duplicate_is_skipped(tmp_path):
@@ -32,7 +33,7 @@ def test_a_request_that_succeeds_is_published_once_and_a_duplicate_is_skipped(tm
     run(w.pipeline.on_input(input_event("r1", offset=1), w.input))
     assert w.results.keys() == ["r1"] and w.backend.calls_for("r1") == 1
     assert state_of(w, "r1")["duplicates"] == 1
-    assert w.counters.counts["received"] == 1 and w.counters.counts["succeeded"] == 1 and w.counters.counts["duplicates_skipped"] == 1
+    assert w.counts["received"] == 1 and w.counts["succeeded"] == 1 and w.counts["duplicates_skipped"] == 1
 
 
 def test_a_retryable_failure_is_published_on_the_tier_parked_and_recorded(tmp_path):
@@ -61,13 +62,13 @@ def test_a_due_retry_is_attempted_then_deleted_and_a_stale_one_only_deleted(tmp_
     run(w.pipeline.on_input(input_event("r4"), w.input))
     key = next(iter(w.parked_table))
     w.clock.now += 1000
-    run(w.scheduler.on_due(FakeEvent(b"r4", key, message=FakeMessage("due"))))
+    run(w.scheduler.on_due(consumed(b"r4", key, message=FakeMessage("due"))))
     assert w.results.keys() == ["r4"] and key not in w.parked_table and w.backend.calls_for("r4") == 2
     assert w.parked.by_tier_label() == {"retry-1s": 0, "retry-10s": 0, "retry-1m": 0}
     assert json.loads(w.results.sent[0][1])["attempts"] == 2
     # a copy of the same retry (left by a crash) finds the request succeeded: no call
     w.parked_table[key] = _envelope_blob(w, "r4")
-    run(w.scheduler.on_due(FakeEvent(b"r4", key, message=FakeMessage("due"))))
+    run(w.scheduler.on_due(consumed(b"r4", key, message=FakeMessage("due"))))
     assert w.backend.calls_for("r4") == 2 and key not in w.parked_table
 
 
@@ -83,17 +84,17 @@ def test_a_non_retryable_failure_is_dead_lettered_at_once_and_recorded(tmp_path)
     run(w.pipeline.on_input(input_event("r5"), w.input))
     (key, value, headers, partition), = w.dlq.sent
     assert key == b"r5" and headers["error_class"] == "auth_error" and state_of(w, "r5")["state"] == "dead_lettered"
-    run(w.recorder.on_message(FakeEvent(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("dlq", partition, 7))))
-    entry = json.loads(w.dead_letters[b"r5"])
+    run(w.recorder.on_message(consumed(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("dlq", partition, 7))))
+    entry = json.loads(w.dead_letters_table[b"r5"])
     assert entry["error_class"] == "auth_error" and entry["dlq"] == {"partition": 0, "offset": 7}
-    assert w.counters.counts["dlq_size"] == 1 and w.counters.counts["dlq_class|auth_error"] == 1
+    assert w.counts["dlq_size"] == 1 and w.counts["dlq_class|auth_error"] == 1
     assert (tmp_path / "dead-letters.jsonl").read_text().count("\n") == 1
 
 
 def _dead(w, request_id: str) -> None:
     run(w.pipeline.on_input(input_event(request_id), w.input))
     key, value, headers, partition = w.dlq.sent[-1]
-    run(w.recorder.on_message(FakeEvent(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("dlq", partition, len(w.dlq.sent)))))
+    run(w.recorder.on_message(consumed(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("dlq", partition, len(w.dlq.sent)))))
 
 
 def test_replay_sends_the_payload_back_removes_the_entry_and_writes_state_first(tmp_path):
@@ -103,16 +104,16 @@ def test_replay_sends_the_payload_back_removes_the_entry_and_writes_state_first(
     assert answer["status"] == "reprocessed" and answer["replay_count"] == 1
     (key, value, headers, _), = w.input.sent
     assert key == b"r6" and value == request("r6") and headers["replay_count"] == "1" and headers["replayed_by"] == "test"
-    assert b"r6" not in w.dead_letters and w.dlq.sent[-1][1] is None  # tombstone
+    assert b"r6" not in w.dead_letters_table and w.dlq.sent[-1][1] is None  # tombstone
     assert state_of(w, "r6")["state"] == "reprocessed" and json.loads(w.ledger[b"r6"])[0]["action"] == "replay"
-    assert w.counters.counts["dlq_size"] == 0 and w.counters.counts["reprocessed"] == 1
+    assert w.counts["dlq_size"] == 0 and w.counts["reprocessed"] == 1
 
 
 def test_replay_of_a_request_that_succeeded_since_is_refused_unless_forced(tmp_path):
     w = worker(tmp_path, ScriptedBackend({"r7": 1}, error=ErrorClass.AUTH_ERROR))
     _dead(w, "r7")
     w.clock.now += 60_000
-    resent = FakeEvent(b"r7", request("r7"), message=FakeMessage("input", 0, 5, timestamp=w.clock.now / 1000))
+    resent = consumed(b"r7", request("r7"), message=FakeMessage("input", 0, 5, timestamp=w.clock.now / 1000))
     run(w.pipeline.on_input(resent, w.input))  # re-sent a minute later; the second call succeeds
     assert state_of(w, "r7")["state"] == "succeeded"
     refused = run(w.operator.execute({"action": "replay", "request_id": "r7", "actor": "test"}))
@@ -125,7 +126,7 @@ def test_discard_and_unknown_commands(tmp_path):
     w = worker(tmp_path, ScriptedBackend({"r8": 1}, error=ErrorClass.AUTH_ERROR))
     _dead(w, "r8")
     assert run(w.operator.execute({"action": "discard", "request_id": "r8", "actor": "t"}))["status"] == "discarded"
-    assert state_of(w, "r8")["state"] == "discarded" and b"r8" not in w.dead_letters
+    assert state_of(w, "r8")["state"] == "discarded" and b"r8" not in w.dead_letters_table
     assert run(w.operator.execute({"action": "discard", "request_id": "r8", "actor": "t"}))["status"] == "not_found"
     for bad in (["x"], {"action": "explode", "request_id": "r8", "actor": "t"}, {"request_id": "r8"}):
         try:
@@ -182,10 +183,10 @@ def test_the_same_message_redelivered_after_its_request_was_dead_lettered_is_a_d
     twice and give it a result beside its dead letter. A copy written later is a new request."""
     w = worker(tmp_path, ScriptedBackend({"r10": 1}, error=ErrorClass.AUTH_ERROR))
     sent_at = w.clock.now / 1000 - 5  # written five seconds before the worker first saw it
-    run(w.pipeline.on_input(FakeEvent(b"r10", request("r10"), message=FakeMessage("input", 0, 0, timestamp=sent_at)), w.input))
+    run(w.pipeline.on_input(consumed(b"r10", request("r10"), message=FakeMessage("input", 0, 0, timestamp=sent_at)), w.input))
     assert state_of(w, "r10")["state"] == "dead_lettered" and w.backend.calls_for("r10") == 1
-    run(w.pipeline.on_input(FakeEvent(b"r10", request("r10"), message=FakeMessage("input", 0, 0, timestamp=sent_at)), w.input))
+    run(w.pipeline.on_input(consumed(b"r10", request("r10"), message=FakeMessage("input", 0, 0, timestamp=sent_at)), w.input))
     assert w.backend.calls_for("r10") == 1 and state_of(w, "r10")["duplicates"] == 1  # the same message again
     w.clock.now += 60_000
-    run(w.pipeline.on_input(FakeEvent(b"r10", request("r10"), message=FakeMessage("input", 0, 5, timestamp=w.clock.now / 1000)), w.input))
+    run(w.pipeline.on_input(consumed(b"r10", request("r10"), message=FakeMessage("input", 0, 5, timestamp=w.clock.now / 1000)), w.input))
     assert w.backend.calls_for("r10") == 2 and state_of(w, "r10")["state"] == "succeeded"  # re-sent later: a new request

@@ -13,11 +13,12 @@ from dlqapp.flowcontrol.limits import parse_rate_limits
 from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import InferenceOutput
 from dlqapp.retries.keys import parked_key
-from tests.unit.fakes import FakeEvent, FakeMessage, ScriptedBackend, request, state_of, worker
+from dlqapp.core.record import Record
+from tests.unit.fakes import consumed, FakeMessage, ScriptedBackend, request, state_of, worker
 
 
-def input_event(request_id: str, offset: int = 0, **extra) -> FakeEvent:
-    return FakeEvent(request_id.encode(), request(request_id, **extra), message=FakeMessage("input", 0, offset))
+def input_event(request_id: str, offset: int = 0, **extra) -> Record:
+    return consumed(request_id.encode(), request(request_id, **extra), message=FakeMessage("input", 0, offset))
 
 
 def dead_letter(w, request_id: str) -> dict[str, str]:
@@ -38,7 +39,7 @@ def test_deadline_and_priority_are_optional_and_validated():
 def test_a_bad_deadline_or_priority_is_dead_lettered_as_invalid_with_its_original_bytes(tmp_path):
     w = worker(tmp_path)
     payload = json.dumps({"request_id": "bad", "prompt": "p", "priority": "urgent", "deadline": "soon"}).encode()
-    asyncio.run(w.pipeline.on_input(FakeEvent(b"bad", payload, message=FakeMessage("input", 0, 0)), w.input))
+    asyncio.run(w.pipeline.on_input(consumed(b"bad", payload, message=FakeMessage("input", 0, 0)), w.input))
     (key, value, headers, _), = w.dlq.sent
     assert value == payload and headers["error_class"] == "invalid_request"
     assert "priority must be one of" in headers["final_error"] and "deadline must be" in headers["final_error"]
@@ -60,7 +61,7 @@ def test_a_request_whose_deadline_passes_while_parked_is_dead_lettered_when_due_
     key = parked_key(w.clock.now + 1000, "parked")
     assert key in w.parked_table and w.backend.calls_for("parked") == 1
     w.clock.now += 6000  # the worker was busy (or down): the retry fires after the deadline
-    asyncio.run(w.scheduler.on_due(FakeEvent(b"parked", key, message=FakeMessage("due"))))
+    asyncio.run(w.scheduler.on_due(consumed(b"parked", key, message=FakeMessage("due"))))
     assert w.backend.calls_for("parked") == 1 and key not in w.parked_table
     assert dead_letter(w, "parked")["error_class"] == "expired"
 
@@ -84,11 +85,11 @@ def test_a_deadline_that_passes_while_waiting_for_rate_capacity_means_no_call(tm
         epoch.now += int(seconds * 1000)
         await asyncio.sleep(0)
 
-    w.pipeline.gate = RateGate(parse_rate_limits("*=1rpm"), "m", clock=monotonic, sleep=sleep)  # first capacity in 60 s
+    w.caller.gate = RateGate(parse_rate_limits("*=1rpm"), "m", clock=monotonic, sleep=sleep)  # first capacity in 60 s
     asyncio.run(w.pipeline.on_input(input_event("waits", deadline=w.clock.now + 10_000), w.input))
     assert w.backend.calls_for("waits") == 0
     assert dead_letter(w, "waits")["error_class"] == "expired"
-    assert w.pipeline.limiter.in_use == 0
+    assert w.caller.limiter.in_use == 0
 
 
 class GatedBackend(ScriptedBackend):
@@ -110,7 +111,7 @@ def test_under_a_full_window_high_priority_requests_are_called_first_and_low_las
     async def run():
         backend = GatedBackend()
         w = worker(tmp_path, backend)
-        w.pipeline.limiter = SlotLimiter(1)
+        w.caller.limiter = SlotLimiter(1)
         first = asyncio.create_task(w.pipeline.on_input(input_event("first"), w.input))
         await asyncio.sleep(0.01)
         arrivals = (("low", "low"), ("normal", None), ("high", "high"), ("normal2", "normal"), ("high2", "high"))
@@ -130,13 +131,13 @@ def test_under_a_full_window_high_priority_requests_are_called_first_and_low_las
 def test_a_call_waiting_for_its_models_capacity_holds_no_backend_slot(tmp_path):
     async def run():
         w = worker(tmp_path)
-        w.pipeline.limiter = SlotLimiter(1)
-        w.pipeline.gate = RateGate(parse_rate_limits("slow=1rpm"), "m")  # the first call to "slow" waits a minute
+        w.caller.limiter = SlotLimiter(1)
+        w.caller.gate = RateGate(parse_rate_limits("slow=1rpm"), "m")  # the first call to "slow" waits a minute
         slow = asyncio.create_task(w.pipeline.on_input(input_event("to-slow", model="slow"), w.input))
         await asyncio.sleep(0.05)
         await asyncio.wait_for(w.pipeline.on_input(input_event("to-other", offset=1, model="other"), w.input), 5)
         assert w.results.keys() == ["to-other"] and w.backend.calls_for("to-slow") == 0
-        assert w.pipeline.limiter.in_use == 0 and w.pipeline.gate.snapshot()["slow"]["waiting"] == 1
+        assert w.caller.limiter.in_use == 0 and w.caller.gate.snapshot()["slow"]["waiting"] == 1
         slow.cancel()
 
     asyncio.run(run())

@@ -6,11 +6,12 @@ from dlqapp.core.headers import H_RUN_NOW
 from dlqapp.retries.due_hop import is_run_now
 from dlqapp.retries.lead import MIN_LEAD_MS, DueLead
 
-from tests.unit.fakes import FakeEvent, FakeMessage, ScriptedBackend, request, worker
+from dlqapp.core.record import Record
+from tests.unit.fakes import consumed, FakeMessage, ScriptedBackend, request, worker
 
 
-def input_event(request_id: str) -> FakeEvent:
-    return FakeEvent(request_id.encode(), request(request_id), message=FakeMessage("input", 0, 0))
+def input_event(request_id: str) -> Record:
+    return consumed(request_id.encode(), request(request_id), message=FakeMessage("input", 0, 0))
 
 
 def test_the_lead_is_the_worst_recent_hand_over_with_a_margin_between_floor_and_cap():
@@ -39,8 +40,11 @@ def test_a_cap_of_zero_fires_when_due():
 
 
 def test_only_a_run_now_header_asks_for_the_attempt_at_once():
-    assert is_run_now([(H_RUN_NOW, b"1")]) and is_run_now({H_RUN_NOW: b""})
-    assert not is_run_now(None) and not is_run_now([]) and not is_run_now(b"garbage") and not is_run_now([("other", b"1")])
+    def read(headers):  # through the door, as the due agent reads them
+        return consumed(b"r1", b"key", headers).headers
+
+    assert is_run_now(read([(H_RUN_NOW, b"1")])) and is_run_now(read({H_RUN_NOW: b""}))
+    assert not is_run_now(read(None)) and not is_run_now(read([])) and not is_run_now(read(b"garbage")) and not is_run_now(read([("other", b"1")]))
 
 
 def _parked_retry(tmp_path):
@@ -56,7 +60,7 @@ def test_a_retry_handed_over_early_is_attempted_at_its_due_time_not_before(tmp_p
 
     async def run():
         w.clock.now = due - 30  # handed over 30 ms early
-        attempt = asyncio.create_task(w.scheduler.on_due(FakeEvent(b"r7", key, message=FakeMessage("due"))))
+        attempt = asyncio.create_task(w.scheduler.on_due(consumed(b"r7", key, message=FakeMessage("due"))))
         await asyncio.sleep(0.005)
         assert w.backend.calls_for("r7") == 1 and not attempt.done()  # still waiting
         await asyncio.sleep(0.05)
@@ -70,7 +74,7 @@ def test_a_retry_handed_over_early_is_attempted_at_its_due_time_not_before(tmp_p
 
 def test_run_now_does_not_wait_for_the_due_time(tmp_path):
     w, key = _parked_retry(tmp_path)
-    event = FakeEvent(b"r7", key, headers={H_RUN_NOW: b"1"}, message=FakeMessage("due"))
+    event = consumed(b"r7", key, headers={H_RUN_NOW: b"1"}, message=FakeMessage("due"))
     asyncio.run(asyncio.wait_for(w.scheduler.on_due(event), 5))
     assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"]
 
@@ -85,15 +89,15 @@ def test_a_due_retry_takes_its_backend_slot_ahead_of_its_due_time_and_calls_at_i
 
     async def run():
         w.clock.now = due - SLOT_AHEAD_MS - 50  # handed over early: not even the slot yet
-        attempt = asyncio.create_task(w.scheduler.on_due(FakeEvent(b"r7", key, message=FakeMessage("due"))))
+        attempt = asyncio.create_task(w.scheduler.on_due(consumed(b"r7", key, message=FakeMessage("due"))))
         await asyncio.sleep(0.01)
-        assert w.pipeline.limiter.in_use == 0
+        assert w.caller.limiter.in_use == 0
         w.clock.now = due - SLOT_AHEAD_MS // 2  # within the slot lead: the slot is taken, the call waits
         await asyncio.sleep(0.08)
-        assert w.pipeline.limiter.in_use == 1 and w.backend.calls_for("r7") == 1 and not attempt.done()
+        assert w.caller.limiter.in_use == 1 and w.backend.calls_for("r7") == 1 and not attempt.done()
         w.clock.now = due
         await asyncio.wait_for(attempt, 5)
-        assert w.pipeline.limiter.in_use == 0
+        assert w.caller.limiter.in_use == 0
 
     asyncio.run(run())
     assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"]
@@ -125,12 +129,10 @@ def test_a_retry_handed_over_while_its_previous_attempt_finishes_waits_for_it_no
 
     async def run():
         w.pipeline.in_flight.add("r7")  # the previous attempt is still finishing
-        attempt = asyncio.create_task(w.scheduler.on_due(FakeEvent(b"r7", key, message=FakeMessage("due"))))
+        attempt = asyncio.create_task(w.scheduler.on_due(consumed(b"r7", key, message=FakeMessage("due"))))
         await asyncio.sleep(0.02)
         assert not attempt.done() and w.backend.calls_for("r7") == 1  # waits; it neither drops nor runs beside it
-        w.pipeline.in_flight.discard("r7")
-        waiter = w.pipeline._idle_waiters.pop("r7")
-        waiter.set()  # what the previous attempt's end does
+        w.pipeline.in_flight.discard("r7")  # the previous attempt's end
         await asyncio.wait_for(attempt, 5)
 
     asyncio.run(run())

@@ -1,6 +1,7 @@
 import asyncio
 
-from dlqapp.processing.flow import HIGH, LOW, GatedFeed, InFlightWindow, PriorityLimiter
+from dlqapp.flowcontrol.slots import DUE, NORMAL, SlotLimiter
+from dlqapp.processing.flow import GatedFeed, InFlightWindow
 
 
 class FakeEvent:
@@ -156,7 +157,7 @@ def test_window_bounds_in_flight_handlers():
 
 def test_limiter_serves_high_priority_waiters_first():
     async def run():
-        limiter = PriorityLimiter(1)
+        limiter = SlotLimiter(1)
         order = []
         hold = asyncio.Event()
 
@@ -166,11 +167,11 @@ def test_limiter_serves_high_priority_waiters_first():
                 if wait:
                     await wait.wait()
 
-        first = asyncio.create_task(user("first", LOW, hold))
+        first = asyncio.create_task(user("first", NORMAL, hold))
         await asyncio.sleep(0)
-        lows = [asyncio.create_task(user(f"low{i}", LOW)) for i in range(3)]
+        lows = [asyncio.create_task(user(f"low{i}", NORMAL)) for i in range(3)]
         await asyncio.sleep(0)
-        high = asyncio.create_task(user("high", HIGH))
+        high = asyncio.create_task(user("high", DUE))
         await asyncio.sleep(0)
         assert limiter.high_waiting == 1
         hold.set()
@@ -182,7 +183,7 @@ def test_limiter_serves_high_priority_waiters_first():
 
 def test_limiter_never_exceeds_its_limit_and_survives_cancellation():
     async def run():
-        limiter = PriorityLimiter(3)
+        limiter = SlotLimiter(3)
         active = peak = 0
 
         async def user(i):
@@ -199,7 +200,7 @@ def test_limiter_never_exceeds_its_limit_and_survives_cancellation():
         tasks[20].cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         assert peak == 3
-        async with limiter.slot(LOW):  # every slot came back
+        async with limiter.slot(NORMAL):  # every slot came back
             pass
         assert limiter.in_use == 0
 

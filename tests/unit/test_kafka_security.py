@@ -8,7 +8,7 @@ import pytest
 
 from dlqapp.kafka.access import explain
 from dlqapp.kafka.acls import Operation, kafka_acls_lines, missing, required
-from dlqapp.kafka.security import KafkaSecurity, Secret
+from dlqapp.settings.kafka_security import KafkaSecurity, Secret
 from dlqapp.settings import Settings, SettingsError
 
 

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from dlqapp.core.headers import header_dict
 from dlqapp.core.envelope import Attempt, Envelope
 from dlqapp.core.requests import (
     InvalidRequest,
@@ -84,7 +85,7 @@ def test_envelope_round_trips_through_headers_and_blob_with_bytes_intact(payload
     for n in range(1, attempts + 1):
         envelope.record(Attempt(n, 1000 + n, "input", scheduled=900 + n, error_class="timeout", error=f"slow {n}"))
     envelope.scheduled_time = 5000
-    for copy in (Envelope.from_bytes(envelope.to_bytes()), Envelope.from_headers(request_id, payload, envelope.headers())):
+    for copy in (Envelope.from_bytes(envelope.to_bytes()), Envelope.from_headers(request_id, payload, header_dict(envelope.headers()))):
         assert copy.payload == payload
         assert copy.request_id == request_id
         assert copy.attempts == attempts
@@ -94,7 +95,7 @@ def test_envelope_round_trips_through_headers_and_blob_with_bytes_intact(payload
 
 def test_every_dlqapp_header_is_parsed_tolerantly():
     from dlqapp.core.envelope import Envelope
-    from dlqapp.core.headers import header_int, header_json
+    from dlqapp.core.headers import header_dict, header_int, header_json
 
     hostile = [
         ("original_timestamp", b"abc"),
@@ -107,7 +108,7 @@ def test_every_dlqapp_header_is_parsed_tolerantly():
         ("replay_count", b""),
         ("dead_at", None),
     ]
-    envelope = Envelope.from_headers("r1", b"{}", hostile)
+    envelope = Envelope.from_headers("r1", b"{}", header_dict(hostile))  # parsed at the door, as every record is
     assert envelope.attempts == 0 and envelope.scheduled_time is None
     assert envelope.history == [] and envelope.source == {}
     assert "replay_count" not in envelope.lineage

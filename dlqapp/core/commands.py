@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from dlqapp.core.requests import InvalidRequest, validate_request
 
@@ -96,3 +96,16 @@ def check_edit(request_id: str, payload: Any) -> list[str]:
     if payload["request_id"] != request_id:
         return [f"payload.request_id must stay {request_id!r}"]
     return []
+
+
+RETRY_ACTIONS = frozenset({Action.RUN_NOW, Action.DEAD_LETTER_NOW})
+"""Actions on a parked retry (`dlqapp.retries.actions`); the others act on dead letters."""
+
+Answer = tuple[dict[str, Any], dict[str, Any] | None]
+"""What a command handler gives back: the answer to the asker, and a ledger record or None."""
+
+
+class CommandHandler(Protocol):
+    """Carries out one command on the owning worker (`dlqapp.retries.actions.RetryActions`)."""
+
+    async def execute(self, command: Command, at: int) -> Answer: ...

@@ -15,7 +15,7 @@ from faust.serializers import codecs
 from faust.tables import Table
 
 from dlqapp.core.tiers import Tier
-from dlqapp.deadletters.commands import UNDECODABLE
+from dlqapp.core.commands import UNDECODABLE
 from dlqapp.settings import Settings
 from dlqapp.tables.rocksdb_memory import MEMTABLE_BUDGET, SHARED_CACHE
 

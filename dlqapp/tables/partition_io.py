@@ -12,18 +12,19 @@ import json
 import logging
 from typing import Any, Awaitable, Callable, Mapping
 
-from faust import EventT, TopicT
+from faust import TopicT
 from faust.tables import Table
 
 from dlqapp.core import states
 from dlqapp.core.clock import Clock
-from dlqapp.core.headers import H_ORIGINAL_TIMESTAMP, H_SOURCE, header_dict
+from dlqapp.core.headers import H_ORIGINAL_TIMESTAMP, H_SOURCE
+from dlqapp.core.record import Record
 from dlqapp.core.partitioning import owner_partition
 from dlqapp.core.states import RequestState
 from dlqapp.observability.logs import log_event
 from dlqapp.tables.counters import Counters
 
-log = logging.getLogger("dlqapp.processing.partition_io")
+log = logging.getLogger("dlqapp.tables.partition_io")
 
 Send = Callable[[str, bytes, bytes | None, int, list[tuple[str, bytes]]], Awaitable[Awaitable[Any]]]
 """`send(topic, key, value, partition, headers)`: hands one record to the producer and
@@ -44,9 +45,9 @@ class PartitionIO:
         """The partition that owns `request_id` on every topic and table."""
         return owner_partition(request_id, self.partitions)
 
-    def owns(self, event: EventT, request_id: str) -> bool:
-        """Whether `event` sits on the partition that owns `request_id`."""
-        return event.message.partition == self.owner(request_id)
+    def owns(self, record: Record, request_id: str) -> bool:
+        """Whether `record` sits on the partition that owns `request_id`."""
+        return record.partition == self.owner(request_id)
 
     async def send(self, topic: TopicT, key: str, value: bytes | None, headers: list[tuple[str, bytes]], partition: int | None = None) -> None:
         """Send to `key`'s owner partition (or `partition`) and wait until the broker confirms.
@@ -55,16 +56,16 @@ class PartitionIO:
         pending = await self._send(topic.get_topic_name(), key.encode(), value, self.owner(key) if partition is None else partition, headers)
         await pending
 
-    async def forward(self, event: EventT, topic: TopicT, request_id: str) -> None:
+    async def forward(self, record: Record, topic: TopicT, request_id: str) -> None:
         """Re-send a message keyed by its request id to the partition that owns it.
 
         Producers need not key by request id: this hop makes dedup and state local.
         """
-        headers = dict(header_dict(event.headers))
-        headers.setdefault(H_ORIGINAL_TIMESTAMP, str(self.event_time_ms(event)))
-        headers.setdefault(H_SOURCE, json.dumps(source_of(event), separators=(",", ":")))
-        await self.send(topic, request_id, event.value or b"", as_header_pairs(headers))
-        log_event(log, logging.DEBUG, "rerouted", request_id=request_id, topic=event.message.topic)
+        headers = dict(record.headers)
+        headers.setdefault(H_ORIGINAL_TIMESTAMP, str(record.timestamp_ms))
+        headers.setdefault(H_SOURCE, json.dumps(record.source, separators=(",", ":")))
+        await self.send(topic, request_id, record.payload or b"", as_header_pairs(headers))
+        log_event(log, logging.DEBUG, "rerouted", request_id=request_id, topic=record.topic)
 
     def load_state(self, request_id: str) -> dict[str, Any] | None:
         return states.load(self.requests.get(request_id.encode()))
@@ -80,16 +81,6 @@ class PartitionIO:
         self.store_state(request_id, new)
         for name in states.counted(previous, new):
             self.counters.add(name)
-
-    def event_time_ms(self, event: EventT) -> int:
-        timestamp = event.message.timestamp
-        return int(timestamp * 1000) if timestamp else self.clock()
-
-
-def source_of(event: EventT) -> dict[str, Any]:
-    """Where a message was read: topic, partition, offset."""
-    message = event.message
-    return {"topic": message.topic, "partition": message.partition, "offset": message.offset}
 
 
 def as_header_pairs(headers: Mapping[str, str]) -> list[tuple[str, bytes]]:

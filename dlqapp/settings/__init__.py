@@ -17,7 +17,7 @@ from dlqapp.core.breaker import BreakerConfig
 from dlqapp.core.errors import DEFAULT_RETRYABLE, ErrorClass
 from dlqapp.core.tiers import Tier, build_tiers
 from dlqapp.flowcontrol.limits import RateLimits, parse_rate_limits
-from dlqapp.kafka.security import MECHANISMS, PROTOCOLS, KafkaSecurity, Secret, SecurityError
+from dlqapp.settings.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity, Secret, SecurityError
 
 
 class SettingsError(ValueError):

@@ -1,0 +1,160 @@
+"""One backend call, through the circuit breaker, the rate gate and a backend slot.
+
+The caller never raises for a failed call: every exception is classified into a
+`Failure`. It feeds flow control with what the call showed (token usage, a 429's
+Retry-After, latency for the adaptive limit) and records retry lateness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack
+
+from dlqapp.core.backend import InferenceBackend, InferenceOutput
+from dlqapp.core.breaker import CircuitBreaker
+from dlqapp.core.clock import Clock, sleep_until
+from dlqapp.core.envelope import Attempt
+from dlqapp.core.errors import ErrorClass, Failure, classify_exception
+from dlqapp.core.outcomes import DeadLetter, past_deadline
+from dlqapp.core.requests import Request
+from dlqapp.flowcontrol.aimd import pushed_back
+from dlqapp.flowcontrol.estimate import estimate_tokens, used_tokens
+from dlqapp.flowcontrol.gate import UNLIMITED, Permit, RateGate
+from dlqapp.flowcontrol.limits import RateLimits
+from dlqapp.flowcontrol.slots import SlotLimiter
+from dlqapp.observability import metrics
+from dlqapp.observability.lateness import LatenessWindow
+from dlqapp.observability.logs import log_event
+
+log = logging.getLogger("dlqapp.processing.caller")
+
+LATE_WARNING_MS = 5_000
+"""A retry that starts this long after its due time is logged as a warning: something held it."""
+
+
+class DeadlinePassed(Exception):
+    """The request's deadline passed before its call could be made."""
+
+    def __init__(self, outcome: DeadLetter) -> None:
+        super().__init__(outcome.reason)
+        self.outcome = outcome
+
+
+class BackendCaller:
+    """Makes one attempt's backend call when the breaker, the rate gate and a slot allow."""
+
+    def __init__(
+        self,
+        backend: InferenceBackend,
+        breaker: CircuitBreaker,
+        limiter: SlotLimiter,
+        *,
+        timeout_ms: int,
+        clock: Clock,
+        lateness: LatenessWindow,
+        gate: RateGate | None = None,
+    ) -> None:
+        self.backend = backend
+        self.breaker = breaker
+        self.limiter = limiter
+        self.gate = gate or RateGate(RateLimits({}))
+        self.clock = clock
+        self.lateness = lateness
+        self._timeout_s = timeout_ms / 1000
+
+    async def call(
+        self, request: Request, number: int, topic: str, label: str, scheduled: int | None, priority: int, model: str | None = None, not_before: int | None = None
+    ) -> tuple[Attempt, InferenceOutput | None, Failure | None]:
+        """One attempt through the breaker and the priority limiter.
+
+        During an outage a fresh request's backend-wide failure is not an attempt: the
+        request is held and tried again when the breaker lets it. A request that has
+        failed before is never held (see dlqapp.core.breaker), so holds cannot last forever.
+        Raises `DeadlinePassed` when the request's deadline passes while it waits.
+        """
+        held = False
+        while True:
+            rank = number - 1 + int(held)
+            await self.breaker.wait_allowed(request.request_id, rank)
+            try:
+                started, output, failure = await self._call_with_capacity(request, number, label, scheduled, priority, model, not_before)
+            except BaseException:  # cancelled, or past its deadline: the breaker must get its probe back
+                self.breaker.abandon(request.request_id)
+                raise
+            metrics.backend_latency.labels(failure.error_class.value if failure else "ok").observe((self.clock() - started) / 1000)
+            if not self.breaker.record(failure, request.request_id, rank):
+                break
+            held = True
+            metrics.held.inc()
+            log_event(log, logging.DEBUG, "held_during_outage", request_id=request.request_id, topic=topic, attempt=number)
+        metrics.attempts.labels(label).inc()
+        record = Attempt(
+            attempt=number,
+            at=started,
+            topic=topic,
+            scheduled=scheduled,
+            duration_ms=self.clock() - started,
+            error_class=failure.error_class.value if failure else None,
+            error=failure.message if failure else None,
+        )
+        return record, output, failure
+
+    async def _call_with_capacity(
+        self, request: Request, number: int, label: str, scheduled: int | None, priority: int, model: str | None, not_before: int | None
+    ) -> tuple[int, InferenceOutput | None, Failure | None]:
+        """The call once the model's rate gate (when limited) and a backend slot allow it."""
+        target = model or request.model
+        if not self.gate.is_limited(target):
+            async with self.limiter.slot(priority):
+                return await self._call_in_slot(request, number, label, scheduled, model, not_before, UNLIMITED)
+        async with AsyncExitStack() as slot:  # the backend slot, taken by the gate once the model has room
+            permit = await self.gate.acquire(target, estimate_tokens(request), self._time_left_s(request), priority, lambda: slot.enter_async_context(self.limiter.slot(priority)))
+            if permit is None:
+                raise DeadlinePassed(DeadLetter(ErrorClass.EXPIRED, f"deadline {request.deadline} passed while waiting for rate capacity; not called"))
+            return await self._call_in_slot(request, number, label, scheduled, model, not_before, permit)
+
+    async def _call_in_slot(
+        self, request: Request, number: int, label: str, scheduled: int | None, model: str | None, not_before: int | None, permit: Permit
+    ) -> tuple[int, InferenceOutput | None, Failure | None]:
+        """The call itself, holding a backend slot: (when it started, output, failure)."""
+        if not_before is not None:
+            await sleep_until(self.clock, not_before)  # the slot is held meanwhile
+        started = self.clock()
+        expired = past_deadline(request.deadline, started)
+        if expired is not None:
+            raise DeadlinePassed(expired)
+        if scheduled is not None:
+            self._note_lateness(request, number, label, scheduled, started)
+        output, failure = await self.call_backend(request, number, model)
+        self.after_call(model or request.model, permit, output, failure, (self.clock() - started) / 1000)
+        return started, output, failure
+
+    def _note_lateness(self, request: Request, number: int, label: str, scheduled: int, started: int) -> None:
+        metrics.lateness.labels(label).observe(max(0, started - scheduled) / 1000)
+        self.lateness.add(label, started - scheduled, started)
+        if started - scheduled > LATE_WARNING_MS:
+            log_event(log, logging.WARNING, "retry_late", request_id=request.request_id, tier=label, attempt=number, late_ms=started - scheduled, scheduled=scheduled)
+
+    def _time_left_s(self, request: Request) -> float | None:
+        """How long the request may still wait for capacity (None: no deadline)."""
+        return None if request.deadline is None else max(0.0, (request.deadline - self.clock()) / 1000)
+
+    def after_call(self, model: str | None, permit: Permit, output: InferenceOutput | None, failure: Failure | None, latency_s: float) -> None:
+        """Feed flow control: the real token usage, a 429's Retry-After, adaptive concurrency."""
+        if output is not None:
+            permit.settle(used_tokens(output.usage))
+        elif failure is not None and failure.error_class is ErrorClass.RATE_LIMITED:
+            permit.settle(0)  # refused: it used no tokens
+            if failure.retry_after_ms:
+                self.gate.pause(model, failure.retry_after_ms / 1000)
+        self.limiter.record(latency_s, pushed_back(failure, latency_s, self._timeout_s, self.limiter.is_slow))
+
+    async def call_backend(self, request: Request, attempt: int, model: str | None = None) -> tuple[InferenceOutput | None, Failure | None]:
+        """One backend call, bounded by DLQ_INFERENCE_TIMEOUT; never raises."""
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                output = await self.backend.complete(request, attempt, model)
+        except Exception as exc:  # every failure is classified, nothing escapes
+            return None, classify_exception(exc)
+        return output, None
