@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 from pathlib import Path
 from typing import Any, Awaitable, Callable
@@ -19,9 +18,9 @@ from yarl import URL
 from dlqapp import __version__
 from dlqapp.api.http import ApiError, force_of
 from dlqapp.core import states
-from dlqapp.core.states import RequestState
+from dlqapp.core.states import RequestState, StateRecord
 from dlqapp.core.commands import Action, Command, ReplayStatus, check_edit
-from dlqapp.deadletters.entries import find_dead_letter, owner_id, presented, summary
+from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_id
 from dlqapp.deadletters.estimate import METHOD as ESTIMATE_METHOD
 from dlqapp.deadletters.estimate import estimated_tokens
 from dlqapp.deadletters.queries import (
@@ -167,7 +166,7 @@ class Api:
         key = find_dead_letter(self.topology.dead_letters, request_id, self.settings.partitions)
         if key is None:
             raise ApiError(404, f"no dead letter with request id {request_id!r}", ledger=ledger)
-        return {**presented(json.loads(self.topology.dead_letters[key])), "ledger": ledger}
+        return {**DeadLetterEntry.decode(self.topology.dead_letters[key]).presented(), "ledger": ledger}
 
     async def request_status(self, request_id: str) -> dict[str, Any]:
         """One request's state and history on this worker; ApiError 404 when unknown.
@@ -180,7 +179,8 @@ class Api:
         in_flight = request_id in self.parts.pipeline.in_flight
         if blob is None and not in_flight:
             raise ApiError(404, f"unknown request id {request_id!r}")
-        state = json.loads(blob) if blob else {"request_id": request_id, "history": []}
+        record = StateRecord.decode(blob)
+        state = record.as_dict() if record is not None else {"request_id": request_id, "history": []}
         if in_flight:
             state["state"] = RequestState.IN_FLIGHT
         state["ledger"] = self.parts.operator.ledger_for(request_id)
@@ -195,14 +195,14 @@ class Api:
         for key in keys:
             envelope = parked.get(key)
             if envelope is not None:
-                state["parked"].append({"tier": parked.tier_of(envelope).label, "due_at": envelope.scheduled_time, "attempt": envelope.attempts + 1, "firing": self.parts.scheduler.is_firing(key)})
+                state["parked"].append({"tier": parked.tier_of(envelope).label, "due_at": envelope.due_ms, "attempt": envelope.attempts + 1, "firing": self.parts.scheduler.is_firing(key)})
                 logs[states.RETRY_SCHEDULED] = envelope.history
         key = find_dead_letter(self.topology.dead_letters, request_id, self.settings.partitions)
         state["dead_letter"] = None
         if key is not None:
-            entry = json.loads(self.topology.dead_letters[key])
-            state["dead_letter"] = summary(entry)
-            logs[states.DEAD_LETTERED] = entry.get("history") or []
+            entry = DeadLetterEntry.decode(self.topology.dead_letters[key])
+            state["dead_letter"] = entry.summary()
+            logs[states.DEAD_LETTERED] = entry.history or []
         # the attempt history of the request's current state; else the longest one known
         # (`attempts` stays the count the state records)
         state["attempt_history"] = logs.get(state.get("state")) or max(logs.values(), key=len)
@@ -307,7 +307,8 @@ class Api:
         for key in keys:
             found = find_dead_letter(table, key, self.settings.partitions)
             if found is not None:
-                tokens += estimated_tokens(json.loads(table[found]))
+                entry = DeadLetterEntry.decode(table[found])
+                tokens += estimated_tokens(entry.payload_text, entry.payload_bytes)
                 entries += 1
         return {"tokens": tokens, "entries": entries}
 

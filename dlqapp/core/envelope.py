@@ -35,7 +35,8 @@ class Attempt:
     attempt: int
     at: int
     topic: str
-    scheduled: int | None = None
+    due_ms: int | None = None
+    """The due time the attempt ran for (a retry); `scheduled` in the public history."""
     duration_ms: int | None = None
     error_class: str | None = None
     error: str | None = None
@@ -46,7 +47,7 @@ class Attempt:
             "attempt": self.attempt,
             "at": self.at,
             "topic": self.topic,
-            "scheduled": self.scheduled,
+            "scheduled": self.due_ms,
             "duration_ms": self.duration_ms,
             "error_class": self.error_class,
             "error": self.error,
@@ -67,7 +68,7 @@ class Envelope:
     original_timestamp: int
     source: dict[str, Any]
     attempts: int = 0
-    scheduled_time: int | None = None
+    due_ms: int | None = None
     error_class: str | None = None
     last_error: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
@@ -87,7 +88,7 @@ class Envelope:
             H_REQUEST_ID: self.request_id,
             H_RETRY_COUNT: self.attempts,
             H_ATTEMPTS: self.attempts,
-            H_SCHEDULED_TIME: self.scheduled_time,
+            H_SCHEDULED_TIME: self.due_ms,
             H_ORIGINAL_TIMESTAMP: self.original_timestamp,
             H_ERROR_CLASS: self.error_class,
             H_LAST_ERROR: self.last_error,
@@ -123,7 +124,7 @@ class Envelope:
             original_timestamp=header_int(h, H_ORIGINAL_TIMESTAMP) or now_ms(),
             source=header_json(h, H_SOURCE, dict) or {},
             attempts=header_int(h, H_ATTEMPTS) or header_int(h, H_RETRY_COUNT) or 0,
-            scheduled_time=header_int(h, H_SCHEDULED_TIME),
+            due_ms=header_int(h, H_SCHEDULED_TIME),
             error_class=h.get(H_ERROR_CLASS),
             last_error=h.get(H_LAST_ERROR),
             history=[a for a in header_json(h, H_HISTORY, list) or [] if isinstance(a, dict)],

@@ -23,9 +23,9 @@ class Succeeded:
 
 @dataclass(frozen=True)
 class RetryAt:
-    """Park the request on retry tier `tier` (0-based) until `due_ms`."""
+    """Park the request on the retry tier at `tier_index` (0-based) until `due_ms`."""
 
-    tier: int
+    tier_index: int
     due_ms: int
     failure: Failure
 

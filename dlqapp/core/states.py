@@ -8,6 +8,7 @@ in it); the table records every settled state.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -40,45 +41,107 @@ NOT_IN_HISTORY = frozenset({"history", "attempt_log"})
 """Details kept on the record only: `attempt_log` (a success's attempt history, for the
 request lookup) would repeat itself in every history entry."""
 
-
-def load(blob: bytes | None) -> dict[str, Any] | None:
-    return json.loads(blob) if blob else None
+_CORE_FIELDS = ("request_id", "first_seen", "duplicates", "history", "state", "updated_at", "succeeded_once")
 
 
-def dump(state: dict[str, Any]) -> bytes:
-    return json.dumps(state, separators=(",", ":")).encode()
+@dataclass(slots=True)
+class StateRecord:
+    """A request's stored state: where it stands, since when, and its bounded history.
+
+    `details` holds what the last changes said (`attempts`, `tier`, `due`, `error_class`,
+    `last_error`, `final_error`, `model`, `attempt_log`, `dlq_key`, `replay_count`, …);
+    encoded, they sit beside the other fields in one JSON object (the `/requests/{id}/` shape).
+    """
+
+    request_id: str
+    state: str
+    first_seen: int
+    updated_at: int
+    duplicates: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    succeeded_once: bool = False
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def attempts(self) -> int:
+        value = self.details.get("attempts")
+        return value if isinstance(value, int) else 0
+
+    @property
+    def due(self) -> int | None:
+        """The due time of its parked retry, when it is `retry_scheduled`."""
+        value = self.details.get("due")
+        return value if isinstance(value, int) else None
+
+    @property
+    def replay_count(self) -> int:
+        value = self.details.get("replay_count")
+        return value if isinstance(value, int) else 0
+
+    def get(self, name: str) -> Any:
+        """A detail the last changes recorded (None when absent)."""
+        return self.details.get(name)
+
+    def as_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"request_id": self.request_id, "first_seen": self.first_seen, "duplicates": self.duplicates, "history": self.history}
+        doc["state"] = self.state
+        doc["updated_at"] = self.updated_at
+        doc.update(self.details)
+        if self.succeeded_once:
+            doc["succeeded_once"] = True
+        return doc
+
+    def encode(self) -> bytes:
+        return json.dumps(self.as_dict(), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, blob: bytes | None) -> "StateRecord | None":
+        """The record stored in `blob` (None for no blob); ValueError when it holds none."""
+        if not blob:
+            return None
+        doc = json.loads(blob)
+        if not isinstance(doc, dict):
+            raise ValueError("a request state is a JSON object")
+        return cls(
+            request_id=doc.get("request_id", ""),
+            state=doc.get("state", ""),
+            first_seen=doc.get("first_seen", 0),
+            updated_at=doc.get("updated_at", 0),
+            duplicates=doc.get("duplicates", 0),
+            history=doc.get("history") or [],
+            succeeded_once=bool(doc.get("succeeded_once")),
+            details={k: v for k, v in doc.items() if k not in _CORE_FIELDS},
+        )
 
 
-def transition(previous: dict[str, Any] | None, request_id: str, state: RequestState, at: int, **detail: Any) -> dict[str, Any]:
+def transition(previous: StateRecord | None, request_id: str, state: RequestState, at: int, **detail: Any) -> StateRecord:
     """The next stored state: `previous` moved to `state`, with the change appended to history."""
-    current = dict(previous) if previous else {"request_id": request_id, "first_seen": at, "duplicates": 0, "history": []}
-    current["state"] = state
-    current["updated_at"] = at
-    current.update({k: v for k, v in detail.items() if k != "history"})
+    if previous is None:
+        current = StateRecord(request_id, state, first_seen=at, updated_at=at)
+    else:
+        current = replace(previous, state=state, updated_at=at, details=dict(previous.details))
+    current.details.update({k: v for k, v in detail.items() if k != "history"})
     noted = {k: v for k, v in detail.items() if k not in NOT_IN_HISTORY}
-    current["history"] = [*current.get("history", []), {"at": at, "state": state, **noted}][-HISTORY_LIMIT:]
+    current.history = [*current.history, {"at": at, "state": state, **noted}][-HISTORY_LIMIT:]
     if state == SUCCEEDED:
-        current["succeeded_once"] = True
+        current.succeeded_once = True
     return current
 
 
-def count_duplicate(previous: dict[str, Any], at: int, source: str) -> dict[str, Any]:
+def count_duplicate(previous: StateRecord, at: int, source: str) -> StateRecord:
     """`previous` with one more duplicate counted, its state unchanged."""
-    current = dict(previous)
-    current["duplicates"] = current.get("duplicates", 0) + 1
-    current["history"] = [*current.get("history", []), {"at": at, "state": "duplicate_skipped", "source": source}][-HISTORY_LIMIT:]
-    return current
+    history = [*previous.history, {"at": at, "state": "duplicate_skipped", "source": source}][-HISTORY_LIMIT:]
+    return replace(previous, duplicates=previous.duplicates + 1, history=history)
 
 
-def counted(previous: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+def counted(previous: StateRecord | None, new: StateRecord) -> list[str]:
     """The counters (dlqapp.tables.counters) a state change moves: `received` for a new id,
     `succeeded` the first time it succeeds, one per retry tier and per dead letter."""
     names = [] if previous is not None else ["received"]
-    state = new["state"]
-    if state == SUCCEEDED and not (previous or {}).get("succeeded_once"):
+    if new.state == SUCCEEDED and not (previous is not None and previous.succeeded_once):
         names.append("succeeded")
-    elif state == RETRY_SCHEDULED:
-        names.append(f"retried|{new.get('tier', '?')}")
-    elif state == DEAD_LETTERED:
-        names.append(f"dead_lettered|{new.get('error_class', 'unknown')}")
+    elif new.state == RETRY_SCHEDULED:
+        names.append(f"retried|{new.get('tier') or '?'}")
+    elif new.state == DEAD_LETTERED:
+        names.append(f"dead_lettered|{new.get('error_class') or 'unknown'}")
     return names

@@ -1,4 +1,4 @@
-"""DLQ entries: built from a `dlq` message, shown by the API, found by request id."""
+"""DLQ entries: built from a `dlq` message, stored typed, shown by the API, found by request id."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import base64
 import json
 import re
 import struct
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
 from faust.tables import Table
 
@@ -73,76 +74,119 @@ def find_dead_letter(table: Table, key: str, partitions: int) -> bytes | None:
         blob = table.get(candidate)
         if blob is None or owner_id(candidate.decode("utf-8", "replace")) != key:
             continue
-        dead_at = json.loads(blob).get("dead_at") or 0
+        dead_at = DeadLetterEntry.decode(blob).dead_at or 0
         if newest is None or dead_at >= newest[0]:
             newest = (dead_at, candidate)
     return newest[1] if newest else None
 
 
-def build_entry(request_id: str, payload: bytes, headers: dict[str, str], partition: int, offset: int, max_bytes: int | None = None) -> dict[str, Any]:
-    """A DLQ entry from a `dlq` topic message: exact payload, headers and attempt history.
+@dataclass(slots=True)
+class DeadLetterEntry:
+    """A DLQ entry: one `dlq` message's exact payload, headers and attempt history.
 
-    A payload over `max_bytes` is kept only as a preview (`payload_truncated`); its exact
-    bytes stay in the `dlq` topic at `dlq.partition`/`dlq.offset`.
+    A payload over DLQ_MAX_PAYLOAD_BYTES is kept only as a preview (`payload_truncated`);
+    its exact bytes stay in the `dlq` topic at `dlq.partition`/`dlq.offset`. Encoded as one
+    JSON object (the shape `GET /dlq/{id}/` shows, with `payload` added).
     """
-    truncated = max_bytes is not None and len(payload) > max_bytes
-    size = len(payload)
-    if truncated:
-        payload = payload[:PREVIEW_BYTES]
-    try:
-        text: str | None = payload.decode("utf-8", "replace" if truncated else "strict")
-    except UnicodeDecodeError:
-        text = None
-    model = None
+
+    request_id: str
+    key: str
+    error_class: str
+    final_error: str | None
+    last_error: str | None
+    retry_count: int
+    attempts: int
+    history: list[dict[str, Any]]
+    first_seen: int | None
+    dead_at: int
+    source: dict[str, Any]
+    model: str | None
+    replay_count: int
+    payload_text: str | None
+    payload_b64: str | None
+    payload_bytes: int
+    payload_truncated: bool
+    headers: dict[str, str]
+    dlq: dict[str, int]
+
+    @classmethod
+    def from_message(cls, key: str, payload: bytes, headers: Mapping[str, str], partition: int, offset: int, max_bytes: int | None = None) -> "DeadLetterEntry":
+        """The entry of a `dlq` message (its key, payload and parsed headers)."""
+        truncated = max_bytes is not None and len(payload) > max_bytes
+        size = len(payload)
+        if truncated:
+            payload = payload[:PREVIEW_BYTES]
+        try:
+            text: str | None = payload.decode("utf-8", "replace" if truncated else "strict")
+        except UnicodeDecodeError:
+            text = None
+        return cls(
+            request_id=headers.get(H_REQUEST_ID) or key,
+            key=key,
+            error_class=headers.get(H_ERROR_CLASS) or "unknown",
+            final_error=headers.get(H_FINAL_ERROR),
+            last_error=headers.get(H_LAST_ERROR),
+            retry_count=header_int(headers, H_RETRY_COUNT) or 0,
+            attempts=header_int(headers, H_ATTEMPTS) or 0,
+            history=[a for a in header_json(headers, H_HISTORY, list) or [] if isinstance(a, dict)],
+            first_seen=header_int(headers, H_ORIGINAL_TIMESTAMP) or None,
+            dead_at=header_int(headers, H_DEAD_AT) or now_ms(),
+            source=header_json(headers, H_SOURCE, dict) or {},
+            model=_model_of(text),
+            replay_count=header_int(headers, H_REPLAY_COUNT) or 0,
+            payload_text=text,
+            payload_b64=base64.b64encode(payload).decode() if text is None else None,
+            payload_bytes=size,
+            payload_truncated=truncated,
+            headers=dict(headers),
+            dlq={"partition": partition, "offset": offset},
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _ENTRY_FIELDS}
+
+    def encode(self) -> bytes:
+        return json.dumps(self.as_dict(), separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, blob: bytes) -> "DeadLetterEntry":
+        """The entry stored in `blob`; ValueError when it holds none (Faust's offset record)."""
+        doc = json.loads(blob)
+        if not isinstance(doc, dict):
+            raise ValueError("a DLQ entry is a JSON object")
+        return cls(**{name: doc.get(name) for name in _ENTRY_FIELDS})
+
+    def original_payload(self) -> bytes:
+        """The dead letter's payload, byte for byte."""
+        if self.payload_b64 is not None:
+            return base64.b64decode(self.payload_b64)
+        return (self.payload_text or "").encode("utf-8")
+
+    def presented(self) -> dict[str, Any]:
+        """The entry as the API shows it: `payload` is the parsed JSON when the bytes are JSON."""
+        shown = self.as_dict()
+        try:
+            shown["payload"] = json.loads(self.payload_text) if self.payload_text else None
+        except (ValueError, RecursionError):
+            shown["payload"] = self.payload_text
+        return shown
+
+    def summary(self) -> dict[str, Any]:
+        """The fields a list shows, with a short payload preview."""
+        text = self.payload_text
+        preview = text[:160] if text is not None else f"<{self.payload_bytes or 0} bytes, not UTF-8>"
+        return {**{k: getattr(self, k) for k in _SUMMARY_FIELDS}, "payload_preview": preview}
+
+
+_ENTRY_FIELDS = tuple(f.name for f in fields(DeadLetterEntry))
+_SUMMARY_FIELDS = ("request_id", "key", "error_class", "final_error", "last_error", "model", "attempts", "retry_count", "replay_count", "first_seen", "dead_at")
+
+
+def _model_of(text: str | None) -> str | None:
+    """The `model` a JSON payload names, if any."""
     try:
         parsed = json.loads(text) if text else None
-        model = parsed.get("model") if isinstance(parsed, dict) else None
     except (ValueError, RecursionError):
-        pass
-    return {
-        "request_id": headers.get(H_REQUEST_ID) or request_id,
-        "key": request_id,
-        "error_class": headers.get(H_ERROR_CLASS) or "unknown",
-        "final_error": headers.get(H_FINAL_ERROR),
-        "last_error": headers.get(H_LAST_ERROR),
-        "retry_count": header_int(headers, H_RETRY_COUNT) or 0,
-        "attempts": header_int(headers, H_ATTEMPTS) or 0,
-        "history": [a for a in header_json(headers, H_HISTORY, list) or [] if isinstance(a, dict)],
-        "first_seen": header_int(headers, H_ORIGINAL_TIMESTAMP) or None,
-        "dead_at": header_int(headers, H_DEAD_AT) or now_ms(),
-        "source": header_json(headers, H_SOURCE, dict) or {},
-        "model": model if isinstance(model, str) else None,
-        "replay_count": header_int(headers, H_REPLAY_COUNT) or 0,
-        "payload_text": text,
-        "payload_b64": base64.b64encode(payload).decode() if text is None else None,
-        "payload_bytes": size,
-        "payload_truncated": truncated,
-        "headers": headers,
-        "dlq": {"partition": partition, "offset": offset},
-    }
-
-
-def original_payload(entry: dict[str, Any]) -> bytes:
-    """The dead letter's payload, byte for byte."""
-    if entry.get("payload_b64") is not None:
-        return base64.b64decode(entry["payload_b64"])
-    return (entry.get("payload_text") or "").encode("utf-8")
-
-
-def presented(entry: dict[str, Any]) -> dict[str, Any]:
-    """An entry as the API shows it: `payload` is the parsed JSON when the bytes are JSON."""
-    shown = dict(entry)
-    text = entry.get("payload_text")
-    try:
-        shown["payload"] = json.loads(text) if text else None
-    except (ValueError, RecursionError):
-        shown["payload"] = text
-    return shown
-
-
-def summary(entry: dict[str, Any]) -> dict[str, Any]:
-    """The fields a list shows, with a short payload preview."""
-    text = entry.get("payload_text")
-    preview = text[:160] if text is not None else f"<{entry.get('payload_bytes', 0)} bytes, not UTF-8>"
-    keys = ("request_id", "key", "error_class", "final_error", "last_error", "model", "attempts", "retry_count", "replay_count", "first_seen", "dead_at")
-    return {**{k: entry.get(k) for k in keys}, "payload_preview": preview}
+        return None
+    model = parsed.get("model") if isinstance(parsed, dict) else None
+    return model if isinstance(model, str) else None

@@ -32,13 +32,12 @@ def prompt_text(request: Any) -> str | None:
     return "\n".join(parts)
 
 
-def estimated_tokens(entry: dict[str, Any]) -> int:
-    """Estimated prompt tokens of one DLQ entry (see the module docstring)."""
-    text = entry.get("payload_text")
+def estimated_tokens(payload_text: str | None, payload_bytes: int) -> int:
+    """Estimated prompt tokens of one DLQ entry's payload (see the module docstring)."""
     try:
-        prompt = prompt_text(json.loads(text)) if text is not None else None
+        prompt = prompt_text(json.loads(payload_text)) if payload_text is not None else None
     except ValueError:
         prompt = None
     if prompt is None:
-        return math.ceil((entry.get("payload_bytes") or 0) / CHARS_PER_TOKEN)
+        return math.ceil((payload_bytes or 0) / CHARS_PER_TOKEN)
     return math.ceil(len(prompt) / CHARS_PER_TOKEN)

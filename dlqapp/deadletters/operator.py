@@ -28,7 +28,7 @@ from dlqapp.core.headers import (
     H_REPLAYED_BY,
 )
 from dlqapp.core.commands import RETRY_ACTIONS, Action, Command, CommandHandler, ReplayStatus, check_edit
-from dlqapp.deadletters.entries import find_dead_letter, original_payload, owner_id
+from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_id
 from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
@@ -84,13 +84,13 @@ class Operator:
         key = find_dead_letter(self.dead_letters, command.request_id, self.io.partitions)
         if key is None:
             return {"request_id": command.request_id, "status": ReplayStatus.NOT_FOUND}
-        entry = json.loads(self.dead_letters[key])
+        entry = DeadLetterEntry.decode(self.dead_letters[key])
         command = replace(command, request_id=key.decode())
         if command.action is Action.DISCARD:
             return await self._discard(command, entry)
         return await self._replay(command, entry)
 
-    async def _replay(self, command: Command, entry: dict[str, Any]) -> dict[str, Any]:
+    async def _replay(self, command: Command, entry: DeadLetterEntry) -> dict[str, Any]:
         key = command.request_id
         rid = owner_id(key)
         ledger = self.ledger_for(rid)
@@ -99,32 +99,32 @@ class Operator:
             reason = f"{rid} was replayed {replays} times already (DLQ_MAX_REPLAYS={self.max_replays})"
             return {"request_id": key, "status": ReplayStatus.REFUSED, "reason": reason}
         current = self.io.load_state(rid)
-        if not command.force and current is not None and current.get("state") == states.SUCCEEDED:
-            reason = f"{rid} has succeeded since it was dead-lettered (at {current.get('updated_at')}); replaying would call the model again: send force=true to replay anyway"
+        if not command.force and current is not None and current.state == states.SUCCEEDED:
+            reason = f"{rid} has succeeded since it was dead-lettered (at {current.updated_at}); replaying would call the model again: send force=true to replay anyway"
             return {"request_id": key, "status": ReplayStatus.REFUSED, "reason": reason, "state": states.SUCCEEDED}
         if command.payload is not None:
             problems = check_edit(rid, command.payload)
             if problems:
                 return {"request_id": key, "status": ReplayStatus.INVALID, "reasons": problems}
             payload = json.dumps(command.payload).encode()
-        elif entry.get("payload_truncated"):
-            reason = f"the payload ({entry['payload_bytes']} bytes) is over DLQ_MAX_PAYLOAD_BYTES: replay it with an edited payload"
+        elif entry.payload_truncated:
+            reason = f"the payload ({entry.payload_bytes} bytes) is over DLQ_MAX_PAYLOAD_BYTES: replay it with an edited payload"
             return {"request_id": key, "status": ReplayStatus.INVALID, "reasons": [reason]}
         else:
-            payload = original_payload(entry)
+            payload = entry.original_payload()
         at = self.clock()
-        dlq_position = f"{entry['dlq']['partition']}:{entry['dlq']['offset']}"
+        dlq_position = f"{entry.dlq['partition']}:{entry.dlq['offset']}"
         headers = {
             H_REPLAY_OF: dlq_position,
             H_REPLAY_COUNT: str(replays + 1),
             H_REPLAYED_BY: command.actor,
             H_REPLAYED_AT: str(at),
             H_ORIGINAL_TIMESTAMP: str(at),  # a fresh TTL clock, a clean retry count
-            H_FIRST_SEEN: str(entry.get("first_seen") or ""),
+            H_FIRST_SEEN: str(entry.first_seen or ""),
         }
         # State first: the input agent may handle the replay the moment it is sent, and
         # its outcome (a quick success, a new retry) must not be overwritten by this.
-        record = {"action": Action.REPLAY, "at": at, "by": command.actor, "edited": command.payload is not None, "replay_of": dlq_position, "error_class": entry.get("error_class"), "replay_count": replays + 1, "forced": command.force}
+        record = {"action": Action.REPLAY, "at": at, "by": command.actor, "edited": command.payload is not None, "replay_of": dlq_position, "error_class": entry.error_class, "replay_count": replays + 1, "forced": command.force}
         self._append_ledger(rid, ledger, record)
         self.io.set_state(rid, states.REPROCESSED, at, replay_count=replays + 1, replayed_by=command.actor)
         await self.io.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
@@ -134,12 +134,12 @@ class Operator:
         log_event(log, logging.INFO, "replayed", request_id=rid, by=command.actor, replay_count=replays + 1, edited=command.payload is not None)
         return {"request_id": key, "status": ReplayStatus.REPROCESSED, "replay_count": replays + 1}
 
-    async def _discard(self, command: Command, entry: dict[str, Any]) -> dict[str, Any]:
+    async def _discard(self, command: Command, entry: DeadLetterEntry) -> dict[str, Any]:
         key = command.request_id
         rid = owner_id(key)
         at = self.clock()
         await self._remove(key)
-        self._append_ledger(rid, self.ledger_for(rid), {"action": Action.DISCARD, "at": at, "by": command.actor, "error_class": entry.get("error_class"), "key": key})
+        self._append_ledger(rid, self.ledger_for(rid), {"action": Action.DISCARD, "at": at, "by": command.actor, "error_class": entry.error_class, "key": key})
         state = self.io.load_state(rid)
         if key == rid or state is None or state.get("dlq_key") == key:  # discarding an invalid copy leaves the request's state alone
             self.io.set_state(rid, states.DISCARDED, at, discarded_by=command.actor)

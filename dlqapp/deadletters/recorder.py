@@ -11,14 +11,13 @@ import json
 import logging
 import os
 import time
-from typing import Any
 
 from faust.tables import Table
 
 from dlqapp.core.record import Record
 from dlqapp.core.requests import fallback_key
 from dlqapp.deadletters.alerts import AlertBatcher
-from dlqapp.deadletters.entries import build_entry, summary, time_key
+from dlqapp.deadletters.entries import DeadLetterEntry, time_key
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.tables.counters import Counters
@@ -78,10 +77,9 @@ class OldestDeadLetter:
 
 def _dead_at(blob: bytes) -> int | None:
     try:
-        entry = json.loads(blob)
-    except (ValueError, UnicodeDecodeError):
+        value = DeadLetterEntry.decode(blob).dead_at
+    except (ValueError, TypeError, UnicodeDecodeError):
         return None  # Faust's offset record, not an entry
-    value = entry.get("dead_at") if isinstance(entry, dict) else None
     return value if isinstance(value, int) else None
 
 
@@ -116,12 +114,13 @@ class DeadLetterRecorder:
             self.remove(key)
             return
         previous = self.table.get(key)
-        if previous is not None and json.loads(previous).get("dlq") == {"partition": record.partition, "offset": record.offset}:
+        old = DeadLetterEntry.decode(previous) if previous is not None else None
+        if old is not None and old.dlq == {"partition": record.partition, "offset": record.offset}:
             return  # redelivered after a crash: already recorded, logged and alerted
-        entry = build_entry(request_id, record.payload, record.headers, record.partition, record.offset, self.max_payload_bytes)
-        if previous is not None:
-            self._unindex(key, json.loads(previous))
-        self.table[key] = json.dumps(entry, separators=(",", ":")).encode()
+        entry = DeadLetterEntry.from_message(request_id, record.payload, record.headers, record.partition, record.offset, self.max_payload_bytes)
+        if old is not None:
+            self._unindex(key, old)
+        self.table[key] = entry.encode()
         self._index(key, entry)
         self._append_to_log(entry)
         log_event(
@@ -129,16 +128,16 @@ class DeadLetterRecorder:
             logging.WARNING,
             "dead_letter",
             request_id=request_id,
-            topic=entry["source"].get("topic"),
-            attempt=entry["attempts"],
-            error_class=entry["error_class"],
-            retry_count=entry["retry_count"],
-            final_error=(entry["final_error"] or "")[:300],
+            topic=entry.source.get("topic"),
+            attempt=entry.attempts,
+            error_class=entry.error_class,
+            retry_count=entry.retry_count,
+            final_error=(entry.final_error or "")[:300],
         )
-        metrics.dead_letters.labels(entry["error_class"]).inc()
+        metrics.dead_letters.labels(entry.error_class).inc()
         metrics.requests.labels("dead_lettered").inc()
         if self.alerts is not None:
-            self.alerts.add(request_id, entry["error_class"])
+            self.alerts.add(request_id, entry.error_class)
 
     def remove(self, key: bytes) -> None:
         """Drop an entry (a tombstone, a replay, a discard) and its counts."""
@@ -146,24 +145,24 @@ class DeadLetterRecorder:
         if blob is None:
             return
         del self.table[key]
-        self._unindex(key, json.loads(blob))
+        self._unindex(key, DeadLetterEntry.decode(blob))
 
-    def _index(self, key: bytes, entry: dict[str, Any]) -> None:
+    def _index(self, key: bytes, entry: DeadLetterEntry) -> None:
         """Count an entry and list it in the time index (newest-first pages read only that)."""
-        self.by_time[time_key(entry.get("dead_at") or 0, key)] = json.dumps(summary(entry), separators=(",", ":")).encode()
+        self.by_time[time_key(entry.dead_at or 0, key)] = json.dumps(entry.summary(), separators=(",", ":")).encode()
         self._count(entry, +1)
 
-    def _unindex(self, key: bytes, entry: dict[str, Any]) -> None:
-        self.by_time.pop(time_key(entry.get("dead_at") or 0, key), None)
+    def _unindex(self, key: bytes, entry: DeadLetterEntry) -> None:
+        self.by_time.pop(time_key(entry.dead_at or 0, key), None)
         self._count(entry, -1)
 
-    def _count(self, entry: dict[str, Any], sign: int) -> None:
+    def _count(self, entry: DeadLetterEntry, sign: int) -> None:
         self.counters.add("dlq_size", sign)
-        self.counters.add(f"dlq_class|{entry.get('error_class') or 'unknown'}", sign)
-        self.counters.add(f"dlq_model|{entry.get('model') or '(none)'}", sign)
+        self.counters.add(f"dlq_class|{entry.error_class or 'unknown'}", sign)
+        self.counters.add(f"dlq_model|{entry.model or '(none)'}", sign)
 
-    def _append_to_log(self, entry: dict[str, Any]) -> None:
-        line = json.dumps({k: v for k, v in entry.items() if k != "headers"}, separators=(",", ":"))
+    def _append_to_log(self, entry: DeadLetterEntry) -> None:
+        line = json.dumps({k: v for k, v in entry.as_dict().items() if k != "headers"}, separators=(",", ":"))
         os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
         with open(self.log_path, "a", encoding="utf-8") as f:
             f.write(line + "\n")

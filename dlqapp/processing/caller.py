@@ -64,7 +64,7 @@ class BackendCaller:
         self._timeout_s = timeout_ms / 1000
 
     async def call(
-        self, request: Request, number: int, topic: str, label: str, scheduled: int | None, priority: int, model: str | None = None, not_before: int | None = None
+        self, request: Request, number: int, topic: str, label: str, due_ms: int | None, priority: int, model: str | None = None, not_before: int | None = None
     ) -> tuple[Attempt, InferenceOutput | None, Failure | None]:
         """One attempt through the breaker and the priority limiter.
 
@@ -78,7 +78,7 @@ class BackendCaller:
             rank = number - 1 + int(held)
             await self.breaker.wait_allowed(request.request_id, rank)
             try:
-                started, output, failure = await self._call_with_capacity(request, number, label, scheduled, priority, model, not_before)
+                started, output, failure = await self._call_with_capacity(request, number, label, due_ms, priority, model, not_before)
             except BaseException:  # cancelled, or past its deadline: the breaker must get its probe back
                 self.breaker.abandon(request.request_id)
                 raise
@@ -93,7 +93,7 @@ class BackendCaller:
             attempt=number,
             at=started,
             topic=topic,
-            scheduled=scheduled,
+            due_ms=due_ms,
             duration_ms=self.clock() - started,
             error_class=failure.error_class.value if failure else None,
             error=failure.message if failure else None,
@@ -101,21 +101,21 @@ class BackendCaller:
         return record, output, failure
 
     async def _call_with_capacity(
-        self, request: Request, number: int, label: str, scheduled: int | None, priority: int, model: str | None, not_before: int | None
+        self, request: Request, number: int, label: str, due_ms: int | None, priority: int, model: str | None, not_before: int | None
     ) -> tuple[int, InferenceOutput | None, Failure | None]:
         """The call once the model's rate gate (when limited) and a backend slot allow it."""
         target = model or request.model
         if not self.gate.is_limited(target):
             async with self.limiter.slot(priority):
-                return await self._call_in_slot(request, number, label, scheduled, model, not_before, UNLIMITED)
+                return await self._call_in_slot(request, number, label, due_ms, model, not_before, UNLIMITED)
         async with AsyncExitStack() as slot:  # the backend slot, taken by the gate once the model has room
             permit = await self.gate.acquire(target, estimate_tokens(request), self._time_left_s(request), priority, lambda: slot.enter_async_context(self.limiter.slot(priority)))
             if permit is None:
                 raise DeadlinePassed(DeadLetter(ErrorClass.EXPIRED, f"deadline {request.deadline} passed while waiting for rate capacity; not called"))
-            return await self._call_in_slot(request, number, label, scheduled, model, not_before, permit)
+            return await self._call_in_slot(request, number, label, due_ms, model, not_before, permit)
 
     async def _call_in_slot(
-        self, request: Request, number: int, label: str, scheduled: int | None, model: str | None, not_before: int | None, permit: Permit
+        self, request: Request, number: int, label: str, due_ms: int | None, model: str | None, not_before: int | None, permit: Permit
     ) -> tuple[int, InferenceOutput | None, Failure | None]:
         """The call itself, holding a backend slot: (when it started, output, failure)."""
         if not_before is not None:
@@ -124,17 +124,17 @@ class BackendCaller:
         expired = past_deadline(request.deadline, started)
         if expired is not None:
             raise DeadlinePassed(expired)
-        if scheduled is not None:
-            self._note_lateness(request, number, label, scheduled, started)
+        if due_ms is not None:
+            self._note_lateness(request, number, label, due_ms, started)
         output, failure = await self.call_backend(request, number, model)
         self.after_call(model or request.model, permit, output, failure, (self.clock() - started) / 1000)
         return started, output, failure
 
-    def _note_lateness(self, request: Request, number: int, label: str, scheduled: int, started: int) -> None:
-        metrics.lateness.labels(label).observe(max(0, started - scheduled) / 1000)
-        self.lateness.add(label, started - scheduled, started)
-        if started - scheduled > LATE_WARNING_MS:
-            log_event(log, logging.WARNING, "retry_late", request_id=request.request_id, tier=label, attempt=number, late_ms=started - scheduled, scheduled=scheduled)
+    def _note_lateness(self, request: Request, number: int, label: str, due_ms: int, started: int) -> None:
+        metrics.lateness.labels(label).observe(max(0, started - due_ms) / 1000)
+        self.lateness.add(label, started - due_ms, started)
+        if started - due_ms > LATE_WARNING_MS:
+            log_event(log, logging.WARNING, "retry_late", request_id=request.request_id, tier=label, attempt=number, late_ms=started - due_ms, due=due_ms)
 
     def _time_left_s(self, request: Request) -> float | None:
         """How long the request may still wait for capacity (None: no deadline)."""

@@ -108,13 +108,13 @@ class Pipeline:
                 self.io.counters.add("received")
         elif previous is None:
             return False
-        elif previous["state"] not in states.SETTLED_FOR_DEDUP and not (written_ms is not None and written_ms <= previous.get("first_seen", -1)):
+        elif previous.state not in states.SETTLED_FOR_DEDUP and not (written_ms is not None and written_ms <= previous.first_seen):
             return False
         self.io.store_state(request_id, states.count_duplicate(previous, self.clock(), source))
         self.io.counters.add("duplicates_skipped")
         metrics.duplicates.inc()
         metrics.requests.labels("duplicate_skipped").inc()
-        log_event(log, logging.INFO, "duplicate_skipped", request_id=request_id, topic=source, state=previous["state"])
+        log_event(log, logging.INFO, "duplicate_skipped", request_id=request_id, topic=source, state=previous.state)
         return True
 
     def already_succeeded(self, record: Record) -> bool:
@@ -123,7 +123,7 @@ class Pipeline:
         if not request_id or self.io.owner(request_id) != record.partition:
             return False
         state = self.io.load_state(request_id)
-        return bool(state) and state.get("state") == states.SUCCEEDED
+        return state is not None and state.state == states.SUCCEEDED
 
     # -- one attempt ------------------------------------------------------------------
 
@@ -143,7 +143,7 @@ class Pipeline:
             number = envelope.attempts + 1
             label = tier.label if tier else INPUT_LABEL
             try:
-                record, output, failure = await self.caller.call(request, number, topic, label, envelope.scheduled_time, priority, not_before=not_before)
+                record, output, failure = await self.caller.call(request, number, topic, label, envelope.due_ms, priority, not_before=not_before)
                 outcome = within_deadline(decide(self.policy, number, failure, output, self.clock(), self._rng), request.deadline)
                 if isinstance(outcome, TryFallback):
                     envelope.record(record)

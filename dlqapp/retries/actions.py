@@ -49,8 +49,8 @@ class RetryActions:
         """(answer, ledger record or None) for one retry command."""
         rid = command.request_id
         partition = self.io.owner(rid)
-        state = self.io.load_state(rid) or {}
-        keys = await self.parked.keys_of(rid, partition, state.get("due") if isinstance(state.get("due"), int) else None)
+        state = self.io.load_state(rid)
+        keys = await self.parked.keys_of(rid, partition, state.due if state is not None else None)
         if not keys:
             return {"request_id": rid, "status": ReplayStatus.NOT_FOUND, "reason": f"no parked retry for {rid!r} (it may have run already)"}, None
         key = keys[0]

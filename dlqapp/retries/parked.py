@@ -33,8 +33,8 @@ class ParkedRetries:
         being consumed; the tier agent then finds the entry already there. Retries that
         others put on a tier topic are parked by the tier agent.
         """
-        assert envelope.scheduled_time is not None
-        key = parked_key(envelope.scheduled_time, envelope.request_id)
+        assert envelope.due_ms is not None
+        key = parked_key(envelope.due_ms, envelope.request_id)
         if self.table.get(key) is not None:
             return
         self.by_tier[tier.index] += 1

@@ -33,8 +33,8 @@ class RetryParking:
         self.clock = clock
 
     async def park(self, outcome: RetryAt, envelope: Envelope) -> None:
-        envelope.scheduled_time = outcome.due_ms
-        tier, topic = self.tiers[outcome.tier]
+        envelope.due_ms = outcome.due_ms
+        tier, topic = self.tiers[outcome.tier_index]
         await self.io.send(topic, envelope.request_id, envelope.payload, envelope.headers())
         self.parked.store(envelope, tier)
         failure = outcome.failure

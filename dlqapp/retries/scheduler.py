@@ -21,6 +21,7 @@ from typing import Awaitable, Protocol
 from faust import TopicT
 
 from dlqapp.core import states
+from dlqapp.core.states import StateRecord
 from dlqapp.core.clock import Clock, sleep_until
 from dlqapp.core.envelope import Envelope
 from dlqapp.core.errors import ErrorClass
@@ -107,8 +108,8 @@ class RetryScheduler:
             await self.io.forward(record, topic, request_id)
             return
         envelope = Envelope.from_headers(request_id, record.payload or b"", record.headers)
-        if envelope.scheduled_time is None:
-            envelope.scheduled_time = record.timestamp_ms + tier.delay_ms
+        if envelope.due_ms is None:
+            envelope.due_ms = record.timestamp_ms + tier.delay_ms
         self.parked.store(envelope, tier)
 
     # -- 2. fire ----------------------------------------------------------------------
@@ -225,7 +226,7 @@ class RetryScheduler:
         await self.attempt(envelope, request, tier.topic, tier, priority=DUE, not_before=not_before)
 
 
-def superseded_by(state: dict | None, envelope: Envelope) -> str | None:
+def superseded_by(state: StateRecord | None, envelope: Envelope) -> str | None:
     """Why a parked retry should not run, or None when it should.
 
     After a crash, at-least-once delivery can leave two copies of a request's retry
@@ -235,14 +236,14 @@ def superseded_by(state: dict | None, envelope: Envelope) -> str | None:
     """
     if state is None:
         return None
-    if state.get("state") == states.SUCCEEDED:
+    if state.state == states.SUCCEEDED:
         return "already succeeded"
-    replays = state.get("replay_count") or 0
+    replays = state.replay_count
     if (header_int(envelope.lineage, H_REPLAY_COUNT) or 0) < replays:
         return f"an operator replayed the request since (replay {replays})"
-    if state.get("state") != states.REPROCESSED and state.get("attempts", 0) > envelope.attempts:
-        return f"a newer attempt ({state['attempts']}) was already made"
-    if state.get("state") == states.DEAD_LETTERED and state.get("attempts") == envelope.attempts > 0:
+    if state.state != states.REPROCESSED and state.attempts > envelope.attempts:
+        return f"a newer attempt ({state.attempts}) was already made"
+    if state.state == states.DEAD_LETTERED and state.attempts == envelope.attempts > 0:
         return "it was dead-lettered since (by an operator's dead-letter now)"
     return None
 

@@ -20,7 +20,7 @@ from dlqapp.core.clock import Clock
 from dlqapp.core.headers import H_ORIGINAL_TIMESTAMP, H_SOURCE
 from dlqapp.core.record import Record
 from dlqapp.core.partitioning import owner_partition
-from dlqapp.core.states import RequestState
+from dlqapp.core.states import RequestState, StateRecord
 from dlqapp.observability.logs import log_event
 from dlqapp.tables.counters import Counters
 
@@ -67,12 +67,12 @@ class PartitionIO:
         await self.send(topic, request_id, record.payload or b"", as_header_pairs(headers))
         log_event(log, logging.DEBUG, "rerouted", request_id=request_id, topic=record.topic)
 
-    def load_state(self, request_id: str) -> dict[str, Any] | None:
-        return states.load(self.requests.get(request_id.encode()))
+    def load_state(self, request_id: str) -> StateRecord | None:
+        return StateRecord.decode(self.requests.get(request_id.encode()))
 
-    def store_state(self, request_id: str, record: dict[str, Any]) -> None:
+    def store_state(self, request_id: str, record: StateRecord) -> None:
         """Write a state record as it is (inside the owning partition's stream)."""
-        self.requests[request_id.encode()] = states.dump(record)
+        self.requests[request_id.encode()] = record.encode()
 
     def set_state(self, request_id: str, state: RequestState, at: int, **detail: Any) -> None:
         """Move a request to `state` (inside the owning partition's stream), and count it."""

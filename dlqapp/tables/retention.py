@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from dlqapp.core import states
+from dlqapp.core.states import StateRecord
 from dlqapp.kafka.faust_compat import active_partitions, partition_db, scan_chunk
 
 EXPIRED_STATES = frozenset({states.SUCCEEDED, states.DISCARDED})
@@ -35,13 +36,12 @@ Expire = Callable[[str, int, list[tuple[str, int]]], Awaitable[None]]
 def request_last_change(blob: bytes) -> int | None:
     """When a settled request last changed, or None when it is not expirable."""
     try:
-        record = json.loads(blob)
+        record = StateRecord.decode(blob)
     except (ValueError, UnicodeDecodeError):
+        return None  # Faust's offset record, not a state
+    if record is None or record.state not in EXPIRED_STATES:
         return None
-    if not isinstance(record, dict) or record.get("state") not in EXPIRED_STATES:
-        return None
-    at = record.get("updated_at")
-    return at if isinstance(at, int) else None
+    return record.updated_at if isinstance(record.updated_at, int) else None
 
 
 def ledger_last_change(blob: bytes) -> int | None:

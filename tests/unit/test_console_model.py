@@ -74,10 +74,10 @@ def test_retry_pages_merge_earliest_due_first_with_exact_totals():
 
 
 def test_the_token_estimate_counts_prompt_characters_over_four():
-    entry = {"payload_text": json.dumps({"request_id": "r", "prompt": "abcd", "messages": [{"role": "user", "content": "efgh"}, {"role": "user", "content": [{"type": "text", "text": "ij"}]}]})}
-    assert estimated_tokens(entry) == math.ceil(len("abcd\nefgh\nij") / 4)
-    assert estimated_tokens({"payload_text": "not json", "payload_bytes": 9}) == 3
-    assert estimated_tokens({"payload_text": None, "payload_bytes": 8}) == 2
+    text = json.dumps({"request_id": "r", "prompt": "abcd", "messages": [{"role": "user", "content": "efgh"}, {"role": "user", "content": [{"type": "text", "text": "ij"}]}]})
+    assert estimated_tokens(text, len(text)) == math.ceil(len("abcd\nefgh\nij") / 4)
+    assert estimated_tokens("not json", 9) == 3
+    assert estimated_tokens(None, 8) == 2
 
 
 class DueHopSpy:

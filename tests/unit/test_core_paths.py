@@ -75,7 +75,7 @@ def test_a_due_retry_is_attempted_then_deleted_and_a_stale_one_only_deleted(tmp_
 def _envelope_blob(w, request_id: str) -> bytes:
     from dlqapp.core.envelope import Envelope
 
-    envelope = Envelope(request_id, request(request_id), w.clock.now, {}, attempts=1, scheduled_time=w.clock.now)
+    envelope = Envelope(request_id, request(request_id), w.clock.now, {}, attempts=1, due_ms=w.clock.now)
     return envelope.to_bytes()
 
 

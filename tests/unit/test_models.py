@@ -83,14 +83,14 @@ def test_parser_never_raises_anything_but_invalid_request(payload):
 def test_envelope_round_trips_through_headers_and_blob_with_bytes_intact(payload, request_id, attempts):
     envelope = Envelope(request_id, payload, original_timestamp=123, source={"topic": "input", "partition": 1, "offset": 9})
     for n in range(1, attempts + 1):
-        envelope.record(Attempt(n, 1000 + n, "input", scheduled=900 + n, error_class="timeout", error=f"slow {n}"))
-    envelope.scheduled_time = 5000
+        envelope.record(Attempt(n, 1000 + n, "input", due_ms=900 + n, error_class="timeout", error=f"slow {n}"))
+    envelope.due_ms = 5000
     for copy in (Envelope.from_bytes(envelope.to_bytes()), Envelope.from_headers(request_id, payload, header_dict(envelope.headers()))):
         assert copy.payload == payload
         assert copy.request_id == request_id
         assert copy.attempts == attempts
         assert copy.history == envelope.history
-        assert copy.scheduled_time == 5000 and copy.original_timestamp == 123
+        assert copy.due_ms == 5000 and copy.original_timestamp == 123
 
 
 def test_every_dlqapp_header_is_parsed_tolerantly():
@@ -109,7 +109,7 @@ def test_every_dlqapp_header_is_parsed_tolerantly():
         ("dead_at", None),
     ]
     envelope = Envelope.from_headers("r1", b"{}", header_dict(hostile))  # parsed at the door, as every record is
-    assert envelope.attempts == 0 and envelope.scheduled_time is None
+    assert envelope.attempts == 0 and envelope.due_ms is None
     assert envelope.history == [] and envelope.source == {}
     assert "replay_count" not in envelope.lineage
     assert header_int({"original_timestamp": "abc"}, "original_timestamp") is None

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
+from dlqapp.core.states import StateRecord
 from dlqapp.retries.keys import due_upper_bound, parked_key
 from dlqapp.retries.scan import REFIRE_AFTER_MS, ScanStarts, next_due_after, scan_due
 
@@ -18,6 +21,11 @@ def db(tmp_path):
     store = Rdict(str(tmp_path / "parked"), Options(raw_mode=True))
     yield store
     store.close()
+
+def stored(doc: dict) -> StateRecord:
+    """A request state as the requests table holds it."""
+    return StateRecord.decode(json.dumps({"request_id": "r", **doc}).encode())
+
 
 
 def test_fires_due_keys_earliest_first_and_never_future_ones(db):
@@ -111,10 +119,10 @@ def test_a_parked_retry_from_before_a_replay_is_stale():
 
     old_chain = Envelope("r", b"{}", 0, {}, attempts=2)
     replayed_chain = Envelope("r", b"{}", 0, {}, attempts=1, lineage={"replay_count": "1"})
-    state = {"state": "reprocessed", "attempts": 4, "replay_count": 1}
+    state = stored({"state": "reprocessed", "attempts": 4, "replay_count": 1})
     assert superseded_by(state, old_chain) is not None
     assert superseded_by(state, replayed_chain) is None
-    assert superseded_by({"state": "retry_scheduled", "attempts": 1}, old_chain) is None
+    assert superseded_by(stored({"state": "retry_scheduled", "attempts": 1}), old_chain) is None
 
 
 def test_next_due_after_names_the_earliest_retry_not_yet_due(db):
