@@ -1,5 +1,5 @@
-"""Session fixtures: one real Kafka broker for the whole run, workers per test, and a
-three-broker cluster for the tests that need one (started on first use)."""
+"""Session fixtures: one real Kafka broker for the whole run, workers per test or per
+module, and a three-broker cluster for the tests that need one (started on first use)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
 from tests.cluster import LocalCluster
-from tests.support import LocalKafka, Worker, free_port
+from tests.support import LocalKafka, Worker, Workers, free_port
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -67,15 +67,24 @@ def kafka_cluster() -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
-def make_worker(kafka_bootstrap: str, tmp_path: Path) -> Iterator:
-    """Factory of workers sharing this test's tmp dir; every one is stopped at the end."""
-    workers: list[Worker] = []
+def make_worker(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    """`make_worker(env_extra=..., app_id=..., prefix=..., name=...)`: a worker, not yet
+    started, in this test's tmp dir; every one is killed at the end of the test."""
+    workers = Workers(kafka_bootstrap, tmp_path)
+    yield workers.make
+    workers.kill_all()
 
-    def make(**kwargs) -> Worker:
-        worker = Worker(kafka_bootstrap, tmp_path, name=kwargs.pop("name", f"w{len(workers) + 1}"), **kwargs)
-        workers.append(worker)
-        return worker
 
-    yield make
-    for worker in workers:
-        worker.kill()
+@pytest.fixture(scope="module")
+def start_worker(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Callable[..., Worker]]:
+    """`start_worker(**env)`: a worker with its own app id and topics, `env` added to its
+    environment, started and ready; every one lives until the end of the module, then is
+    killed. A module's shared worker is one line:
+
+        @pytest.fixture(scope="module")
+        def worker(start_worker):
+            return start_worker(DLQ_SIMULATED_SUCCESS_RATE="1.0")
+    """
+    workers = Workers(kafka_bootstrap, tmp_path_factory.mktemp(request.module.__name__.rsplit(".", 1)[-1]))
+    yield workers.start
+    workers.kill_all()

@@ -291,6 +291,35 @@ class Worker:
         return http_json(self.url + path)
 
 
+class Workers:
+    """Workers on one broker sharing one tmp dir, named w1, w2, … in the order made.
+
+    Each is recorded before it starts, so `kill_all` ends every one, a worker that
+    never became ready included. Behind the `make_worker` and `start_worker` fixtures.
+    """
+
+    def __init__(self, bootstrap: str, tmp: Path) -> None:
+        self.bootstrap = bootstrap
+        self.tmp = tmp
+        self.made: list[Worker] = []
+
+    def make(self, **kwargs: Any) -> Worker:
+        """A worker, not started; `kwargs` are Worker's fields (app_id, prefix, env_extra, name)."""
+        worker = Worker(self.bootstrap, self.tmp, name=kwargs.pop("name", f"w{len(self.made) + 1}"), **kwargs)
+        self.made.append(worker)
+        return worker
+
+    def start(self, **env: str) -> Worker:
+        """A worker with its own app id and topic prefix and `env` added to its
+        environment, started and ready to serve."""
+        return self.make(env_extra=env).start()
+
+    def kill_all(self) -> None:
+        """kill -9 every worker made."""
+        for worker in self.made:
+            worker.kill()
+
+
 # -- mock LLM ----------------------------------------------------------------------------
 
 MOCK_LLM = Path(sys.executable).parent / "dlqapp-mock-llm"

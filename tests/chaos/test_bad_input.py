@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, parse_request
-from tests.support import Worker, keys_seen, produce, read_topic, request_bytes, unique, wait_until
+from tests.support import keys_seen, produce, read_topic, request_bytes, unique, wait_until
 
 LIMIT = 1_048_576
 
@@ -65,11 +65,8 @@ def corpus() -> list[tuple[str, bytes | None]]:
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap, tmp_path_factory):
-    w = Worker(kafka_bootstrap, tmp_path_factory.mktemp("bad-input"), env_extra={"DLQ_SIMULATED_SUCCESS_RATE": "1.0"})
-    w.start()
-    yield w
-    w.kill()
+def worker(start_worker):
+    return start_worker(DLQ_SIMULATED_SUCCESS_RATE="1.0")
 
 
 def test_every_bad_input_is_dead_lettered_with_its_bytes_and_the_next_valid_one_flows(worker):

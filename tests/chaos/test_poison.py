@@ -13,7 +13,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support import (
-    Worker,
     keys_seen,
     produce,
     read_topic,
@@ -46,11 +45,8 @@ values = st.one_of(
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap, tmp_path_factory):
-    env = {"DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_RETRY_DELAYS": "1s,2s,3s"}
-    w = Worker(kafka_bootstrap, tmp_path_factory.mktemp("poison"), env_extra=env).start()
-    yield w
-    w.kill()
+def worker(start_worker):
+    return start_worker(DLQ_SIMULATED_SUCCESS_RATE="1.0", DLQ_RETRY_DELAYS="1s,2s,3s")
 
 
 FOLLOWERS: list[str] = []

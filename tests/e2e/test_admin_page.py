@@ -10,17 +10,14 @@ import subprocess
 import pytest
 
 from tests.e2e.console import CLIPPED, SCRIPT_PAYLOAD, screenshot
-from tests.support import FAUST, Worker, http_json, produce, request_bytes, unique, wait_until
+from tests.support import FAUST, http_json, produce, request_bytes, unique, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (installed by .ci/run)")
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap, tmp_path_factory):
-    w = Worker(kafka_bootstrap, tmp_path_factory.mktemp("ui"), env_extra={"DLQ_SIMULATED_SUCCESS_RATE": "1.0"})
-    w.start()
-    yield w
-    w.kill()
+def worker(start_worker):
+    return start_worker(DLQ_SIMULATED_SUCCESS_RATE="1.0")
 
 
 @pytest.fixture(scope="module")

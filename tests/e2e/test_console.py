@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 
 from tests.e2e.console import CLIPPED, off_loop, screenshot
-from tests.support import FAUST, MockLLM, Worker, http_json, produce, request_bytes, unique, wait_until
+from tests.support import FAUST, MockLLM, http_json, produce, request_bytes, unique, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (installed by .ci/run)")
 
@@ -33,24 +33,20 @@ def mock(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap, tmp_path_factory, mock):
-    env = {
-        "DLQ_INFERENCE": "openai",
-        "DLQ_INFERENCE_URL": mock.api_url,
-        "DLQ_INFERENCE_TIMEOUT": "2s",
-        "DLQ_RETRY_DELAYS": "10m,20m",
-        "DLQ_BREAKER": "true",
-        "DLQ_BREAKER_WINDOW": "4s",
-        "DLQ_BREAKER_CONSECUTIVE": "4",
-        "DLQ_BREAKER_MIN_CALLS": "4",
-        "DLQ_BREAKER_OPEN": "6s",
-        "DLQ_BREAKER_MAX_OPEN": "6s",
-        "DLQ_BREAKER_PROBES": "1",
-    }
-    w = Worker(kafka_bootstrap, tmp_path_factory.mktemp("console"), env_extra=env)
-    w.start()
-    yield w
-    w.kill()
+def worker(mock, start_worker):
+    return start_worker(
+        DLQ_INFERENCE="openai",
+        DLQ_INFERENCE_URL=mock.api_url,
+        DLQ_INFERENCE_TIMEOUT="2s",
+        DLQ_RETRY_DELAYS="10m,20m",
+        DLQ_BREAKER="true",
+        DLQ_BREAKER_WINDOW="4s",
+        DLQ_BREAKER_CONSECUTIVE="4",
+        DLQ_BREAKER_MIN_CALLS="4",
+        DLQ_BREAKER_OPEN="6s",
+        DLQ_BREAKER_MAX_OPEN="6s",
+        DLQ_BREAKER_PROBES="1",
+    )
 
 
 def park(worker, mock, prefix: str, count: int, message: str = "mock: a teapot") -> list[str]:

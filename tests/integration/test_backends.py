@@ -8,7 +8,6 @@ import pytest
 
 from tests.support import (
     MockLLM,
-    Worker,
     keys_seen,
     produce,
     read_topic,
@@ -25,21 +24,14 @@ def mock(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap, mock, tmp_path_factory):
-    w = Worker(
-        kafka_bootstrap,
-        tmp_path_factory.mktemp("openai"),
-        env_extra={
-            "DLQ_INFERENCE": "openai",
-            "DLQ_INFERENCE_URL": mock.api_url,
-            "DLQ_INFERENCE_TIMEOUT": "1s",
-            "DLQ_RETRY_DELAYS": "200ms,400ms,600ms",
-            "DLQ_FALLBACK_MODEL": "fallback-model",
-        },
+def worker(mock, start_worker):
+    return start_worker(
+        DLQ_INFERENCE="openai",
+        DLQ_INFERENCE_URL=mock.api_url,
+        DLQ_INFERENCE_TIMEOUT="1s",
+        DLQ_RETRY_DELAYS="200ms,400ms,600ms",
+        DLQ_FALLBACK_MODEL="fallback-model",
     )
-    w.start()
-    yield w
-    w.kill()
 
 
 def send(worker, *ids, **extra):

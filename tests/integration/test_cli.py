@@ -7,15 +7,12 @@ import subprocess
 
 import pytest
 
-from tests.support import FAUST, Worker, produce, request_bytes, unique, wait_until
+from tests.support import FAUST, produce, request_bytes, unique, wait_until
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap, tmp_path_factory):
-    w = Worker(kafka_bootstrap, tmp_path_factory.mktemp("cli"), env_extra={"DLQ_RETRY_DELAYS": "200ms,400ms,600ms", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"})
-    w.start()
-    yield w
-    w.kill()
+def worker(start_worker):
+    return start_worker(DLQ_RETRY_DELAYS="200ms,400ms,600ms", DLQ_SIMULATED_SUCCESS_RATE="1.0")
 
 
 def cli(worker, *args, url=None):

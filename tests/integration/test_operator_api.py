@@ -8,24 +8,12 @@ import urllib.request
 
 import pytest
 
-from tests.support import Worker, http_json, produce, request_bytes, unique, wait_until
+from tests.support import http_json, produce, request_bytes, unique, wait_until
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap, tmp_path_factory):
-    w = Worker(
-        kafka_bootstrap,
-        tmp_path_factory.mktemp("operator"),
-        env_extra={
-            "DLQ_RETRY_DELAYS": "200ms,400ms,600ms",
-            "DLQ_SIMULATED_SUCCESS_RATE": "1.0",
-            "DLQ_MAX_REPLAYS": "2",
-            "DLQ_MAX_BODY_BYTES": "50000",
-        },
-    )
-    w.start()
-    yield w
-    w.kill()
+def worker(start_worker):
+    return start_worker(DLQ_RETRY_DELAYS="200ms,400ms,600ms", DLQ_SIMULATED_SUCCESS_RATE="1.0", DLQ_MAX_REPLAYS="2", DLQ_MAX_BODY_BYTES="50000")
 
 
 def dead_letter(worker, error="auth_error", model=None, fail_times=1, **extra) -> str:

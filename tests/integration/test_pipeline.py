@@ -8,7 +8,6 @@ import time
 import pytest
 
 from tests.support import (
-    Worker,
     keys_seen,
     produce,
     read_topic,
@@ -21,19 +20,8 @@ DELAYS_MS = (300, 600, 900)
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap, tmp_path_factory):
-    w = Worker(
-        kafka_bootstrap,
-        tmp_path_factory.mktemp("pipeline"),
-        env_extra={
-            "DLQ_RETRY_DELAYS": ",".join(f"{d}ms" for d in DELAYS_MS),
-            "DLQ_SIMULATED_SUCCESS_RATE": "1.0",
-            "DLQ_MAX_PAYLOAD_BYTES": "20000",
-        },
-    )
-    w.start()
-    yield w
-    w.kill()
+def worker(start_worker):
+    return start_worker(DLQ_RETRY_DELAYS=",".join(f"{d}ms" for d in DELAYS_MS), DLQ_SIMULATED_SUCCESS_RATE="1.0", DLQ_MAX_PAYLOAD_BYTES="20000")
 
 
 def send(worker, *messages, key_by_id=True):

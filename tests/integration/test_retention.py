@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from tests.support import (
-    Worker,
     keys_seen,
     produce,
     read_topic,
@@ -16,11 +15,8 @@ from tests.support import (
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap, tmp_path_factory):
-    env = {"DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_STATE_RETENTION": "8s", "DLQ_LOG_MAX_BYTES": "4000", "DLQ_LOG_BACKUPS": "2"}
-    w = Worker(kafka_bootstrap, tmp_path_factory.mktemp("retention"), env_extra=env).start()
-    yield w
-    w.kill()
+def worker(start_worker):
+    return start_worker(DLQ_SIMULATED_SUCCESS_RATE="1.0", DLQ_STATE_RETENTION="8s", DLQ_LOG_MAX_BYTES="4000", DLQ_LOG_BACKUPS="2")
 
 
 def test_dedup_holds_inside_the_retention_window_and_the_sweep_forgets_after_it(worker):

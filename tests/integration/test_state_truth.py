@@ -7,7 +7,6 @@ import json
 import pytest
 
 from tests.support import (
-    Worker,
     http_json,
     keys_seen,
     produce,
@@ -20,11 +19,8 @@ from tests.support import (
 
 
 @pytest.fixture(scope="module")
-def worker(kafka_bootstrap, tmp_path_factory):
-    env = {"DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_RETRY_DELAYS": "200ms,400ms,600ms"}
-    w = Worker(kafka_bootstrap, tmp_path_factory.mktemp("state-truth"), env_extra=env).start()
-    yield w
-    w.kill()
+def worker(start_worker):
+    return start_worker(DLQ_SIMULATED_SUCCESS_RATE="1.0", DLQ_RETRY_DELAYS="200ms,400ms,600ms")
 
 
 def send(worker, rid: str, value: bytes) -> None:
