@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from dlqapp.core import states
+from dlqapp.core import states as typed_states
 from dlqapp.core.envelope import HISTORY_LIMIT
 from dlqapp.core.states import (
     DEAD_LETTERED,
@@ -19,9 +19,48 @@ from dlqapp.core.states import (
     RETRY_SCHEDULED,
     SUCCEEDED,
     RequestState,
+    StateRecord,
 )
 
 T0 = 1_700_000_000_000
+
+
+def typed(doc: dict | None) -> StateRecord | None:
+    """A stored state (its JSON) decoded as the worker reads it."""
+    return None if doc is None else StateRecord.decode(json.dumps(doc).encode())
+
+
+def stored(record: StateRecord) -> dict:
+    """What the worker writes to the requests table for `record` (its JSON)."""
+    return json.loads(record.encode())
+
+
+class states:
+    """dlqapp.core.states seen through the stored JSON (what `GET /requests/<id>/` shows):
+    every call decodes its input and encodes its output, so the codec is tested with it."""
+
+    SETTLED_FOR_DEDUP = typed_states.SETTLED_FOR_DEDUP
+
+    @staticmethod
+    def transition(previous: dict | None, *args, **detail) -> dict:
+        return stored(typed_states.transition(typed(previous), *args, **detail))
+
+    @staticmethod
+    def count_duplicate(previous: dict, *args) -> dict:
+        return stored(typed_states.count_duplicate(typed(previous), *args))
+
+    @staticmethod
+    def counted(previous: dict | None, new: dict) -> list[str]:
+        return typed_states.counted(typed(previous), typed(new))
+
+    @staticmethod
+    def dump(doc: dict) -> bytes:
+        return typed(doc).encode()
+
+    @staticmethod
+    def load(blob: bytes | None) -> dict | None:
+        record = StateRecord.decode(blob)
+        return None if record is None else stored(record)
 
 
 def run(request_id: str, *steps: tuple[RequestState, dict]) -> tuple[dict, Counter]:

@@ -18,12 +18,9 @@ from dlqapp.core.clock import now_ms
 from dlqapp.core.partitioning import owner_partition
 from dlqapp.deadletters.entries import (
     PREVIEW_BYTES,
-    build_entry,
+    DeadLetterEntry,
     find_dead_letter,
-    original_payload,
     owner_id,
-    presented,
-    summary,
     time_key,
     unprocessable_key,
 )
@@ -56,6 +53,28 @@ def position(topic: str, partition: int, offset: int) -> str:
 def stored(entry: dict) -> dict:
     """An entry as the recorder writes it to the `dead-letters` table and the API reads it back."""
     return json.loads(json.dumps(entry, separators=(",", ":")).encode())
+
+
+def build_entry(key: str, payload: bytes, headers: dict, partition: int, offset: int, max_bytes: int | None = None) -> dict:
+    """The stored JSON of the entry a `dlq` message makes (`DeadLetterEntry.from_message`, encoded)."""
+    return json.loads(DeadLetterEntry.from_message(key, payload, headers, partition, offset, max_bytes).encode())
+
+
+def typed(entry: dict) -> DeadLetterEntry:
+    """A stored entry decoded as the recorder, operator and API read it."""
+    return DeadLetterEntry.decode(json.dumps(entry).encode())
+
+
+def original_payload(entry: dict) -> bytes:
+    return typed(entry).original_payload()
+
+
+def presented(entry: dict) -> dict:
+    return typed(entry).presented()
+
+
+def summary(entry: dict) -> dict:
+    return typed(entry).summary()
 
 
 # -- keys --------------------------------------------------------------------------------
