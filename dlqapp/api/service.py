@@ -1,28 +1,20 @@
-"""What the HTTP routes do, over one worker's components: reads routed to the owner or
-fanned out to every worker and merged, mutations sent as commands to the owning worker
-(`dlqapp.deadletters.operator`)."""
+"""What the HTTP reads do, over one worker's components: routed to the owner or fanned out
+to every worker and merged (`dlqapp.api.cluster`); replays are `dlqapp.api.replays`."""
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import logging
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
-import aiohttp
-import aiohttp.web
-from faust import web
-from yarl import URL
 
 from dlqapp import __version__
-from dlqapp.api.http import ApiError, force_of
+from dlqapp.api.http import ApiError
+from dlqapp.api.cluster import Cluster
+from dlqapp.api.replays import Replays
 from dlqapp.core import states
 from dlqapp.core.states import RequestState, StateRecord
-from dlqapp.core.commands import Action, Command, ReplayStatus, check_edit
 from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_id
-from dlqapp.deadletters.estimate import METHOD as ESTIMATE_METHOD
-from dlqapp.deadletters.estimate import estimated_tokens
 from dlqapp.deadletters.queries import (
     DlqFilter,
     local_page,
@@ -31,11 +23,8 @@ from dlqapp.deadletters.queries import (
     merge_stats,
     newest_first,
 )
-from dlqapp.kafka.faust_compat import (
-    active_partitions,
-    consumer_lag,
-    values_newest_first,
-)
+from dlqapp.kafka.faust_consumer import consumer_lag
+from dlqapp.kafka.faust_tables import active_partitions, values_newest_first
 from dlqapp.observability import metrics
 from dlqapp.observability.health import merge_health
 from dlqapp.retries.listing import RetryFilter, local_retries, merge_retries
@@ -43,22 +32,7 @@ from dlqapp.tables.counters import grouped
 
 log = logging.getLogger("dlqapp.api.service")
 
-ASK_TIMEOUT_S = 30.0
-FANOUT_TIMEOUT_S = 10.0
-ROUTE_TIMEOUT_S = 10.0
 UI_PAGE = Path(__file__).parent / "ui" / "index.html"
-DRY_RUN_SAMPLE = 10
-ESTIMATE_KEYS_MAX = 200
-"""A dry run of a replay by keys estimates tokens over at most this many of them (scaled)."""
-
-
-def owner_url(hosts: dict[str, dict[str, list[int]]], partition: int) -> str | None:
-    """The worker (URL) whose active partitions of a table include `partition`, from a
-    table's assignment (`app.router.table_metadata`: URL -> {changelog topic: partitions})."""
-    for url, topics in hosts.items():
-        if any(partition in partitions for partitions in topics.values()):
-            return url
-    return None
 
 
 class Api:
@@ -69,65 +43,8 @@ class Api:
         self.parts = parts
         self.settings = parts.settings
         self.topology = parts.topology
-        self.operator_agent = operator_agent
-
-    # -- reaching other workers ---------------------------------------------------------
-
-    async def routed(self, view: web.View, request: web.Request, table_name: str, key: str) -> web.Response | None:
-        """The owning worker's answer for `key`, or None when this worker owns it.
-
-        The owner is found by dlqapp's own partitioning of the request id (the partition its
-        state was written to) and the group's current assignment; not by Faust's router, which
-        hashes the key with the producer's topic metadata: that metadata loses every topic but
-        the newest one each time the producer first sends to a topic created since its last
-        full refresh (an `ask()` reply topic), and routing then failed with a TypeError.
-        """
-        partition = self.parts.io.owner(owner_id(key))
-        url = owner_url(self.app.router.table_metadata(table_name), partition)
-        if url is None:
-            raise ApiError(503, f"no worker owns partition {partition} of {table_name} now (a rebalance?); try again")
-        if self._is_self(url):
-            return None
-        target = URL(url).with_path(request.rel_url.path).with_query(request.rel_url.query)
-        try:
-            async with self.app.http_client.request(request.method, target, headers=request.headers, timeout=aiohttp.ClientTimeout(total=ROUTE_TIMEOUT_S)) as response:
-                return view.text(await response.text(), content_type=response.content_type, status=response.status)
-        except Exception as exc:  # the owner is unreachable (stopping, or mid-rebalance)
-            raise ApiError(503, f"the worker owning {key!r} did not answer ({type(exc).__name__}); try again") from None
-
-    async def ask(self, command: Command) -> dict[str, Any]:
-        """Run a command on the worker owning its request id and return its answer."""
-        partition = self.parts.io.owner(owner_id(command.request_id))
-        try:
-            return await asyncio.wait_for(
-                self.operator_agent.ask(value=command.to_dict(), key=command.request_id.encode(), partition=partition), ASK_TIMEOUT_S
-            )
-        except asyncio.TimeoutError:
-            return {"request_id": command.request_id, "status": ReplayStatus.ERROR, "reason": f"no answer within {ASK_TIMEOUT_S:.0f}s (is a rebalance running?)"}
-
-    def _is_self(self, url: str) -> bool:
-        return url.rstrip("/") == str(self.app.conf.canonical_url).rstrip("/")
-
-    async def fan_out(self, local: Callable[[], Any], path: str, params: Any) -> tuple[list[dict[str, Any]], list[str]]:
-        """This worker's answer plus every other worker's answer to `path` (local routes).
-
-        `local()` may return the answer or an awaitable of it; `params` is a dict or (name, value) pairs."""
-        hosts = [h for h in self.app.router.table_metadata(self.topology.dead_letters.name) if not self._is_self(h)]
-        mine = local()
-        answers = [await mine if inspect.isawaitable(mine) else mine]
-        errors: list[str] = []
-
-        async def remote(host: str) -> None:
-            url = f"{str(host).rstrip('/')}{path}"
-            try:
-                async with self.app.http_client.get(url, params=params, timeout=aiohttp.ClientTimeout(total=FANOUT_TIMEOUT_S)) as response:
-                    response.raise_for_status()
-                    answers.append(await response.json())
-            except Exception as exc:  # one unreachable worker must not hide the others
-                errors.append(f"{host}: {type(exc).__name__}: {exc}")
-
-        await asyncio.gather(*(remote(h) for h in hosts))
-        return answers, errors
+        self.cluster = Cluster(app, parts.io.owner, operator_agent, parts.topology.dead_letters.name)
+        self.replays = Replays(self.cluster, parts.topology, parts.settings.partitions, parts.replay_jobs, self.list_dead_letters)
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -147,18 +64,10 @@ class Api:
     async def list_dead_letters(self, flt: DlqFilter, limit: int, offset: int) -> dict[str, Any]:
         """One page of the whole DLQ, newest first."""
         top = offset + limit
-        pages, errors = await self.fan_out(lambda: self.local_dlq_page(flt, top), "/dlq/_local/", {**flt.to_params(), "top": str(top)})
-        merged = merge_pages(pages, limit, offset)
-        if errors:
-            merged["incomplete"] = errors
-        return merged
+        return await self.cluster.merged(lambda: self.local_dlq_page(flt, top), "/dlq/_local/", {**flt.to_params(), "top": str(top)}, lambda pages: merge_pages(pages, limit, offset))
 
     async def stats(self) -> dict[str, Any]:
-        parts, errors = await self.fan_out(self.local_stats, "/dlq/_local_stats/", {})
-        stats = merge_stats(parts, self.parts.clock())
-        if errors:
-            stats["incomplete"] = errors
-        return stats
+        return await self.cluster.merged(self.local_stats, "/dlq/_local_stats/", {}, lambda parts: merge_stats(parts, self.parts.clock()))
 
     def dead_letter(self, request_id: str) -> dict[str, Any]:
         """One entry of this worker, with its ledger; ApiError 404 when there is none."""
@@ -239,79 +148,6 @@ class Api:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         return {topic: sorted(partitions) for topic, partitions in sorted(by_topic.items())}
 
-    # -- mutations ------------------------------------------------------------------------
-
-    async def bulk_keys(self, body: Any) -> tuple[list[str], float | None]:
-        if not isinstance(body, dict):
-            raise ApiError(400, 'body must be {"keys": [...]} or {"all": true, ...filters}')
-        rate = body.get("rate")
-        if rate is not None and (not isinstance(rate, (int, float)) or isinstance(rate, bool) or rate <= 0):
-            raise ApiError(400, "rate must be a positive number of replays per second")
-        if "keys" in body:
-            keys = body["keys"]
-            if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k for k in keys):
-                raise ApiError(400, "keys must be a non-empty list of request ids")
-            return list(dict.fromkeys(keys)), rate
-        if body.get("all") is True:
-            flt = DlqFilter.from_params({k: v for k, v in body.items() if k in ("error_class", "model", "since", "until", "q")})
-            page = await self.list_dead_letters(flt, limit=10**9, offset=0)
-            return [item.get("key") or item["request_id"] for item in page["items"]], rate
-        raise ApiError(400, 'body must name "keys" (a list) or "all": true')
-
-    async def bulk_replay(self, body: Any, actor: str) -> tuple[dict[str, Any], int]:
-        keys, rate = await self.bulk_keys(body)
-        force = force_of(body)
-        dry_run = body.get("dry_run", False)
-        if not isinstance(dry_run, bool):
-            raise ApiError(400, "dry_run must be true or false")
-        if dry_run:
-            return await self.dry_run(body, keys), 200
-        jobs = self.parts.replay_jobs
-
-        def replay(rid: str) -> Awaitable[dict[str, Any]]:
-            return self.ask(Command(Action.REPLAY, rid, actor, force=force))
-
-        if rate:
-            job = jobs.start(keys, rate, replay)
-            return {"replay_id": job.id, "total": len(keys), "rate": rate, "status_url": f"/dlq/replays/{job.id}/"}, 202
-        return await jobs.run_now(keys, replay), 200
-
-    async def dry_run(self, body: dict[str, Any], keys: list[str]) -> dict[str, Any]:
-        """What a bulk replay would send: exact count, sample ids, estimated prompt tokens."""
-        answer: dict[str, Any] = {"dry_run": True, "total": len(keys), "sample": keys[:DRY_RUN_SAMPLE], "estimate": ESTIMATE_METHOD}
-        if "keys" in body:
-            sampled = keys[:ESTIMATE_KEYS_MAX]
-            parts, errors = await self.fan_out(lambda: self.local_estimate(sampled, None), "/dlq/_local_estimate/", [("key", k) for k in sampled])
-            counted = sum(p["entries"] for p in parts)
-            tokens = sum(p["tokens"] for p in parts)
-            if len(keys) > len(sampled) and counted:
-                tokens = round(tokens / counted * len(keys))
-                answer["estimate"] += f", scaled from the first {len(sampled)} keys"
-        else:
-            flt = DlqFilter.from_params({k: v for k, v in body.items() if k in ("error_class", "model", "since", "until", "q")})
-            parts, errors = await self.fan_out(lambda: self.local_estimate(None, flt), "/dlq/_local_estimate/", flt.to_params())
-            tokens = sum(p["tokens"] for p in parts)
-        answer["estimated_prompt_tokens"] = tokens
-        if errors:
-            answer["incomplete"] = errors
-        return answer
-
-    def local_estimate(self, keys: list[str] | None, flt: DlqFilter | None) -> dict[str, int]:
-        """Estimated prompt tokens of this worker's dead letters among `keys`, or matching `flt`."""
-        table = self.topology.dead_letters
-        if keys is None:
-            index = self.topology.dead_letters_by_time
-            walks = [values_newest_first(index, partition) for partition in active_partitions(index)]
-            keys = [item.get("key") or item["request_id"] for item in newest_first(walks) if flt is None or flt.matches(item)]
-        tokens = entries = 0
-        for key in keys:
-            found = find_dead_letter(table, key, self.settings.partitions)
-            if found is not None:
-                entry = DeadLetterEntry.decode(table[found])
-                tokens += estimated_tokens(entry.payload_text, entry.payload_bytes)
-                entries += 1
-        return {"tokens": tokens, "entries": entries}
-
     # -- retries ----------------------------------------------------------------------
 
     def _firing(self, key: bytes, request_id: str) -> bool:
@@ -323,11 +159,7 @@ class Api:
     async def list_retries(self, flt: RetryFilter, limit: int, offset: int) -> dict[str, Any]:
         """One page of the parked retries of every worker, earliest due first."""
         top = offset + limit
-        pages, errors = await self.fan_out(lambda: self.local_retries(flt, top), "/retries/_local/", {**flt.to_params(), "top": str(top)})
-        merged = merge_retries(pages, limit, offset)
-        if errors:
-            merged["incomplete"] = errors
-        return merged
+        return await self.cluster.merged(lambda: self.local_retries(flt, top), "/retries/_local/", {**flt.to_params(), "top": str(top)}, lambda pages: merge_retries(pages, limit, offset))
 
     # -- health -----------------------------------------------------------------------
 
@@ -355,18 +187,5 @@ class Api:
 
     async def health(self, lateness_window_ms: int | None = None) -> dict[str, Any]:
         params = {} if lateness_window_ms is None else {"window": f"{lateness_window_ms}ms"}
-        parts, errors = await self.fan_out(lambda: self.local_health(lateness_window_ms), "/health/_local/", params)
+        parts, errors = await self.cluster.fan_out(lambda: self.local_health(lateness_window_ms), "/health/_local/", params)
         return merge_health(parts, errors, self.parts.clock())
-
-    async def replay(self, request_id: str, body: Any, actor: str) -> dict[str, Any]:
-        payload, force = None, False
-        if body is not None:
-            if not isinstance(body, dict) or set(body) - {"payload", "force"}:
-                raise ApiError(400, 'body must be empty or {"payload": {...}, "force": true|false}')
-            payload = body.get("payload")
-            force = force_of(body)
-        if payload is not None:
-            problems = check_edit(owner_id(request_id), payload)
-            if problems:
-                raise ApiError(400, "edited payload is not a valid request", reasons=problems)
-        return await self.ask(Command(Action.REPLAY, request_id, actor, payload, force))

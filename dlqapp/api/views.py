@@ -64,7 +64,7 @@ def register_views(app: Any, api: Api) -> None:
     async def dlq_local_estimate(self: web.View, request: web.Request) -> web.Response:
         """Estimated prompt tokens of this worker's dead letters (`key=` repeated, or filters)."""
         keys = request.query.getall("key", [])
-        return self.json(api.local_estimate(keys, None) if keys else api.local_estimate(None, DlqFilter.from_params(request.query)))
+        return self.json(api.replays.local_estimate(keys, None) if keys else api.replays.local_estimate(None, DlqFilter.from_params(request.query)))
 
     @app.page("/dlq/reprocess/")
     class BulkReprocess(web.View):
@@ -72,7 +72,7 @@ def register_views(app: Any, api: Api) -> None:
 
         @handled
         async def post(self, request: web.Request) -> web.Response:
-            answer, status = await api.bulk_replay(await read_json(request), actor_of(request))
+            answer, status = await api.replays.bulk_replay(await read_json(request), actor_of(request))
             return self.json(answer, status=status)
 
     @app.page("/dlq/replays/{replay_id}/")
@@ -90,7 +90,7 @@ def register_views(app: Any, api: Api) -> None:
 
         @handled
         async def post(self, request: web.Request, request_id: str) -> web.Response:
-            return command_response(self, await api.replay(request_id, await read_json(request), actor_of(request)))
+            return command_response(self, await api.replays.replay(request_id, await read_json(request), actor_of(request)))
 
     @app.page("/dlq/{request_id}/")
     class DeadLetterView(web.View):
@@ -98,18 +98,18 @@ def register_views(app: Any, api: Api) -> None:
 
         @handled
         async def get(self, request: web.Request, request_id: str) -> web.Response:
-            answer = await api.routed(self, request, api.topology.dead_letters.name, request_id)
+            answer = await api.cluster.routed(self, request, api.topology.dead_letters.name, request_id)
             return answer if answer is not None else self.json(api.dead_letter(request_id))
 
         @handled
         async def delete(self, request: web.Request, request_id: str) -> web.Response:
-            return command_response(self, await api.ask(Command(Action.DISCARD, request_id, actor_of(request))))
+            return command_response(self, await api.cluster.ask(Command(Action.DISCARD, request_id, actor_of(request))))
 
     @app.page("/requests/{request_id}/")
     @handled
     async def request_status(self: web.View, request: web.Request, request_id: str) -> web.Response:
         """Current state and history of one request (answered by the worker that owns it)."""
-        answer = await api.routed(self, request, api.topology.requests.name, request_id)
+        answer = await api.cluster.routed(self, request, api.topology.requests.name, request_id)
         return answer if answer is not None else self.json(await api.request_status(request_id))
 
     @app.page("/retries/")
@@ -133,7 +133,7 @@ def register_views(app: Any, api: Api) -> None:
         @handled
         async def post(self, request: web.Request, request_id: str) -> web.Response:
             await read_json(request)
-            return command_response(self, await api.ask(Command(Action.RUN_NOW, request_id, actor_of(request))))
+            return command_response(self, await api.cluster.ask(Command(Action.RUN_NOW, request_id, actor_of(request))))
 
     @app.page("/retries/{request_id}/dead-letter/")
     class DeadLetterNow(web.View):
@@ -142,7 +142,7 @@ def register_views(app: Any, api: Api) -> None:
         @handled
         async def post(self, request: web.Request, request_id: str) -> web.Response:
             await read_json(request)
-            return command_response(self, await api.ask(Command(Action.DEAD_LETTER_NOW, request_id, actor_of(request))))
+            return command_response(self, await api.cluster.ask(Command(Action.DEAD_LETTER_NOW, request_id, actor_of(request))))
 
     @app.page("/health/")
     @handled

@@ -28,10 +28,7 @@ from dlqapp.core.headers import (
     header_json,
 )
 from dlqapp.core.partitioning import owner_partition
-from dlqapp.kafka.faust_compat import (
-    keys_with_prefix,
-    partition_db,
-)
+from dlqapp.kafka.faust_tables import keys_with_prefix, partition_db
 
 PREVIEW_BYTES = 65536
 _UNPROCESSABLE_KEY = re.compile(r"^(?P<request_id>.+)~(?:invalid_request|poison)~[0-9a-f]{12}$", re.DOTALL)

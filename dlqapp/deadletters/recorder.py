@@ -21,11 +21,7 @@ from dlqapp.deadletters.entries import DeadLetterEntry, time_key
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.tables.counters import Counters
-from dlqapp.kafka.faust_compat import (
-    active_partitions,
-    partition_db,
-    scan_chunk,
-)
+from dlqapp.kafka.faust_tables import active_partitions, partition_db, scan_chunk
 
 log = logging.getLogger("dlqapp.deadletters.recorder")
 

@@ -1,3 +1,3 @@
-"""Adapters to Kafka: how clients connect (security, ACLs, access checks), the topics
-(admin, topology), and Faust's transport as dlqapp needs it (faust_compat, delivery order,
-offset watch)."""
+"""Adapters to Kafka and Faust: topic checks and creation (admin), ACLs and access checks,
+the door every consumed message goes through (records), and Faust's internals as dlqapp
+needs them (faust_consumer, faust_producer, faust_tables; delivery order, offset watch)."""

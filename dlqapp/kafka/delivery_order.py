@@ -7,7 +7,7 @@ lost, a record fetched before a rebalance arrives after the new assignment's see
 then sees a jump in offsets, calls the skipped range a gap, and commits past it: requests
 that were never handled (faust #216, #221, #606). The latency chaos run lost thousands.
 
-`DeliveryOrder` is the rule dlqapp's consumer (dlqapp.kafka.faust_compat) applies to
+`DeliveryOrder` is the rule dlqapp's consumer (dlqapp.kafka.faust_consumer) applies to
 every record of a topic an agent acks, instead:
 
 - a partition is delivered from only after its seek in the current assignment (`start`);

@@ -12,7 +12,7 @@ from dlqapp.core.envelope import Envelope
 from dlqapp.core.tiers import Tier, tier_after
 from dlqapp.retries.keys import decode_parked_key, parked_key
 from dlqapp.retries.scan import SCAN_CHUNK, ScanStarts, head_of_parked
-from dlqapp.kafka.faust_compat import active_partitions, is_offset_record, partition_db, scan_chunk
+from dlqapp.kafka.faust_tables import active_partitions, is_offset_record, partition_db, scan_chunk
 
 
 class ParkedRetries:

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from faust import current_event
 
-from dlqapp.kafka.faust_compat import active_partitions, read_partition
+from dlqapp.kafka.faust_tables import active_partitions, read_partition
 
 FLUSH_INTERVAL_S = 0.25
 

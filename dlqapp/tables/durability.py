@@ -31,7 +31,7 @@ from typing import Any, Callable
 import faust
 from faust import current_event
 
-from dlqapp.kafka.faust_compat import local_partition_db, producer_of, set_persisted_offset
+from dlqapp.kafka.faust_tables import local_partition_db, producer_of, set_persisted_offset
 from dlqapp.tables.rocksdb_memory import share_memory
 
 log = logging.getLogger(__name__)

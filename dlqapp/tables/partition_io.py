@@ -28,7 +28,7 @@ log = logging.getLogger("dlqapp.tables.partition_io")
 
 Send = Callable[[str, bytes, bytes | None, int, list[tuple[str, bytes]]], Awaitable[Awaitable[Any]]]
 """`send(topic, key, value, partition, headers)`: hands one record to the producer and
-returns what resolves once the broker has it (dlqapp.kafka.faust_compat.producer_send)."""
+returns what resolves once the broker has it (dlqapp.kafka.faust_producer.producer_send)."""
 
 
 class PartitionIO:

@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable
 
 from dlqapp.core import states
 from dlqapp.core.states import StateRecord
-from dlqapp.kafka.faust_compat import active_partitions, partition_db, scan_chunk
+from dlqapp.kafka.faust_tables import active_partitions, partition_db, scan_chunk
 
 EXPIRED_STATES = frozenset({states.SUCCEEDED, states.DISCARDED})
 CHUNK = 2000

@@ -26,7 +26,8 @@ from dlqapp.kafka.records import record_of
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
 from dlqapp.tables.durability import changelog_barrier
-from dlqapp.kafka.faust_compat import crash, forget_unacked, send_to_changelog
+from dlqapp.kafka.faust_consumer import crash, forget_unacked
+from dlqapp.kafka.faust_tables import send_to_changelog
 from dlqapp.tables.topology import TierTopic
 
 log = logging.getLogger("dlqapp.wiring.agents")

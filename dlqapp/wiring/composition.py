@@ -44,7 +44,8 @@ from dlqapp.wiring.faust_app import DlqApp, create_app, install_event_loop, load
 from dlqapp.tables.counters import Counters
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.tables.durability import at_end_of_step, open_steps
-from dlqapp.kafka.faust_compat import consumer_lag, producer_send
+from dlqapp.kafka.faust_consumer import consumer_lag
+from dlqapp.kafka.faust_producer import producer_send
 from dlqapp.processing.flow import InFlightWindows
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.kafka.offset_watch import OffsetWatch

@@ -22,7 +22,8 @@ from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.tables.durability import ConfirmedTable
-from dlqapp.kafka.faust_compat import PatientTransport, SingleChannelReplyConsumer, dlq_consumer_class, keep_in_metadata, producer_client, widen_changelog_buffer
+from dlqapp.kafka.faust_consumer import dlq_consumer_class
+from dlqapp.kafka.faust_producer import PatientTransport, SingleChannelReplyConsumer, keep_in_metadata, producer_client, widen_changelog_buffer
 from dlqapp.kafka.access import KafkaAccessError
 from dlqapp.kafka.admin import InternalTopic, TopicMismatchError, ensure_topics
 
@@ -118,7 +119,7 @@ class DlqApp(faust.App):
         await super().on_started()
         tune_garbage_collector()
         # Every topic exists now (Faust declared its changelogs and reply topic at start):
-        # faust_compat.keep_in_metadata.
+        # faust_producer.keep_in_metadata.
         client = producer_client(self.producer)
         if client is not None:
             keep_in_metadata(client, self.written_topics())
@@ -149,7 +150,7 @@ class DlqApp(faust.App):
     async def _on_partitions_revoked(self, revoked: set) -> None:
         # Same for a rebalance (Faust's hook waits for acks, then commits): bounded by
         # DLQ_DRAIN_TIMEOUT, so held work never outlasts the rebalance timeout.
-        # (faust_compat: this private hook is the only one that runs before the wait.)
+        # (faust_consumer: this private hook is the only one that runs before the wait.)
         if not self.should_stop and self.lifecycle is not None:
             await self.lifecycle.release(reopen=True)
         await super()._on_partitions_revoked(revoked)
@@ -178,14 +179,14 @@ class DlqApp(faust.App):
             log_event(log, logging.INFO, "ready", console=f"{self.conf.canonical_url}/ui/".replace("//ui", "/ui"))
 
     def _new_transport(self) -> Any:
-        # faust_compat: Faust's topic declarations, retried while a broker is down.
+        # faust_producer: Faust's topic declarations, retried while a broker is down.
         return PatientTransport(self.conf.broker_consumer, self)
 
     def _new_producer_transport(self) -> Any:
         return PatientTransport(self.conf.broker_producer, self)
 
     def _new_consumer(self) -> Any:
-        # faust_compat: the fetch wait Faust fixes at 1.5 s, due hints first, records in offset order; see dlq_consumer_class.
+        # faust_consumer: the fetch wait Faust fixes at 1.5 s, due hints first, records in offset order; see dlq_consumer_class.
         consumer_class = dlq_consumer_class(self.dlq_settings.fetch_max_wait_ms, frozenset({self.dlq_settings.due}))
         return consumer_class(
             self.transport,
@@ -198,11 +199,11 @@ class DlqApp(faust.App):
 
     @cached_property
     def _reply_consumer(self) -> SingleChannelReplyConsumer:
-        # faust_compat: Faust's reply consumer subscribes its topic twice; see SingleChannelReplyConsumer.
+        # faust_producer: Faust's reply consumer subscribes its topic twice; see SingleChannelReplyConsumer.
         return SingleChannelReplyConsumer(self, loop=self.loop, beacon=self.beacon)
 
     def _new_producer(self) -> IdempotentProducer:
-        # faust_compat: Faust has no setting for producer idempotence outside exactly-once.
+        # faust_producer: Faust has no setting for producer idempotence outside exactly-once.
         producer = IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
         widen_changelog_buffer(producer, PRODUCER_BUFFER_MESSAGES)
         return producer

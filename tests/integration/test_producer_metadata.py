@@ -5,7 +5,7 @@ topics it was told of, or for all while it was told of none. Faust's producer st
 such a full refresh (its topic declarations force one), so it is told of none of them, and
 lost every topic but a new one (another worker's reply topic) on its first send there:
 batches queued for the others had no leader for up to 20 minutes. dlqapp tells it of its
-topics at start (`faust_compat.keep_in_metadata`).
+topics at start (`faust_producer.keep_in_metadata`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import asyncio
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from dlqapp.kafka.faust_compat import keep_in_metadata
+from dlqapp.kafka.faust_producer import keep_in_metadata
 from tests.support import unique
 
 

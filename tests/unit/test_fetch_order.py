@@ -1,4 +1,4 @@
-"""Due hints are handed over before input records fetched ahead of them (faust_compat)."""
+"""Due hints are handed over before input records fetched ahead of them (dlqapp.kafka.faust_consumer)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from faust.types import TP
 
-from dlqapp.kafka.faust_compat import _FetchWaitConsumerThread
+from dlqapp.kafka.faust_consumer import _FetchWaitConsumerThread
 
 INPUT, DUE = TP("input", 0), TP("due", 0)
 
