@@ -64,7 +64,7 @@ from bench.tls_cost import markdown as tls_markdown  # noqa: E402
 from bench.tls_cost import run_tls_cost  # noqa: E402
 from bench.soak import markdown as soak_markdown  # noqa: E402
 from bench.soak import plot as soak_plot  # noqa: E402
-from tests.support import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     LocalKafka,
     MockLLM,
     Record,
