@@ -32,7 +32,6 @@ Timing lives here, never in pass/fail tests: `make test` runs only `--quick`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -54,9 +53,20 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dlqapp.settings import Settings  # noqa: E402
-from dlqapp.kafka.admin import ensure_topics  # noqa: E402
-from bench.measure import STEADY_SHARE, cpu_seconds, percentile, process_memory, spread, throughput_of  # noqa: E402,F401
+from bench.drivers import (  # noqa: E402
+    BENCH_PARTITIONS,
+    LoopLagSampler,
+    SystemDied,
+    make_topics,
+    metric_sum,
+    parked_gauge,
+    produce_in_batches,
+    produce_paced,
+    requests_for,
+    requests_with_plan,
+    wait_results,
+)
+from bench.measure import cpu_seconds, percentile, process_memory, spread, throughput_of  # noqa: E402
 from bench.demo import markdown as demo_markdown  # noqa: E402
 from bench.demo import run_demo  # noqa: E402
 from bench.soak import SoakConfig, run_soak  # noqa: E402
@@ -69,7 +79,6 @@ from bench.harness import (  # noqa: E402
     MockLLM,
     Record,
     Worker,
-    all_keys_seen,
     free_port,
     produce,
     read_topic,
@@ -89,68 +98,12 @@ FLOW_LATENCY_MS = 1000
 LLM_LATENCY_MS, LLM_JITTER_MS = 2000, 500
 LLM_CONCURRENCY = 1024
 """`llm_scale`: model latency people see, and the in-flight count it takes to reach 512/s."""
-BENCH_PARTITIONS = 3
-"""Partitions of every topic the bench creates (the baselines' too), as in its earlier figures;
-`partitions` measures other counts."""
 RSS_IN_FLIGHT = 4096
 RSS_HOLD_MS = 600_000
 """Mock latency while resident memory is measured: the calls stay in flight meanwhile."""
 
 
 # -- helpers -----------------------------------------------------------------------------
-
-
-def make_topics(bootstrap: str, prefix: str) -> Settings:
-    settings = Settings.from_env({"DLQ_KAFKA_BOOTSTRAP": bootstrap, "DLQ_TOPIC_PREFIX": prefix, "DLQ_PARTITIONS": str(BENCH_PARTITIONS)})
-    asyncio.run(ensure_topics(settings))
-    return settings
-
-
-def requests_for(ids: list[str]) -> list[tuple[bytes, bytes]]:
-    return [(rid.encode(), request_bytes(rid)) for rid in ids]
-
-
-class SystemDied(AssertionError):
-    """The process under measurement exited before every outcome appeared."""
-
-
-def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout: float, alive: Callable[[], bool] | None = None, partitions: int = BENCH_PARTITIONS) -> list[Record]:
-    """The first record of each of `ids` on `topic`; fails at once should `alive()` turn false."""
-    wanted = set(ids)
-    complete = all_keys_seen(wanted)
-
-    def until(records: list[Record]) -> bool:
-        if alive is not None and not alive():
-            raise SystemDied(f"the process under measurement exited with {len(records)} of {len(ids)} outcomes")
-        return complete(records)
-
-    records = read_topic(bootstrap, topic, until, timeout, partitions=partitions)
-    first: dict[str, Record] = {}
-    for record in records:
-        key = record.key.decode() if record.key else ""
-        if key in wanted and key not in first:
-            first[key] = record
-    return list(first.values())
-
-
-def requests_with_plan(ids: list[str], **simulate: Any) -> list[tuple[bytes, bytes]]:
-    """Requests the simulated backend treats as scripted (`fail_times`, `error`, `retry_after`)."""
-    plan = {"metadata": {"simulate": simulate}}
-    return [(rid.encode(), request_bytes(rid, **plan)) for rid in ids]
-
-
-def produce_paced(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], per_second: int) -> None:
-    """Produce at a steady rate, a tenth of a second's worth at a time."""
-    step = max(1, per_second // 10)
-    started = time.monotonic()
-    for i in range(0, len(records), step):
-        produce(bootstrap, topic, records[i : i + step])
-        time.sleep(max(0.0, started + (i + step) / per_second - time.monotonic()))  # pacing, not waiting
-
-
-def produce_in_batches(bootstrap: str, topic: str, records: list[tuple[bytes, bytes]], batch: int = 10_000) -> None:
-    for i in range(0, len(records), batch):
-        produce(bootstrap, topic, records[i : i + batch])
 
 
 def probe_lateness(bootstrap: str, worker: Worker, probes: int, flood_size: int = 0, per_second: int | None = None) -> dict[str, list[float]]:
@@ -175,35 +128,6 @@ def probe_lateness(bootstrap: str, worker: Worker, probes: int, flood_size: int 
         for attempt in record.json["history"][1:]:
             per_tier.setdefault(attempt["topic"].split(".")[-1], []).append(attempt["at"] - attempt["scheduled"])
     return per_tier
-
-
-class LoopLagSampler:
-    """Polls a worker's `dlqapp_event_loop_lag_seconds` twice a second while in use; keeps the worst."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.max_ms = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "LoopLagSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            try:
-                with urllib.request.urlopen(self.worker.url + "/metrics", timeout=5) as response:
-                    text = response.read().decode()
-            except OSError:
-                continue
-            for line in text.splitlines():
-                if line.startswith("dlqapp_event_loop_lag_seconds "):
-                    self.max_ms = max(self.max_ms, float(line.split()[1]) * 1000)
 
 
 def seed_request_states(bootstrap: str, changelog: str, count: int) -> list[str]:
@@ -234,18 +158,6 @@ def _time_scans(scan: Callable[[], list[bytes]], times: int = 50) -> tuple[list[
         keys = scan()
         durations.append((time.perf_counter() - started) * 1000)
     return durations, keys
-
-
-def metric_sum(worker: Worker, name: str) -> int:
-    """Sum of one of the worker's Prometheus gauges over all its labels."""
-    with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{")))
-
-
-def parked_gauge(worker: Worker) -> int:
-    """Retries the worker has parked (its gauge: cheap to read, unlike the exact count)."""
-    return metric_sum(worker, "dlqapp_parked_retries")
 
 
 @dataclass
