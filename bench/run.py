@@ -36,9 +36,7 @@ import json
 import os
 import platform
 import random
-import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -66,6 +64,7 @@ from bench.drivers import (  # noqa: E402
     requests_with_plan,
     wait_results,
 )
+from bench.profiling import Profiler  # noqa: E402
 from bench.measure import cpu_seconds, percentile, process_memory, spread, throughput_of  # noqa: E402
 from bench.demo import markdown as demo_markdown  # noqa: E402
 from bench.demo import run_demo  # noqa: E402
@@ -177,56 +176,6 @@ def ratios(section: dict[str, Any], system: str, base: str) -> dict[str, Any]:
     """`system` / `base` in requests/s: of the medians, and per run (each run measured both in turn)."""
     per_run = [a["requests_per_s"] / b["requests_per_s"] for a, b in zip(section[system]["runs"], section[base]["runs"])]
     return {"of_medians": section[system]["requests_per_s"]["median"] / section[base]["requests_per_s"]["median"], "per_run": per_run}
-
-
-class Profiler:
-    """py-spy recording one process: a flame graph (`<name>.svg`) and its folded stacks
-    (`<name>.folded`, read by `profile_summary` into `<name>.md`)."""
-
-    def __init__(self, out: Path, name: str, pid: int) -> None:
-        py_spy = Path(PYTHON).parent / "py-spy"
-        if not py_spy.exists():
-            raise SystemExit("--profile needs py-spy in the venv: .venv/bin/python -m pip install py-spy")
-        out.mkdir(parents=True, exist_ok=True)
-        self.out, self.name = out, name
-        self.processes = [
-            subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--format", fmt, "--output", str(out / f"{name}{suffix}")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for fmt, suffix in (("flamegraph", ".svg"), ("raw", ".folded"))
-        ]
-
-    def stop(self) -> None:
-        for process in self.processes:
-            process.send_signal(signal.SIGINT)
-        for process in self.processes:
-            process.wait(timeout=120)
-        folded = self.out / f"{self.name}.folded"
-        if folded.exists():
-            (self.out / f"{self.name}.md").write_text(profile_summary(folded.read_text(), self.name))
-
-
-def profile_summary(folded: str, title: str, top: int = 30) -> str:
-    """The functions with the largest share of samples: inclusive (on the stack) and self (on top)."""
-    inclusive: dict[str, int] = {}
-    own: dict[str, int] = {}
-    total = 0
-    for line in folded.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        total += n
-        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]  # per function, not per line
-        for frame in set(frames):
-            inclusive[frame] = inclusive.get(frame, 0) + n
-        own[frames[-1]] = own.get(frames[-1], 0) + n
-    lines = [f"# py-spy profile: {title}", "", f"{total:,} samples.", "", "| Inclusive % | Self % | Function |", "|---|---|---|"]
-    for frame, n in sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"| {100 * n / total:.1f} | {100 * own.get(frame, 0) / total:.1f} | `{frame}` |")
-    lines += ["", "| Self % | Function |", "|---|---|"]
-    for frame, n in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
-        lines.append(f"| {100 * n / total:.1f} | `{frame}` |")
-    return "\n".join(lines) + "\n"
 
 
 class Bench:
