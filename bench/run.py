@@ -44,7 +44,6 @@ import tempfile
 import threading
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -52,7 +51,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.drivers import (  # noqa: E402
-    BENCH_PARTITIONS,
     LoopLagSampler,
     SystemDied,
     make_topics,
@@ -65,6 +63,8 @@ from bench.drivers import (  # noqa: E402
     wait_results,
 )
 from bench.profiling import Profiler  # noqa: E402
+from bench.systems import CONCURRENCY, LATENCY_MS, PYTHON, Running  # noqa: E402
+from bench.systems import Bench as Systems  # noqa: E402
 from bench.measure import cpu_seconds, percentile, process_memory, spread, throughput_of  # noqa: E402
 from bench.demo import markdown as demo_markdown  # noqa: E402
 from bench.demo import run_demo  # noqa: E402
@@ -87,9 +87,6 @@ from bench.harness import (  # noqa: E402
     wait_until,
 )
 
-PYTHON = sys.executable
-LATENCY_MS = 100
-CONCURRENCY = 64
 PROBES_PER_S = 50
 """Probe requests for retry lateness arrive at this rate, except in the burst and flood scenarios."""
 FLOW_LATENCY_MS = 1000
@@ -159,83 +156,14 @@ def _time_scans(scan: Callable[[], list[bytes]], times: int = 50) -> tuple[list[
     return durations, keys
 
 
-@dataclass
-class Running:
-    """A system under measurement: its process, where its input goes, where its outcomes appear."""
-
-    pid: int
-    input: str
-    results: list[str]
-    """The results topic first, then any other outcome topic (dlqapp's DLQ)."""
-    stop: Callable[[], None]
-    alive: Callable[[], bool]
-    log: Path
-
-
 def ratios(section: dict[str, Any], system: str, base: str) -> dict[str, Any]:
     """`system` / `base` in requests/s: of the medians, and per run (each run measured both in turn)."""
     per_run = [a["requests_per_s"] / b["requests_per_s"] for a, b in zip(section[system]["runs"], section[base]["runs"])]
     return {"of_medians": section[system]["requests_per_s"]["median"] / section[base]["requests_per_s"]["median"], "per_run": per_run}
 
 
-class Bench:
-    def __init__(self, bootstrap: str, tmp: Path, quick: bool, profile_dir: Path | None = None, requests: int = 0, runs: int = 0) -> None:
-        self.bootstrap = bootstrap
-        self.tmp = tmp
-        self.quick = quick
-        self.profile_dir = profile_dir
-        self.requests = requests
-        """Requests per run of `overhead` and `llm_scale` (0: their defaults)."""
-        self.runs = runs
-        """Runs of `overhead` and `llm_scale` (0: their defaults)."""
-        self.mock = MockLLM(tmp, args=["--latency-ms", str(LATENCY_MS)]).start()
-        self.mock_failing = MockLLM(tmp, args=["--latency-ms", str(LATENCY_MS), "--fail", "503=0.1", "--seed", "5"]).start()
-
-    def close(self) -> None:
-        self.mock.stop()
-        self.mock_failing.stop()
-
-    # -- systems -------------------------------------------------------------------
-
-    def run_baseline(self, script: str, count: int, extra: list[str] | None = None) -> list[Record]:
-        prefix = unique("bench") + "."
-        settings = make_topics(self.bootstrap, prefix)
-        ids = unique_ids("b", count)
-        produce(self.bootstrap, settings.input, requests_for(ids))
-        args = [PYTHON, str(ROOT / "bench" / script), "--bootstrap", self.bootstrap, "--input", settings.input, "--results", settings.results,
-                "--llm", self.mock.api_url + "/chat/completions", "--group", prefix + "group", "--count", str(count), *(extra or [])]
-        process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            return wait_results(self.bootstrap, settings.results, ids, timeout=600)
-        finally:
-            process.kill()
-            process.wait()
-
-    def worker(self, **env: str) -> Worker:
-        """A dlqapp worker with the settings every measurement shares, plus `env`.
-
-        A fixed concurrency, like the baselines': the adaptive limit starts at its floor and
-        grows only as calls complete (a measurement that holds calls open would never see
-        more than one), and is measured on its own in `flow_control`."""
-        return Worker(self.bootstrap, self.tmp, name=unique("bw"), env_extra={
-            "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning", "DLQ_ADAPTIVE_CONCURRENCY": "false",
-            "DLQ_PARTITIONS": str(BENCH_PARTITIONS), **env})
-
-    def dlqapp_worker(self, mock: MockLLM, **env: str) -> Worker:
-        """A worker on the `openai` backend against the mock."""
-        return self.worker(DLQ_INFERENCE="openai", DLQ_INFERENCE_URL=mock.api_url, **env)
-
-    def run_dlqapp(self, count: int, mock: MockLLM) -> list[Record]:
-        """Results of `count` requests (a request that fails all attempts ends in the DLQ instead)."""
-        worker = self.dlqapp_worker(mock)
-        worker.start()
-        try:
-            ids = unique_ids("d", count)
-            produce(self.bootstrap, worker.topic("input"), requests_for(ids))
-            outcomes = wait_results(self.bootstrap, [worker.topic("results"), worker.topic("dlq")], ids, timeout=900)
-            return [r for r in outcomes if r.topic == worker.topic("results")]
-        finally:
-            worker.kill()
+class Bench(Systems):
+    """The sections, measured on the systems `bench.systems.Bench` starts."""
 
     # -- 1. throughput and latency ------------------------------------------------------
 
@@ -292,43 +220,6 @@ class Bench:
         return out
 
     # -- per-request cost: overhead and LLM scale ------------------------------------------
-
-    def start_baseline_b(self, mock: MockLLM, concurrency: int) -> "Running":
-        """Baseline B consuming fresh topics, once it has joined its group (input still empty)."""
-        return self.start_baseline("baseline_async.py", mock, concurrency)
-
-    def start_baseline_c(self, mock: MockLLM, concurrency: int) -> "Running":
-        """Baseline C (the cheapest Faust pass-through) consuming fresh topics, once it owns partitions."""
-        return self.start_baseline("baseline_faust.py", mock, concurrency)
-
-    def start_baseline(self, script: str, mock: MockLLM, concurrency: int) -> "Running":
-        prefix = unique("bench") + "."
-        settings = make_topics(self.bootstrap, prefix)
-        args = [PYTHON, str(ROOT / "bench" / script), "--bootstrap", self.bootstrap, "--input", settings.input, "--results", settings.results,
-                "--llm", mock.api_url + "/chat/completions", "--group", prefix + "group", "--count", str(10**12), "--concurrency", str(concurrency)]
-        log = self.tmp / f"{prefix}{script}.log"
-        with open(log, "ab") as stderr:
-            process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=self.tmp)
-        assert process.stdout is not None
-        for line in process.stdout:  # Faust's worker prints a banner first
-            if line.strip() == "ready":
-                break
-        else:
-            raise AssertionError(f"{script} did not start: {log.read_text(errors='replace')[-2000:]}")
-
-        def stop() -> None:
-            process.kill()
-            process.wait()
-
-        return Running(process.pid, settings.input, [settings.results], stop, lambda: process.poll() is None, log)
-
-    def start_dlqapp(self, mock: MockLLM, concurrency: int, **env: str) -> "Running":
-        """A ready dlqapp worker (openai backend against `mock`) with `concurrency` calls in flight."""
-        worker = self.dlqapp_worker(mock, DLQ_CONCURRENCY=str(concurrency), **env)
-        worker.start()
-        assert worker.process is not None
-        process = worker.process
-        return Running(process.pid, worker.topic("input"), [worker.topic("results"), worker.topic("dlq")], worker.kill, lambda: process.poll() is None, worker.log_path)
 
     def cost_run(self, start: Callable[[], "Running"], mock: MockLLM, count: int, profile: str | None = None) -> dict[str, float]:
         """Start a system, hand it `count` requests at once, wait for every outcome: its
@@ -502,11 +393,6 @@ class Bench:
         out["paced_flood_to_idle_worst_tier_p99"] = out["paced_under_flood_worst_tier_p99_ms"]["median"] / max(1.0, out["idle_worst_tier_p99_ms"]["median"])
         out["flood_to_burst_worst_tier_p99"] = out["under_flood_worst_tier_p99_ms"]["median"] / max(1.0, out["burst_worst_tier_p99_ms"]["median"])
         return out
-
-    def simulated_worker(self, latency_ms: int, **env: str) -> Worker:
-        """A worker on the simulated backend (always succeeds unless a request's plan says otherwise)."""
-        simulated = {"DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_SIMULATED_LATENCY": f"{latency_ms}ms", "DLQ_SIMULATED_JITTER": "0ms"}
-        return self.worker(**{**simulated, **env})
 
     # -- stats cost -------------------------------------------------------------------------
 
