@@ -8,9 +8,16 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
-from bench.harness import Record, Worker, all_keys_seen, produce, read_topic, request_bytes
+from bench.harness import (
+    Record,
+    Worker,
+    all_keys_seen,
+    produce,
+    read_topic,
+    request_bytes,
+)
 from dlqapp.kafka.admin import ensure_topics
 from dlqapp.settings import Settings
 
@@ -108,7 +115,7 @@ class LoopLagSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> LoopLagSampler:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 

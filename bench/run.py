@@ -27,6 +27,12 @@ fixed 100 ms latency) and measures:
 Writes latest.json, latest.md, throughput.png, per_request_cost.png and lateness_cdf.png
 into --out.
 Timing lives here, never in pass/fail tests: `make test` runs only `--quick`.
+
+This module is the command line only. bench/systems.py starts what is measured (dlqapp
+workers, the baselines), bench/drivers.py feeds them and reads their outcomes,
+bench/sections/ holds the sections (one module per family, each section a function of the
+`Bench`), bench/report.py writes the report; bench/harness.py is the one bench module that
+imports the helpers shared with tests/.
 """
 
 from __future__ import annotations
@@ -48,7 +54,16 @@ sys.path.insert(0, str(ROOT))
 
 from bench.harness import LocalKafka, free_port  # noqa: E402
 from bench.report import write_report  # noqa: E402
-from bench.sections import cost, lateness, resilience, scaling, standalone, stats_cost, throughput, timer  # noqa: E402
+from bench.sections import (  # noqa: E402
+    cost,
+    lateness,
+    resilience,
+    scaling,
+    standalone,
+    stats_cost,
+    throughput,
+    timer,
+)
 from bench.systems import Bench  # noqa: E402
 
 SECTIONS: dict[str, Callable[[Bench], dict[str, Any]]] = {

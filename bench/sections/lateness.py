@@ -7,7 +7,14 @@ import json
 import os
 from typing import Any
 
-from bench.drivers import LoopLagSampler, produce_in_batches, produce_paced, requests_for, requests_with_plan, wait_results
+from bench.drivers import (
+    LoopLagSampler,
+    produce_in_batches,
+    produce_paced,
+    requests_for,
+    requests_with_plan,
+    wait_results,
+)
 from bench.harness import Worker, produce, unique_ids, wait_until
 from bench.measure import percentile, spread
 from bench.systems import LATENCY_MS, Bench
@@ -73,7 +80,7 @@ def _over_runs(per_run: list[dict[str, Any]]) -> dict[str, Any]:
             "p99_ms": spread([r["per_tier"][tier]["p99_ms"] for r in per_run]),
             "max_ms": max(r["per_tier"][tier]["max_ms"] for r in per_run),
         }
-        for tier in per_run[0]["per_tier"].keys()
+        for tier in per_run[0]["per_tier"]
     }
 
 

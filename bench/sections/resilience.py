@@ -7,8 +7,20 @@ import json
 import time
 from typing import Any
 
-from bench.drivers import parked_gauge, produce_in_batches, requests_with_plan, wait_results
-from bench.harness import MockLLM, produce, request_bytes, unique, unique_ids, wait_until
+from bench.drivers import (
+    parked_gauge,
+    produce_in_batches,
+    requests_with_plan,
+    wait_results,
+)
+from bench.harness import (
+    MockLLM,
+    produce,
+    request_bytes,
+    unique,
+    unique_ids,
+    wait_until,
+)
 from bench.systems import Bench
 
 FLOW_LATENCY_MS = 1000

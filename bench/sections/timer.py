@@ -11,7 +11,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.drivers import metric_sum, parked_gauge, produce_in_batches, requests_for, requests_with_plan, wait_results
+from bench.drivers import (
+    metric_sum,
+    parked_gauge,
+    produce_in_batches,
+    requests_for,
+    requests_with_plan,
+    wait_results,
+)
 from bench.harness import Worker, produce, request_bytes, unique_ids, wait_until
 from bench.measure import percentile, process_memory
 from bench.sections.lateness import PROBES_PER_S, lateness_summary, probe_lateness
