@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from bench.harness import FAUST, Worker, read_topic, unique, wait_until
 from bench.measure import spread
-from tests.support import FAUST, Worker, read_topic, unique, wait_until
 
 COUNT = 300
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from bench.harness import MockLLM, Worker, keys_seen, read_topic, request_bytes, unique
 from bench.measure import cpu_seconds, process_memory
-from tests.support import MockLLM, Worker, keys_seen, read_topic, request_bytes, unique
 
 
 @dataclass(frozen=True)

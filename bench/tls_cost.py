@@ -14,9 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness import (
+    MockLLM,
+    SecureKafka,
+    Worker,
+    all_keys_seen,
+    produce,
+    read_topic,
+    request_bytes,
+    unique,
+    unique_ids,
+)
 from bench.measure import cpu_seconds, spread, throughput_of
-from tests.secure import SecureKafka
-from tests.support import MockLLM, Worker, all_keys_seen, produce, read_topic, request_bytes, unique, unique_ids
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,175 @@
+"""Per-request cost beside baseline B, each system measured in turn in every run:
+`overhead` (the mock answers at once: what the pipeline itself costs) and `llm_scale`
+(real model latency, 1,024 in flight), with resident memory under many calls in flight."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from bench.drivers import SystemDied, produce_in_batches, requests_for, wait_results
+from bench.harness import MockLLM, unique_ids, wait_until
+from bench.measure import cpu_seconds, process_memory, spread, throughput_of
+from bench.profiling import Profiler
+from bench.systems import CONCURRENCY, Bench, Running
+
+LLM_LATENCY_MS, LLM_JITTER_MS = 2000, 500
+LLM_CONCURRENCY = 1024
+"""`llm_scale`: model latency people see, and the in-flight count it takes to reach 512/s."""
+RSS_IN_FLIGHT = 4096
+RSS_HOLD_MS = 600_000
+"""Mock latency while resident memory is measured: the calls stay in flight meanwhile."""
+
+Lineup = dict[str, tuple[Callable[[], Running], MockLLM]]
+"""Per system: how to start it, and the mock it calls (whose CPU is counted too)."""
+
+
+# -- measuring -------------------------------------------------------------------------
+
+
+def ratios(section: dict[str, Any], system: str, base: str) -> dict[str, Any]:
+    """`system` / `base` in requests/s: of the medians, and per run (each run measured both in turn)."""
+    per_run = [a["requests_per_s"] / b["requests_per_s"] for a, b in zip(section[system]["runs"], section[base]["runs"])]
+    return {"of_medians": section[system]["requests_per_s"]["median"] / section[base]["requests_per_s"]["median"], "per_run": per_run}
+
+
+def cost_run(bench: Bench, start: Callable[[], Running], mock: MockLLM, count: int, profile: str | None = None) -> dict[str, float]:
+    """Start a system, hand it `count` requests at once, wait for every outcome: its
+    requests/s, and the CPU seconds per 1,000 requests it and the mock used meanwhile.
+    With `profile` (and --profile), py-spy records the system meanwhile (see `Profiler`)."""
+    system = start()
+    profiler = Profiler(bench.profile_dir, profile, system.pid) if bench.profile_dir and profile else None
+    try:
+        ids = unique_ids("c", count)
+        assert mock.process is not None
+        cpu, mock_cpu = cpu_seconds(system.pid), cpu_seconds(mock.process.pid)
+        produce_in_batches(bench.bootstrap, system.input, requests_for(ids))
+        try:
+            outcomes = wait_results(bench.bootstrap, system.results, ids, timeout=1800, alive=system.alive)
+        except SystemDied as exc:
+            raise SystemDied(f"{exc} (its log: {system.log})") from None
+        cpu, mock_cpu = cpu_seconds(system.pid) - cpu, cpu_seconds(mock.process.pid) - mock_cpu
+    finally:
+        if profiler is not None:
+            profiler.stop()
+        system.stop()
+    results = [r for r in outcomes if r.topic == system.results[0]]
+    return {"requests_per_s": throughput_of(results), "cpu_s_per_1k": cpu * 1000 / count, "mock_cpu_s_per_1k": mock_cpu * 1000 / count,
+            "dead_lettered": len(outcomes) - len(results)}
+
+
+def cost_run_repeated(bench: Bench, start: Callable[[], Running], mock: MockLLM, count: int, profile: str | None = None, attempts: int = 2) -> dict[str, float]:
+    """`cost_run`, once more should the process die (reported, never hidden: `repeated`)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return {**cost_run(bench, start, mock, count, profile), "repeated": attempt - 1}
+        except SystemDied as exc:
+            print(f"  ! {exc}; attempt {attempt} of {attempts}", flush=True)
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+def side_by_side(bench: Bench, section: str, systems: Lineup, count: int, runs: int) -> dict[str, Any]:
+    """`runs` rounds, each measuring every system once in turn (so the machine's load
+    falls alike on all); per system the runs, and the median and range of each figure.
+    With --profile, the first run of each system is recorded as `<section>-<system>`."""
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
+    for run in range(runs):
+        for name, (start, mock) in systems.items():
+            rows[name].append(cost_run_repeated(bench, start, mock, count, profile=f"{section}-{name}" if run == 0 else None))
+            row = rows[name][-1]
+            print(f"  run {run + 1} {name}: {row['requests_per_s']:.1f} req/s, {row['cpu_s_per_1k']:.2f} CPU s/1k (mock {row['mock_cpu_s_per_1k']:.2f})", flush=True)
+    out: dict[str, Any] = {"requests": count}
+    for name, measured in rows.items():
+        out[name] = {"runs": measured, **{figure: spread([row[figure] for row in measured]) for figure in ("requests_per_s", "cpu_s_per_1k", "mock_cpu_s_per_1k")}}
+    return out
+
+
+# -- the sections ----------------------------------------------------------------------
+
+
+def overhead(bench: Bench) -> dict[str, Any]:
+    """What the pipeline itself costs: the mock answers at once (0 ms), 64 calls in flight;
+    dlqapp beside baseline B, and dlqapp again with 10% transient failures (503s)."""
+    count, runs = (100, 1) if bench.quick else (20_000, 3)
+    count, runs = bench.requests or count, bench.runs or runs
+    mock = MockLLM(bench.tmp, args=["--latency-ms", "0"]).start()
+    failing = MockLLM(bench.tmp, args=["--latency-ms", "0", "--fail", "503=0.1", "--seed", "5"]).start()
+    try:
+        out = side_by_side(bench, "overhead", {
+            "baseline_b_aiokafka": (lambda: bench.start_baseline_b(mock, CONCURRENCY), mock),
+            "baseline_c_faust": (lambda: bench.start_baseline_c(mock, CONCURRENCY), mock),
+            "dlqapp_0pct_failures": (lambda: bench.start_dlqapp(mock, CONCURRENCY), mock),
+            "dlqapp_10pct_failures": (lambda: bench.start_dlqapp(failing, CONCURRENCY), failing),
+        }, count, runs)
+    finally:
+        mock.stop()
+        failing.stop()
+    out["concurrency"], out["latency_ms"] = CONCURRENCY, 0
+    out["ratio_dlqapp_to_b"] = ratios(out, "dlqapp_0pct_failures", "baseline_b_aiokafka")
+    out["ratio_dlqapp_to_c"] = ratios(out, "dlqapp_0pct_failures", "baseline_c_faust")
+    out["ratio_c_to_b"] = ratios(out, "baseline_c_faust", "baseline_b_aiokafka")
+    out["ratio_10pct_to_0pct"] = ratios(out, "dlqapp_10pct_failures", "dlqapp_0pct_failures")
+    return out
+
+
+def llm_scale(bench: Bench) -> dict[str, Any]:
+    """The source documents' load with real model latency: the mock answers in 2000 ± 500 ms,
+    1024 calls in flight (ceiling 512/s); dlqapp beside baseline B. Then resident memory
+    of each with 4,096 calls in flight (`rss`)."""
+    count, runs = (100, 1) if bench.quick else (12_000, 3)
+    count, runs = bench.requests or count, bench.runs or runs
+    mock = MockLLM(bench.tmp, args=["--latency-ms", str(LLM_LATENCY_MS), "--jitter-ms", str(LLM_JITTER_MS), "--seed", "5"]).start()
+    try:
+        out = side_by_side(bench, "llm_scale", {
+            "baseline_b_aiokafka": (lambda: bench.start_baseline_b(mock, LLM_CONCURRENCY), mock),
+            "dlqapp_0pct_failures": (lambda: bench.start_dlqapp(mock, LLM_CONCURRENCY), mock),
+        }, count, runs)
+    finally:
+        mock.stop()
+    ceiling = LLM_CONCURRENCY / (LLM_LATENCY_MS / 1000)
+    out.update(concurrency=LLM_CONCURRENCY, latency_ms=LLM_LATENCY_MS, jitter_ms=LLM_JITTER_MS, ceiling_per_s=ceiling)
+    out["ratio_dlqapp_to_b"] = ratios(out, "dlqapp_0pct_failures", "baseline_b_aiokafka")
+    out["ratio_dlqapp_to_ceiling"] = out["dlqapp_0pct_failures"]["requests_per_s"]["median"] / ceiling
+    out["ratio_b_to_ceiling"] = out["baseline_b_aiokafka"]["requests_per_s"]["median"] / ceiling
+    out["rss"] = rss_in_flight(bench, 64 if bench.quick else RSS_IN_FLIGHT)
+    return out
+
+
+# -- resident memory with calls in flight ----------------------------------------------
+
+
+def _rss_of(bench: Bench, name: str, system: Running, mock: MockLLM, in_flight: int) -> dict[str, float]:
+    """Resident memory of a started `system` idle, then with `in_flight` calls held at `mock`; stops it."""
+    try:
+        idle = process_memory(system.pid)["rss_bytes"]
+        calls = mock.stats()["calls"]
+        produce_in_batches(bench.bootstrap, system.input, requests_for(unique_ids("rss", in_flight)))
+
+        def all_in_flight() -> bool:
+            if not system.alive():
+                raise SystemDied(f"{name} exited (its log: {system.log})")
+            return mock.stats()["calls"] - calls >= in_flight
+
+        wait_until(all_in_flight, 600, f"{in_flight} calls in flight at the mock", interval=0.5)
+        busy = process_memory(system.pid)["rss_bytes"]
+    finally:
+        system.stop()
+    return {"idle_rss_mib": idle / 2**20, "rss_mib": busy / 2**20, "kib_per_call": (busy - idle) / 1024 / in_flight}
+
+
+def rss_in_flight(bench: Bench, in_flight: int) -> dict[str, Any]:
+    """Resident memory of B and of a dlqapp worker idle, then with `in_flight` calls
+    waiting at a mock that answers only after minutes (counted at the mock)."""
+    mock = MockLLM(bench.tmp, args=["--latency-ms", str(RSS_HOLD_MS)]).start()
+    out: dict[str, Any] = {"in_flight": in_flight}
+    try:
+        for name, start in (("baseline_b_aiokafka", lambda: bench.start_baseline_b(mock, in_flight)),
+                            ("dlqapp", lambda: bench.start_dlqapp(mock, in_flight, DLQ_INFERENCE_TIMEOUT="30m"))):
+            out[name] = _rss_of(bench, name, start(), mock, in_flight)
+            print(f"  {name} with {in_flight} calls in flight: {json.dumps(out[name])}", flush=True)
+    finally:
+        mock.stop()
+    return out
