@@ -43,7 +43,8 @@ from aiokafka.admin import AIOKafkaAdminClient
 from tests.chaos.ledger import FULL, Ledger
 from tests.chaos.tcp_proxy import DelayProxy
 from tests.chaos.test_faults import report
-from tests.support import KAFKA_LOCAL, ROOT, MockLLM, Worker, free_port, http_json, produce, request_bytes, unique, wait_until
+from tests.kafka_io import produce, request_bytes
+from tests.support import KAFKA_LOCAL, ROOT, MockLLM, Worker, free_port, http_json, unique, wait_until
 
 LATENCY_S = 0.2
 """One-way delay the proxy adds to every chunk (so a round trip to the broker costs 400 ms)."""
