@@ -10,7 +10,7 @@ from collections import Counter
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from dlqapp.core.partitioning import owner_partition
-from tests.support import request_bytes
+from tests.kafka_io import request_bytes
 
 
 def ids_per_partition(ids: list[str], partitions: int) -> Counter[int]:

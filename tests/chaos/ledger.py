@@ -7,7 +7,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.support import all_keys_seen, http_json, read_topic
+from tests.kafka_io import all_keys_seen, read_topic
+from tests.support import http_json
 
 FULL = os.environ.get("CHAOS_FULL") == "1"
 """`make chaos` sets CHAOS_FULL=1 for the full-size runs; `make test` runs the reduced ones."""

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, parse_request
-from tests.support import keys_seen, produce, read_topic, request_bytes, unique, wait_until
+from tests.kafka_io import keys_seen, produce, read_topic, request_bytes
+from tests.support import unique, wait_until
 
 LIMIT = 1_048_576
 

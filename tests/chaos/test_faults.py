@@ -14,13 +14,12 @@ import time
 import pytest
 
 from tests.chaos.ledger import FULL, Ledger
+from tests.kafka_io import produce, request_bytes
 from tests.support import (
     LocalKafka,
     MockLLM,
     Worker,
     free_port,
-    produce,
-    request_bytes,
     unique,
     wait_until,
 )

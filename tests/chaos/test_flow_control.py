@@ -18,7 +18,8 @@ import urllib.request
 import pytest
 
 from tests.chaos.ledger import FULL, Ledger
-from tests.support import MockLLM, Worker, produce, request_bytes, unique_ids
+from tests.kafka_io import produce, request_bytes
+from tests.support import MockLLM, Worker, unique_ids
 
 MODEL = "limited-model"
 
@@ -44,7 +45,7 @@ def run_against_limited_mock(bootstrap: str, tmp, rpm: int, count: int, latency_
 
 def ledger_times(bootstrap: str, worker: Worker, ids: list[str]) -> list[int]:
     """Broker timestamps (ms) of each request's result."""
-    from tests.support import all_keys_seen, read_topic
+    from tests.kafka_io import all_keys_seen, read_topic
 
     records = read_topic(bootstrap, worker.topic("results"), all_keys_seen(set(ids)), 120)
     first: dict[str, int] = {}

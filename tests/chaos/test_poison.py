@@ -12,14 +12,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support import (
+from tests.kafka_io import (
     keys_seen,
     produce,
     read_topic,
     request_bytes,
-    unique,
-    wait_until,
 )
+from tests.support import unique, wait_until
 
 EXAMPLES = 300 if os.environ.get("CHAOS_FULL") else 40
 DLQAPP_HEADERS = [

@@ -10,7 +10,8 @@ import subprocess
 import pytest
 
 from tests.e2e.console import CLIPPED, SCRIPT_PAYLOAD, screenshot
-from tests.support import FAUST, http_json, produce, request_bytes, unique, wait_until
+from tests.kafka_io import produce, request_bytes
+from tests.support import FAUST, http_json, unique, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (installed by .ci/run)")
 

@@ -18,7 +18,8 @@ from urllib.parse import quote
 import pytest
 
 from tests.e2e.console import CLIPPED, off_loop, screenshot
-from tests.support import FAUST, MockLLM, http_json, produce, request_bytes, unique, wait_until
+from tests.kafka_io import produce, request_bytes
+from tests.support import FAUST, MockLLM, http_json, unique, wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (installed by .ci/run)")
 

@@ -6,7 +6,8 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from tests.support import produce, request_bytes, unique, wait_until
+from tests.kafka_io import produce, request_bytes
+from tests.support import unique, wait_until
 
 
 class Receiver:

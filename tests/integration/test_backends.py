@@ -6,14 +6,13 @@ import json
 
 import pytest
 
-from tests.support import (
-    MockLLM,
+from tests.kafka_io import (
     keys_seen,
     produce,
     read_topic,
     request_bytes,
-    unique,
 )
+from tests.support import MockLLM, unique
 
 
 @pytest.fixture(scope="module")

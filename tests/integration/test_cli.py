@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from tests.support import FAUST, produce, request_bytes, unique, wait_until
+from tests.kafka_io import produce, request_bytes
+from tests.support import FAUST, unique, wait_until
 
 
 @pytest.fixture(scope="module")

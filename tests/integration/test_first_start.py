@@ -9,7 +9,8 @@ import json
 import re
 import subprocess
 
-from tests.support import FAUST, Record, Worker, produce, read_topic, request_bytes, unique_ids, wait_until
+from tests.kafka_io import Record, produce, read_topic, request_bytes
+from tests.support import FAUST, Worker, unique_ids, wait_until
 
 NOISE = re.compile(r"\[(ERROR|WARNING|CRITICAL)\]")
 

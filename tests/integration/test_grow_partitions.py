@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from tests.support import FAUST, produce, read_topic, request_bytes, unique_ids, wait_until
+from tests.kafka_io import produce, read_topic, request_bytes
+from tests.support import FAUST, unique_ids, wait_until
 
 RETRY_DELAY_S = 20
 

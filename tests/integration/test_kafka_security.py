@@ -15,7 +15,8 @@ import pytest
 
 from tests.chaos.ledger import FULL, Ledger
 from tests.secure import SecureKafka, secured_worker
-from tests.support import FAUST, Worker, http_json, keys_seen, produce, read_topic, request_bytes, unique_ids, wait_until
+from tests.kafka_io import keys_seen, produce, read_topic, request_bytes
+from tests.support import FAUST, Worker, http_json, unique_ids, wait_until
 
 FAST = {"DLQ_RETRY_DELAYS": "200ms,400ms,600ms", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}
 

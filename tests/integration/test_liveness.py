@@ -15,13 +15,15 @@ import time
 
 import pytest
 
-from tests.support import (
-    FAUST,
-    MockLLM,
+from tests.kafka_io import (
     keys_seen,
     produce,
     read_topic,
     request_bytes,
+)
+from tests.support import (
+    FAUST,
+    MockLLM,
     unique_ids,
     wait_until,
 )

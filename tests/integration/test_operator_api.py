@@ -8,7 +8,8 @@ import urllib.request
 
 import pytest
 
-from tests.support import http_json, produce, request_bytes, unique, wait_until
+from tests.kafka_io import produce, request_bytes
+from tests.support import http_json, unique, wait_until
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,13 @@ from __future__ import annotations
 import os
 import time
 
-from tests.support import (
-    MockLLM,
+from tests.kafka_io import (
     keys_seen,
     produce,
     read_topic,
     request_bytes,
-    unique,
-    wait_until,
 )
+from tests.support import MockLLM, unique, wait_until
 
 OUTAGE_S = 60 if os.environ.get("CHAOS_FULL") == "1" else 20
 

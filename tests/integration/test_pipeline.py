@@ -7,14 +7,13 @@ import time
 
 import pytest
 
-from tests.support import (
+from tests.kafka_io import (
     keys_seen,
     produce,
     read_topic,
     request_bytes,
-    unique,
-    wait_until,
 )
+from tests.support import unique, wait_until
 
 DELAYS_MS = (300, 600, 900)
 

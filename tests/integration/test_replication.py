@@ -8,7 +8,8 @@ import asyncio
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from tests.support import Worker, all_keys_seen, produce, read_topic, request_bytes, unique_ids
+from tests.kafka_io import all_keys_seen, produce, read_topic, request_bytes
+from tests.support import Worker, unique_ids
 
 TABLES = ("parked-retries", "requests", "dead-letters", "dead-letters-by-time", "replay-ledger", "stats")
 

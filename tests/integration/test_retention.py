@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support import (
+from tests.kafka_io import (
     keys_seen,
     produce,
     read_topic,
     request_bytes,
-    unique,
-    wait_until,
 )
+from tests.support import unique, wait_until
 
 
 @pytest.fixture(scope="module")

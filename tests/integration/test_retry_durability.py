@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
-from tests.support import (
+from tests.kafka_io import (
     keys_seen,
     produce,
     read_topic,
     request_bytes,
-    unique,
-    wait_until,
 )
+from tests.support import unique, wait_until
 
 
 def simulate(fail_times, error="server_error", **extra):

@@ -6,12 +6,14 @@ import json
 
 import pytest
 
-from tests.support import (
-    http_json,
+from tests.kafka_io import (
     keys_seen,
     produce,
     read_topic,
     request_bytes,
+)
+from tests.support import (
+    http_json,
     unique,
     unique_ids,
     wait_until,

@@ -6,7 +6,8 @@ from __future__ import annotations
 import signal
 import subprocess
 
-from tests.support import Worker, http_json, produce, request_bytes, unique, wait_until
+from tests.kafka_io import produce, request_bytes
+from tests.support import Worker, http_json, unique, wait_until
 
 
 def test_dlq_reads_on_either_worker_see_every_entry(make_worker):

@@ -19,13 +19,15 @@ from dlqapp.core.requests import validate_request
 from dlqapp.core.backend import InferenceOutput
 from dlqapp.inference.openai import OpenAIBackend
 from tests.interop.gateway import MASTER_KEY, LiteLLMProxy, config
-from tests.support import (
+from tests.kafka_io import (
     Record,
-    Worker,
     keys_seen,
     produce,
     read_topic,
     request_bytes,
+)
+from tests.support import (
+    Worker,
     unique,
     unique_ids,
     wait_until,

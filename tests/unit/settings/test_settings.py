@@ -13,7 +13,7 @@ from dlqapp.settings import (
     parse_duration_ms,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_defaults_follow_the_contract():

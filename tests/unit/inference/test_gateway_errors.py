@@ -16,7 +16,7 @@ from dlqapp.inference.openai_errors import (
     retry_after_ms,
 )
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "gateway_errors.json"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "gateway_errors.json"
 CASES: list[dict[str, Any]] = json.loads(FIXTURES.read_text())["cases"]
 SERVERS = {"openai", "azure-openai", "litellm", "vllm", "ollama", "tgi"}
 NOW = 1_800_000_000.0

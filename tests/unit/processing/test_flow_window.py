@@ -1,0 +1,190 @@
+"""The in-flight window: acks in offset order per partition, failures routed, bounded
+handlers, and what a release (rebalance or shutdown) does with the events in it."""
+
+import asyncio
+
+from dlqapp.processing.flow import InFlightWindow
+from tests.unit.processing.flow_fakes import FakeEvent, _reraise
+
+
+def test_window_acks_each_partition_in_offset_order_even_when_handlers_finish_out_of_order():
+    async def run():
+        acked = []
+        gates = {i: asyncio.Event() for i in range(5)}
+        window = InFlightWindow(10, on_error=_reraise, on_fatal=lambda exc: None)
+        for i in range(5):
+            async def handler(i=i):
+                await gates[i].wait()
+            await window.submit("p0", FakeEvent(i, acked), handler)
+        for i in (3, 1, 4):  # later offsets finish first: nothing may be acked yet
+            gates[i].set()
+        await asyncio.sleep(0.01)
+        assert acked == []
+        gates[0].set()
+        await asyncio.sleep(0.01)
+        assert acked == [0, 1]  # 2 is still running, so 3 and 4 must wait
+        gates[2].set()
+        await window.join()
+        assert acked == [0, 1, 2, 3, 4]
+
+    asyncio.run(run())
+
+
+def test_a_failing_handler_is_routed_and_acked_and_the_partition_moves_on():
+    async def run():
+        acked, routed, fatal = [], [], []
+        async def route(event, exc):
+            routed.append((event.offset, str(exc)))
+        window = InFlightWindow(10, on_error=route, on_fatal=fatal.append)
+
+        async def boom():
+            raise RuntimeError("bug")
+
+        async def fine():
+            return None
+
+        await window.submit("p0", FakeEvent(0, acked), boom)
+        await window.submit("p0", FakeEvent(1, acked), fine)
+        await window.join()
+        assert routed == [(0, "bug")] and acked == [0, 1] and fatal == []
+
+    asyncio.run(run())
+
+
+def test_when_routing_fails_too_the_event_is_never_acked_and_the_worker_stops():
+    async def run():
+        acked, fatal = [], []
+        window = InFlightWindow(10, on_error=_reraise, on_fatal=fatal.append)
+
+        async def boom():
+            raise RuntimeError("broker gone")
+
+        async def fine():
+            return None
+
+        await window.submit("p0", FakeEvent(0, acked), boom)
+        await window.submit("p0", FakeEvent(1, acked), fine)
+        await window.join()
+        assert acked == [] and isinstance(fatal[0], RuntimeError)
+
+    asyncio.run(run())
+
+
+def test_release_lets_quick_handlers_finish_cancels_held_ones_and_hands_back_the_unacked():
+    async def run():
+        acked, forgotten = [], []
+        window = InFlightWindow(10, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+        held = asyncio.Event()  # never set: a request held by an open breaker
+        cancelled = []
+
+        async def quick():
+            await asyncio.sleep(0.01)
+
+        async def stuck():
+            try:
+                await held.wait()
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+
+        await window.submit("p0", FakeEvent(0, acked), quick)
+        await window.submit("p0", FakeEvent(1, acked), stuck)
+        await window.submit("p0", FakeEvent(2, acked), quick)
+        await window.submit("p1", FakeEvent(10, acked), quick)
+        released = await asyncio.wait_for(window.release(grace_s=0.5), 5)
+        assert acked == [0, 10]  # done and at the head of their partitions
+        assert cancelled == [True]
+        assert sorted(forgotten) == [1, 2] and released == 2  # 2 finished behind 1: not acked either
+        assert window.in_flight == 0
+        window.reopen()  # the next assignment
+        await window.submit("p0", FakeEvent(3, acked), quick)
+        await window.join()
+        assert acked == [0, 10, 3]
+
+    asyncio.run(run())
+
+
+def test_events_taken_between_a_release_and_the_next_assignment_are_handed_back_not_started():
+    """Between a rebalance's release and the next assignment, agents still take events of
+    the assignment being revoked (from their queues, or a due hint the timer fired): none
+    may start, or it runs for a partition another worker now owns and Faust's wait for
+    acks hangs the rebalance until it ends."""
+    async def run():
+        acked, forgotten, handled = [], [], []
+        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+
+        async def handle(offset):
+            handled.append(offset)
+
+        await window.release(grace_s=0.05)
+        await window.submit("p0", FakeEvent(5, acked), lambda: handle(5))
+        assert window.in_flight == 0 and forgotten == [5] and not window.accepting
+        window.reopen()
+        await window.submit("p0", FakeEvent(6, acked), lambda: handle(6))
+        await window.join()
+        assert handled == [6] and acked == [6] and forgotten == [5]
+
+    asyncio.run(run())
+
+
+def test_window_bounds_in_flight_handlers():
+    async def run():
+        window = InFlightWindow(2, on_error=_reraise, on_fatal=lambda exc: None)
+        gate = asyncio.Event()
+        acked = []
+        for i in range(2):
+            await window.submit("p", FakeEvent(i, acked), gate.wait)
+        third = asyncio.create_task(window.submit("p", FakeEvent(2, acked), gate.wait))
+        await asyncio.sleep(0.01)
+        assert not third.done()
+        gate.set()
+        await third
+        await window.join()
+        assert acked == [0, 1, 2]
+
+    asyncio.run(run())
+
+
+def test_an_event_submitted_during_or_after_a_release_is_given_back_at_once():
+    async def run():
+        acked, forgotten = [], []
+        window = InFlightWindow(1, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+        gate = asyncio.Event()
+
+        async def blocked():
+            await gate.wait()
+
+        async def quick():
+            return None
+
+        await window.submit("p0", FakeEvent(0, acked), blocked)
+        waiting = asyncio.create_task(window.submit("p0", FakeEvent(1, acked), quick))  # waits for the only slot
+        await asyncio.sleep(0.01)
+        await window.release(grace_s=0.05)  # shutdown: 0 is cancelled and handed back
+        await asyncio.wait_for(waiting, 1)  # 1 did not start: handed back too
+        await asyncio.wait_for(window.submit("p0", FakeEvent(2, acked), quick), 1)  # after the shutdown
+        assert acked == [] and sorted(forgotten) == [0, 1, 2]
+
+    asyncio.run(run())
+
+
+def test_an_event_held_before_submit_across_a_rebalance_is_given_back_not_handled():
+    """The input agent holds an event while the input gate is closed; if a rebalance
+    releases the window meanwhile, the event belongs to the old assignment (its partition
+    was sought back to the committed offset) and must not be handled or acked."""
+    async def run():
+        acked, forgotten, handled = [], [], []
+        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+
+        async def handle(offset):
+            handled.append(offset)
+
+        taken_in = window.generation  # event 7 taken while the gate is closed
+        await window.release(grace_s=0.05)  # a rebalance while the gate holds it
+        window.reopen()  # the next assignment
+        await window.submit("p0", FakeEvent(7, acked), lambda: handle(7), generation=taken_in)  # the gate opens
+        await window.submit("p0", FakeEvent(3, acked), lambda: handle(3))  # the re-read, new generation
+        await window.join()
+        assert handled == [3] and acked == [3] and forgotten == [7]
+
+    asyncio.run(run())
