@@ -73,7 +73,9 @@ def produce_in_batches(bootstrap: str, topic: str, records: list[tuple[bytes, by
 
 
 def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout: float, alive: Callable[[], bool] | None = None, partitions: int = BENCH_PARTITIONS) -> list[Record]:
-    """The first record of each of `ids` on `topic`; fails at once should `alive()` turn false."""
+    """The first committed record of each of `ids` on `topic` (read_committed: what a
+    downstream consumer of an exactly_once worker sees; the same as read_uncommitted for
+    systems without transactions); fails at once should `alive()` turn false."""
     wanted = set(ids)
     complete = all_keys_seen(wanted)
 
@@ -82,7 +84,7 @@ def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout
             raise SystemDied(f"the process under measurement exited with {len(records)} of {len(ids)} outcomes")
         return complete(records)
 
-    records = read_topic(bootstrap, topic, until, timeout, partitions=partitions)
+    records = read_topic(bootstrap, topic, until, timeout, partitions=partitions, client={"isolation_level": "read_committed"})
     first: dict[str, Record] = {}
     for record in records:
         key = record.key.decode() if record.key else ""

@@ -49,7 +49,8 @@ def markdown(r: dict[str, Any]) -> str:
     lines = ["# dlqapp benchmark", "", header, ""]
     for section, render in (("throughput", _md_throughput), ("overhead", _md_overhead), ("llm_scale", _md_llm_scale), ("latency", _md_latency), ("lateness", _md_lateness),
                             ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery), ("stats_cost", _md_stats_cost),
-                            ("flow_control", _md_flow_control), ("partitions", _md_partitions), ("scale_out", _md_scale_out), ("soak", soak_markdown), ("tls_cost", tls_markdown), ("demo", demo_markdown)):
+                            ("flow_control", _md_flow_control), ("partitions", _md_partitions), ("scale_out", _md_scale_out), ("soak", soak_markdown), ("tls_cost", tls_markdown), ("demo", demo_markdown),
+                            ("guarantee", _md_guarantee)):
         if section in r:
             lines += render(r[section]) + [""]
     return "\n".join(lines)
@@ -73,6 +74,20 @@ def _md_cost_rows(section: dict[str, Any], systems: tuple[str, ...]) -> list[str
         v = section[name]
         runs = ", ".join(f"{row['requests_per_s']:.1f}" for row in v["runs"])
         lines.append(f"| {name} | {_cell(v['requests_per_s'])} | {runs} | {_cell(v['cpu_s_per_1k'], 2)} | {_cell(v['mock_cpu_s_per_1k'], 2)} |")
+    return lines
+
+
+def _md_guarantee(g: dict[str, Any]) -> list[str]:
+    lines = ["## guarantee: at_least_once beside exactly_once, in turn in every run", ""]
+    for key, title in (("latency_0ms", "mock at 0 ms, 64 in flight"), ("latency_100ms", "mock at 100 ms, 64 in flight"), ("llm_scale", "mock at 2000 ± 500 ms, 1,024 in flight")):
+        section = g[key]
+        lines += [f"### {title}, {section['requests']:,} requests per run", "", *_md_cost_rows(section, ("at_least_once", "exactly_once")), ""]
+        lines.append(f"exactly_once / at_least_once = {_md_ratio(section['ratio_exactly_once_to_at_least_once'])}")
+        lines.append("")
+    lines.append(f"exactly_once at the LLM scale / ceiling ({g['llm_scale']['ceiling_per_s']:.0f}/s) = **{g['llm_scale']['exactly_once_to_ceiling']:.2f}×**")
+    lines += ["", "| Guarantee | Rate | e2e p50 ms | e2e p99 ms |", "|---|---|---|---|"]
+    for mode, figures in g["paced"].items():
+        lines.append(f"| {mode} | {figures['rate_per_s']}/s | {figures['e2e_p50_ms']} | {figures['e2e_p99_ms']} |")
     return lines
 
 

@@ -56,6 +56,7 @@ from bench.harness import LocalKafka, free_port  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.sections import (  # noqa: E402
     cost,
+    guarantee,
     lateness,
     resilience,
     scaling,
@@ -82,9 +83,10 @@ SECTIONS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "soak": standalone.soak,
     "tls_cost": standalone.tls_cost,
     "demo": standalone.demo,
+    "guarantee": guarantee.guarantee_cost,
 }
 """Report section → the function measuring it, in the order a full run measures them."""
-NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost", "demo"}
+NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost", "demo", "guarantee"}
 """Left out of `--quick` unless named in `--only` (six and four workers: too slow for `make test`)."""
 
 

@@ -105,3 +105,36 @@ def all_keys_seen(wanted: set[str]) -> Callable[[list[Record]], bool]:
         return wanted <= seen
 
     return complete
+
+
+def read_until_quiet(bootstrap: str, topics: list[str], partitions: int, client: dict[str, Any] | None, quiet_s: float, timeout: float = 300) -> list[Record]:
+    """Every record of `topics`, read once their end offsets have not moved for `quiet_s`."""
+
+    async def run() -> list[Record]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **(client or {}))
+        await consumer.start()
+        try:
+            tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]
+            consumer.assign(tps)
+            await consumer.seek_to_beginning()
+            records: list[Record] = []
+            deadline = time.monotonic() + timeout
+            ends, still_since = await consumer.end_offsets(tps), time.monotonic()
+            while True:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{topics} did not go quiet within {timeout}s")
+                batch = await consumer.getmany(timeout_ms=200)
+                for messages in batch.values():
+                    for m in messages:
+                        headers = {k: v.decode("utf-8", "replace") for k, v in (m.headers or [])}
+                        records.append(Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, headers))
+                now_ends = await consumer.end_offsets(tps)
+                if now_ends != ends:
+                    ends, still_since = now_ends, time.monotonic()
+                read_all = all([await consumer.position(tp) >= end for tp, end in ends.items()])
+                if read_all and time.monotonic() - still_since >= quiet_s:
+                    return records
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())

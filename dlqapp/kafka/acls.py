@@ -13,8 +13,10 @@ What each grant is for:
 - Topics named `<app id>-` (prefixed): Faust's changelogs, the leader topic and each
   worker's reply topic, whose names are generated: the same four operations.
 - The consumer group `<app id>`: READ (join, commit offsets).
+- Under DLQ_PROCESSING_GUARANTEE=exactly_once, transactional ids named `<app id>-`
+  (prefixed; one per partition number): WRITE (transactions) and DESCRIBE.
 Nothing on the cluster: since Kafka 3.0 an idempotent producer needs WRITE on a topic, not
-IDEMPOTENT_WRITE, and dlqapp never creates ACLs, quotas or transactions here.
+IDEMPOTENT_WRITE, and dlqapp never creates ACLs or quotas.
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ def required(settings: Settings) -> list[Grant]:
             continue  # already covered by the prefixed grant
         grants.append(Grant("topic", topic, False, WRITE_ONLY_OPS if topic == settings.results else TOPIC_OPS))
     grants.append(Grant("group", settings.app_id, False, (Operation.READ,)))
+    if settings.exactly_once:
+        grants.append(Grant("transactional-id", prefix, True, (Operation.WRITE, Operation.DESCRIBE)))
     return grants
 
 

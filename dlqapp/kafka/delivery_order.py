@@ -52,17 +52,21 @@ class DeliveryOrder:
         self._next: dict[Hashable, int] = {}
         self._sought: dict[Hashable, tuple[int, int, int | None, int]] = {}
         """Per partition: (offset sought, fetch number then, record that caused it, times in a row)."""
+        self._idle: dict[Hashable, tuple[int, int, int]] = {}
+        """Per partition: (offset expected, fetch position, idle rewinds in a row that ended there)."""
 
     def start(self, tp: Hashable, offset: int, batch: int) -> None:
         """The partition is sought to `offset` in this assignment while fetch `batch` is handed out."""
         self._next[tp] = offset
         self._sought[tp] = (offset, batch, None, 0)
+        self._idle.pop(tp, None)
 
     def forget(self, tps: Iterable[Hashable]) -> None:
         """The partitions were revoked: nothing of theirs is delivered until the next `start`."""
         for tp in tps:
             self._next.pop(tp, None)
             self._sought.pop(tp, None)
+            self._idle.pop(tp, None)
 
     def expected(self, tp: Hashable) -> int | None:
         """The offset the partition hands over next (None before its seek)."""
@@ -97,7 +101,27 @@ class DeliveryOrder:
         partition, where no later record shows a jump). Each needs a rewind."""
         return [tp for tp, position in positions.items() if tp in self._next and position > self._next[tp]]
 
+    def idle_check(self, positions: Mapping[Hashable, int]) -> list[tuple[Hashable, Verdict, int]]:
+        """(partition, verdict, offset expected) for each partition `behind`: REWIND, or GAP
+        once idle rewinds ended `GAP_AFTER_REWINDS` times in a row at the same position with
+        nothing delivered (the log's tail holds nothing to deliver: a transaction's commit
+        marker, aborted records); the partition then expects that position."""
+        verdicts = []
+        for tp in self.behind(positions):
+            expected, position = self._next[tp], positions[tp]
+            seen = self._idle.get(tp)
+            times = seen[2] + 1 if seen is not None and seen[:2] == (expected, position) else 1
+            if times >= self.GAP_AFTER_REWINDS:
+                self._idle.pop(tp, None)
+                self._next[tp] = position
+                verdicts.append((tp, Verdict.GAP, expected))
+            else:
+                self._idle[tp] = (expected, position, times)
+                verdicts.append((tp, Verdict.REWIND, expected))
+        return verdicts
+
     def delivered(self, tp: Hashable, offset: int) -> None:
         """The record at `offset` reached the agents: the next one is expected."""
         if tp in self._next:
             self._next[tp] = offset + 1
+            self._idle.pop(tp, None)

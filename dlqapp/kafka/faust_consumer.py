@@ -113,10 +113,15 @@ async def set_topic_paused(app: Any, topic: str, paused: bool) -> None:
 class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
     fetch_max_wait_ms = 1500
     first_topics: frozenset[str] = frozenset()
+    read_committed = False
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = self.fetch_max_wait_ms  # read by AIOKafkaConsumer.start() for its Fetcher
+        if self.read_committed:
+            # Faust reads committed records only in its own exactly_once mode, which also
+            # starts its transactions; dlqapp owns its transactions (dlqapp.kafka.transactions)
+            consumer._isolation_level = "read_committed"  # read by AIOKafkaConsumer.start() too
         return consumer
 
     async def _fetch_records(self, consumer: Any, active_partitions: Any, timeout: float | None = None, max_records: int | None = None) -> Any:
@@ -142,7 +147,7 @@ class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
         return records
 
 
-def dlq_consumer_class(fetch_max_wait_ms: int, first_topics: frozenset[str] = frozenset()) -> type:
+def dlq_consumer_class(fetch_max_wait_ms: int, first_topics: frozenset[str] = frozenset(), read_committed: bool = False) -> type:
     """Faust's aiokafka consumer with aiokafka's `fetch_max_wait_ms` set and records handed
     to the agents strictly in offset order (dlqapp.kafka.delivery_order).
 
@@ -155,13 +160,22 @@ def dlq_consumer_class(fetch_max_wait_ms: int, first_topics: frozenset[str] = fr
     First topics: each poll takes the records of `first_topics` (the due hints) before any
     other (`_FetchWaitConsumerThread._fetch_records`).
 
+    `read_committed`: records of aborted or open transactions are never handed over (and
+    the tables recover only committed writes), under DLQ_PROCESSING_GUARANTEE=exactly_once.
+
     Order: `Consumer._drain_messages` (the loop that hands fetched records to the streams)
     and `perform_seek` (the seek to committed offsets after each rebalance) are replaced,
     and the partitions a rebalance revokes are forgotten (`on_partitions_revoked`).
     """
-    thread_class = type("FetchWaitConsumerThread", (_FetchWaitConsumerThread,), {"fetch_max_wait_ms": fetch_max_wait_ms, "first_topics": first_topics})
+    thread_class = type(
+        "FetchWaitConsumerThread", (_FetchWaitConsumerThread,), {"fetch_max_wait_ms": fetch_max_wait_ms, "first_topics": first_topics, "read_committed": read_committed}
+    )
+
+    committed_only = read_committed
 
     class OrderedConsumer(_OrderedConsumer):
+        read_committed = committed_only
+
         def _new_consumer_thread(self) -> AIOKafkaConsumerThread:
             return thread_class(self, loop=self.loop, beacon=self.beacon)
 
@@ -174,6 +188,8 @@ class _OrderedConsumer(AIOKafkaConsumer):
     topic, the gap Faust records on any jump of offsets (it includes the record being
     handed over, so a commit could pass it before it was handled), and the hand-over,
     awaited directly."""
+
+    read_committed = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -239,15 +255,19 @@ class _OrderedConsumer(AIOKafkaConsumer):
         await self._thread.call_thread(seek)
 
     async def _rewind_behind(self, batch: int) -> None:
-        """While idle: rewind every partition whose fetch position passed records never delivered."""
+        """While idle: rewind every partition whose fetch position passed records never
+        delivered, or, when rewinds keep ending there, take the rest of its log as a gap."""
         positions = await self._thread.call_thread(self._positions)
-        for tp in self.delivery_order.behind(positions):
-            await self._rewind(tp, positions[tp], batch, position=positions[tp])
+        for tp, verdict, expected in self.delivery_order.idle_check(positions):
+            if verdict is Verdict.GAP:
+                await self._add_gap(tp, expected, positions[tp] - 1)
+            else:
+                await self._rewind(tp, positions[tp], batch, position=positions[tp])
 
     async def _rewind(self, tp: Any, offset: int, batch: int, **seen: int) -> None:
         """Seek `tp` back to the offset it should deliver next (`offset` showed it skipped records)."""
         expected = self.delivery_order.rewinding(tp, offset, batch)
-        log_event(_log, logging.INFO, "delivery_rewound", topic=tp.topic, partition=tp.partition, expected=expected, **seen)
+        log_event(_log, logging.DEBUG if self.read_committed else logging.INFO, "delivery_rewound", topic=tp.topic, partition=tp.partition, expected=expected, **seen)
         await self._seek_all({tp: expected})
 
     async def _positions(self) -> dict[Any, int]:

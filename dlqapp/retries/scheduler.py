@@ -110,6 +110,8 @@ class RetryScheduler:
         envelope = Envelope.from_headers(request_id, record.payload or b"", record.headers)
         if envelope.due_ms is None:
             envelope.due_ms = record.timestamp_ms + tier.delay_ms
+        if superseded_by(self.io.load_state(request_id), envelope) is not None:
+            return  # the retry ran already (its own tier message read late) or the request moved on
         self.parked.store(envelope, tier)
 
     # -- 2. fire ----------------------------------------------------------------------

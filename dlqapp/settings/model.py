@@ -84,6 +84,14 @@ class Settings:
     rate_limits: RateLimits = _setting("DLQ_RATE_LIMITS", "", parse_rate_limits, "Requests and tokens per minute per model, e.g. `gpt-4o-mini=5000rpm/2000000tpm,gpt-4o=500rpm/30000tpm,*=1000rpm`; calls wait for capacity instead of being sent. Each worker takes the share of its input partitions (empty: no limits).")
     max_poll_records: int = _setting("DLQ_MAX_POLL_RECORDS", "100", _positive_int, "Most records one consumer poll hands to the agents; small batches let due retries through a flood of input.")
     fetch_max_wait_ms: int = _setting("DLQ_FETCH_MAX_WAIT", "50ms", parse_duration_ms, "Longest the consumer's fetch waits at the broker for new records. A due retry written while a fetch that does not include its partition is waiting is read only after that fetch returns (Faust fixes this wait at 1.5 s).")
+    processing_guarantee: str = _setting(
+        "DLQ_PROCESSING_GUARANTEE",
+        "at_least_once",
+        _choice("at_least_once", "exactly_once"),
+        "`exactly_once`: every output of a partition's stream steps (results, dead letters, retries, state) is written in one Kafka transaction per DLQ_COMMIT_INTERVAL, so a `read_committed` consumer of `results` and `dlq` sees exactly one outcome per request; `at_least_once`: outcomes are confirmed one by one, and a crash can repeat one.",
+    )
+    commit_interval_ms: int = _setting("DLQ_COMMIT_INTERVAL", "100ms", _positive_duration, "Under `exactly_once`: how often each partition's transaction commits (a step is acked once its transaction has committed).")
+    transaction_timeout_ms: int = _setting("DLQ_TRANSACTION_TIMEOUT", "10s", _positive_duration, "Under `exactly_once`: the broker aborts a transaction left open this long (a frozen worker's), and a commit that takes longer ends the worker.")
     drain_timeout_ms: int = _setting("DLQ_DRAIN_TIMEOUT", "5s", parse_duration_ms, "On shutdown or a rebalance, how long calls in flight may finish; the rest (and requests held by the breaker) are left unacked for the partition's next owner.")
     poison_after_crashes: int = _setting("DLQ_POISON_AFTER_CRASHES", "3", _positive_int, "A message the worker died on (in progress at this many unclean stops in a row) is dead-lettered as `poison` instead of being handled again.")
     timer_interval_ms: int = _setting("DLQ_TIMER_INTERVAL", "20ms", parse_duration_ms, "How often the retry timer scans for due retries.")
@@ -172,6 +180,10 @@ class Settings:
             keyfile=self.kafka_ssl_keyfile,
             check_hostname=self.kafka_ssl_check_hostname,
         )
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.processing_guarantee == "exactly_once"
 
     def kafka_client(self, **extra: Any) -> dict[str, Any]:
         """Keyword arguments of an aiokafka client of this deployment: the bootstrap

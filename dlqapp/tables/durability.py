@@ -31,7 +31,8 @@ from typing import Any, Callable
 import faust
 from faust import current_event
 
-from dlqapp.kafka.faust_tables import local_partition_db, producer_of, set_persisted_offset
+from dlqapp.kafka.faust_tables import local_partition_db, producer_of, send_to_changelog, set_persisted_offset
+from dlqapp.kafka.transactions import PartitionTransaction, TransactionFailed, Transactions
 from dlqapp.tables.rocksdb_memory import share_memory
 
 log = logging.getLogger(__name__)
@@ -55,13 +56,66 @@ def open_steps(partition: int) -> int:
 
 
 class _Step:
-    """What one stream step wrote: changelog records still to send, and Faust's own sends."""
+    """What one stream step wrote: changelog records still to send, and Faust's own sends;
+    under exactly-once, the partition transaction it is inside and whether it sent into it."""
 
-    __slots__ = ("records", "futures")
+    __slots__ = ("records", "futures", "partition", "transaction", "sent")
 
-    def __init__(self) -> None:
+    def __init__(self, partition: int | None) -> None:
         self.records: dict[tuple[ConfirmedTable, int, bytes], bytes | None] = {}
         self.futures: list[Any] = []
+        self.partition = partition
+        self.transaction: PartitionTransaction | None = None
+        self.sent = False
+
+
+_transactions: Transactions | None = None
+"""Set under DLQ_PROCESSING_GUARANTEE=exactly_once (`use_transactions`): every output of a
+step then goes into its partition's transaction, and the step ends once that committed."""
+
+
+def use_transactions(transactions: Transactions | None) -> None:
+    """Route every step's outputs through `transactions` (None: confirmed sends, at-least-once)."""
+    global _transactions
+    _transactions = transactions
+
+
+async def send_in_step(topic: str, key: bytes, value: bytes | None, partition: int, headers: Any) -> Any:
+    """Send one output of the current step into its partition's transaction (exactly-once);
+    returns what resolves once the broker has the record (not yet committed)."""
+    step = _step.get()
+    if step is None or step.partition is None or _transactions is None:
+        raise TransactionFailed(f"an output to {topic} outside a stream step cannot join a transaction")
+    transaction = await _enter(step)
+    pending = await transaction.send(topic, key, value, partition, headers)
+    step.sent = True
+    return pending
+
+
+async def write_to_changelog(table: Any, key: bytes, value: bytes, partition: int) -> None:
+    """Write one table record straight to its changelog, outside a stream step (a rebalance or
+    a shutdown writing what no step is left to write): into the partition's transaction
+    under exactly-once, else confirmed on its own."""
+    if _transactions is None:
+        await send_to_changelog(table, key, value, partition)
+        return
+    transaction = _transactions.of(partition)
+    await transaction.gate.enter()
+    try:
+        pending = await transaction.send(table.changelog_topic_name, key, value, partition, None)
+    finally:
+        await transaction.gate.leave()
+    await pending
+
+
+async def _enter(step: _Step) -> PartitionTransaction:
+    """The step's partition transaction, entered once per step (a commit waits for it to leave)."""
+    if step.transaction is None:
+        assert _transactions is not None and step.partition is not None
+        transaction = _transactions.of(step.partition)
+        await transaction.gate.enter()
+        step.transaction = transaction
+    return step.transaction
 
 
 _step: contextvars.ContextVar[_Step | None] = contextvars.ContextVar("dlqapp_step", default=None)
@@ -147,16 +201,18 @@ class changelog_barrier:
     __slots__ = ("_step", "_token", "_partition")
 
     async def __aenter__(self) -> None:
-        self._step = _Step()
-        self._token = _step.set(self._step)
         event = current_event()
         self._partition = None if event is None else event.message.partition
+        self._step = _Step(self._partition)
+        self._token = _step.set(self._step)
         if self._partition is not None:
             _open_steps[self._partition] += 1
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            if exc_type is None:
+            if self._step.partition is not None and _transactions is not None:
+                await _commit_step(self._step, failed=exc_type is not None)
+            elif exc_type is None:
                 await _confirm(self._step)
             else:
                 await _send_unconfirmed(self._step)
@@ -178,6 +234,38 @@ async def _confirm(step: _Step) -> None:
         await asyncio.gather(*futures, *(future for _, _, future in sent))
         for table, partition, future in sent:
             table.persisted(partition, future.result().offset)
+
+
+async def _commit_step(step: _Step, failed: bool) -> None:
+    """Exactly-once: the step's table writes join its partition's transaction, and a step
+    that sent anything ends once that transaction has committed (its event is acked then).
+
+    A step that failed or was cancelled after it sent outputs leaves the transaction with
+    part of its work: it is marked spoiled and never commits (the worker stops)."""
+    if not failed:
+        for hook in _end_of_step:
+            hook()
+    if step.records:
+        await _enter(step)
+    transaction = step.transaction
+    if transaction is None:
+        return
+    committed = None
+    try:
+        if failed and step.sent:
+            transaction.spoil(f"a step of partition {step.partition} failed after it sent outputs")
+        records, step.records = step.records, {}
+        sent = [(table, partition, await transaction.send(table.changelog_topic_name, key, value, partition, None)) for (table, partition, key), value in records.items()]
+        step.sent = step.sent or bool(sent)
+        if step.sent and not failed:
+            await asyncio.gather(*(future for _, _, future in sent))
+            for table, partition, future in sent:
+                table.persisted(partition, future.result().offset)
+            committed = transaction.committed()
+    finally:
+        await transaction.gate.leave()
+    if committed is not None:
+        await committed
 
 
 async def _send_unconfirmed(step: _Step) -> None:

@@ -25,9 +25,9 @@ from dlqapp.core.record import Record
 from dlqapp.kafka.records import record_of
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
-from dlqapp.tables.durability import changelog_barrier
+from dlqapp.kafka.transactions import TransactionFailed
+from dlqapp.tables.durability import changelog_barrier, write_to_changelog
 from dlqapp.kafka.faust_consumer import crash, forget_unacked
-from dlqapp.kafka.faust_tables import send_to_changelog
 from dlqapp.tables.topology import TierTopic
 
 log = logging.getLogger("dlqapp.wiring.agents")
@@ -79,7 +79,7 @@ class WorkerLifecycle:
     async def _write_counts(self) -> None:
         stats = self.parts.topology.stats
         try:
-            await self.parts.counters.write_unwritten(lambda key, blob, partition: send_to_changelog(stats, key, blob, partition))
+            await self.parts.counters.write_unwritten(lambda key, blob, partition: write_to_changelog(stats, key, blob, partition))
         except Exception as exc:  # the broker is gone: the counts of the last moment are lost, as in a crash
             log_event(log, logging.WARNING, "counts_not_written", error=repr(exc))
 
@@ -120,7 +120,7 @@ class _Handlers:
 
         Kafka errors are not the message's fault: they stop the worker (not acked).
         """
-        if isinstance(exc, KafkaError):
+        if isinstance(exc, (KafkaError, TransactionFailed)):
             raise exc
         record = self.record(event)  # the failure path: the handler's record went with it
         where = record.position

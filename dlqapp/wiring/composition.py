@@ -8,11 +8,14 @@ Importing any dlqapp module builds nothing; `faust -A dlqapp` calls this once.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
 from dataclasses import dataclass
 from typing import Callable
+
+from aiokafka import AIOKafkaProducer
 
 from dlqapp.core.backoff import Backoff
 from dlqapp.core.breaker import CLOSED, CircuitBreaker
@@ -40,11 +43,12 @@ from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.parking import RetryParking
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.settings import Settings
-from dlqapp.wiring.faust_app import DlqApp, create_app, install_event_loop, load_settings
+from dlqapp.wiring.faust_app import DlqApp, create_app, fail_transactions, install_event_loop, load_settings
 from dlqapp.tables.counters import Counters
 from dlqapp.processing.crashguard import CrashGuard
-from dlqapp.tables.durability import at_end_of_step, open_steps
+from dlqapp.tables.durability import at_end_of_step, open_steps, send_in_step, use_transactions
 from dlqapp.kafka.faust_consumer import consumer_lag
+from dlqapp.kafka.transactions import ProducerFactory, Transactions
 from dlqapp.kafka.faust_producer import producer_send
 from dlqapp.processing.flow import InFlightWindows
 from dlqapp.flowcontrol.input_gate import InputGate
@@ -65,6 +69,7 @@ from dlqapp.wiring.services import (
     LoopLag,
     RetentionSweep,
     RetryTimer,
+    TransactionCommits,
 )
 from dlqapp.tables.topology import Topology, declare, register_codecs
 
@@ -75,6 +80,8 @@ class Components:
 
     settings: Settings
     topology: Topology
+    transactions: Transactions | None
+    """Under exactly_once: the open transaction of each owned partition number."""
     clock: Clock
     backend: InferenceBackend
     counters: Counters
@@ -111,16 +118,38 @@ class Outside:
     clock: Clock = now_ms
     step_partition: Callable[[], int | None] | None = None
     """The partition of the stream step running now (default: Faust's current event's)."""
+    new_producer: ProducerFactory | None = None
+    """Under exactly_once: makes the transactional producer of a `transactional.id`."""
 
 
 def outside_of(app: DlqApp, settings: Settings, topology: Topology) -> Outside:
     """The real world of a worker on `app`."""
     return Outside(
-        send=producer_send(app),
+        send=send_in_step if settings.exactly_once else producer_send(app),
         backend=create_backend(settings),
         due_hop=DueHop(settings.kafka_client(client_id="dlqapp-due-hop"), topology.due.get_topic_name()),
         input_share=lambda: input_share(app, settings),
+        new_producer=transactional_producer(settings) if settings.exactly_once else None,
     )
+
+
+def transactional_producer(settings: Settings) -> ProducerFactory:
+    """aiokafka's transactional producer for one owned partition number (dlqapp.kafka.transactions)."""
+
+    def new(transactional_id: str) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            **settings.kafka_client(
+                client_id=transactional_id,
+                transactional_id=transactional_id,
+                enable_idempotence=True,
+                acks="all",
+                transaction_timeout_ms=settings.transaction_timeout_ms,
+                max_request_size=settings.max_message_bytes,
+                linger_ms=settings.producer_linger_ms,
+            )
+        )
+
+    return new
 
 
 def build_components(settings: Settings, topology: Topology, outside: Outside) -> Components:
@@ -196,8 +225,10 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         settings.state_retention_ms,
         expire=operator.send_expired(topology.commands),
     )
+    transactions = Transactions(settings.app_id, outside.new_producer, settings.transaction_timeout_ms / 1000) if outside.new_producer else None
     return Components(
         settings=settings,
+        transactions=transactions,
         topology=topology,
         clock=clock,
         backend=backend,
@@ -218,7 +249,7 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         replay_jobs=ReplayJobs(),
         oldest_dead_letter=OldestDeadLetter(topology.dead_letters),
         rates=rates,
-        offsets=OffsetWatch(lambda topic, skipped: metrics.offset_gaps.labels(topic).inc()),
+        offsets=OffsetWatch(lambda topic, skipped: metrics.offset_gaps.labels(topic).inc(), level=logging.DEBUG if settings.exactly_once else logging.WARNING),
     )
 
 
@@ -255,6 +286,7 @@ def build_app(settings: Settings | None = None) -> DlqApp:
     parts = build_components(settings, topology, outside_of(app, settings, topology))
     app.parts = parts
     at_end_of_step(parts.counters.flush_due)
+    use_transactions(parts.transactions)
     agents = register_agents(app, parts)
     _register_services(app, parts)
     register_views(app, Api(app, parts, agents.operator))
@@ -272,6 +304,8 @@ def _register_services(app: DlqApp, parts: Components) -> None:
     app.service(LoopLag())
     if parts.alerts is not None:
         app.service(AlertWebhook(parts.alerts))
+    if parts.transactions is not None:
+        app.service(TransactionCommits(parts.transactions, settings.commit_interval_ms, lambda exc: fail_transactions(app, exc)))
 
 
 def _register_metrics(app: DlqApp, parts: Components) -> None:

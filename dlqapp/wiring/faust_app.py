@@ -5,11 +5,15 @@ Agents, tables, views and commands live in their own modules and register on `ap
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
+import os
+import shutil
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -25,6 +29,7 @@ from dlqapp.tables.durability import ConfirmedTable
 from dlqapp.kafka.faust_consumer import dlq_consumer_class
 from dlqapp.kafka.faust_producer import PatientTransport, SingleChannelReplyConsumer, keep_in_metadata, producer_client, widen_changelog_buffer
 from dlqapp.kafka.access import KafkaAccessError
+from dlqapp.kafka.recovery_end import end_recoveries
 from dlqapp.kafka.admin import InternalTopic, TopicMismatchError, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -97,7 +102,10 @@ class DlqApp(faust.App):
         self.parts = parts
 
     async def on_first_start(self) -> None:
+        wipe_local_tables(self.dlq_settings, self.conf.tabledir)
         await super().on_first_start()
+        if self.dlq_settings.exactly_once:
+            self.add_future(end_recoveries(self))  # recovery_end: changelogs end in commit markers
         apply_log_format(self.dlq_settings)
         if self.lifecycle is not None:
             self.lifecycle.started()
@@ -145,6 +153,7 @@ class DlqApp(faust.App):
         # breaker never would be, so they are handed back unacked first (Ctrl-C, SIGTERM).
         if self.lifecycle is not None:
             await self.lifecycle.release(reopen=False)
+        await self._close_transactions(self.transaction_partitions())
         await super().on_stop()
 
     async def _on_partitions_revoked(self, revoked: set) -> None:
@@ -153,6 +162,7 @@ class DlqApp(faust.App):
         # (faust_consumer: this private hook is the only one that runs before the wait.)
         if not self.should_stop and self.lifecycle is not None:
             await self.lifecycle.release(reopen=True)
+        await self._close_transactions(self.transaction_partitions())
         await super()._on_partitions_revoked(revoked)
 
     async def _on_partitions_assigned(self, assigned: set, generation_id: int = 0) -> None:
@@ -160,11 +170,38 @@ class DlqApp(faust.App):
         # this assignment (dlqapp's consumer delivers a partition only after its seek).
         if not self.should_stop and self.lifecycle is not None:
             self.lifecycle.assigned()
+        await self._open_transactions({tp.partition for tp in assigned if tp.topic == self.dlq_settings.input})
         await super()._on_partitions_assigned(assigned, generation_id)
         owned = sorted({tp.partition for tp in assigned if tp.topic == self.dlq_settings.input})
         log_event(log, logging.INFO, "partitions_assigned", generation=generation_id, partitions=len(owned), of=self.dlq_settings.partitions)
         recovery = self.tables.recovery
         self._recovery_start = (time.monotonic(), {tp: -1 if offset is None else offset for tp, offset in recovery.active_offsets.items()})
+
+    def transaction_partitions(self) -> set[int]:
+        transactions = getattr(self.parts, "transactions", None)
+        return set(transactions.partitions) if transactions is not None else set()
+
+    async def _open_transactions(self, partitions: set[int]) -> None:
+        """Under exactly_once: fence the previous owners of newly owned partition numbers
+        before their changelogs are read (Faust's recovery starts in `super()`)."""
+        transactions = getattr(self.parts, "transactions", None)
+        if transactions is None or not partitions:
+            return
+        try:
+            await transactions.assign(partitions)
+        except Exception as exc:
+            fail_transactions(self, exc)
+            raise
+
+    async def _close_transactions(self, partitions: set[int]) -> None:
+        """Under exactly_once: commit and close the transactions of partitions handed back."""
+        transactions = getattr(self.parts, "transactions", None)
+        if transactions is None or not partitions:
+            return
+        try:
+            await transactions.revoke(partitions)
+        except Exception as exc:
+            fail_transactions(self, exc)
 
     def on_rebalance_end(self) -> None:
         super().on_rebalance_end()
@@ -187,7 +224,8 @@ class DlqApp(faust.App):
 
     def _new_consumer(self) -> Any:
         # faust_consumer: the fetch wait Faust fixes at 1.5 s, due hints first, records in offset order; see dlq_consumer_class.
-        consumer_class = dlq_consumer_class(self.dlq_settings.fetch_max_wait_ms, frozenset({self.dlq_settings.due}))
+        settings = self.dlq_settings
+        consumer_class = dlq_consumer_class(settings.fetch_max_wait_ms, frozenset({settings.due}), read_committed=settings.exactly_once)
         return consumer_class(
             self.transport,
             callback=self.topics.on_message,
@@ -207,6 +245,30 @@ class DlqApp(faust.App):
         producer = IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
         widen_changelog_buffer(producer, PRODUCER_BUFFER_MESSAGES)
         return producer
+
+
+TRANSACTION_FAILURE_EXIT_CODE = 75
+"""Exit code of a worker whose transaction failed (a broker outage, or fenced as a zombie)."""
+
+
+def fail_transactions(app: Any, exc: BaseException) -> None:
+    """A partition's transaction could not commit: stop the worker, unacked (its steps'
+    outputs were never visible; the next owner, or this worker restarted with its tables
+    rebuilt from the changelogs, handles them again)."""
+    log.critical("exactly-once transaction failed, stopping the worker: %s", exc)
+    app._crash(exc)
+    asyncio.get_running_loop().call_later(FATAL_GRACE_S, os._exit, TRANSACTION_FAILURE_EXIT_CODE)
+
+
+FATAL_GRACE_S = 10.0
+
+
+def wipe_local_tables(settings: Settings, tabledir: Any) -> None:
+    """Under exactly_once: start from the changelogs (committed writes only), never from local
+    RocksDB, which may hold writes of a transaction that never committed."""
+    path = Path(str(tabledir))
+    if settings.exactly_once and path.exists():
+        shutil.rmtree(path)
 
 
 def tune_garbage_collector() -> None:

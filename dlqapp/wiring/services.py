@@ -1,8 +1,8 @@
 """Background work that lives as long as the worker: Faust (mode) services.
 
 Each starts after table recovery and stops with the app: the retry timer (and its due-hop
-producer), the retention sweep, the crash-loop guard's journal, the alert webhook, and
-the event-loop lag gauge.
+producer), the retention sweep, the crash-loop guard's journal, the alert webhook, the
+event-loop lag gauge; under exactly_once, the transaction commits.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from mode import Service
 
@@ -20,6 +20,7 @@ from dlqapp.observability import metrics
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.kafka.faust_consumer import set_topic_paused
+from dlqapp.kafka.transactions import Transactions
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.tables.retention import Sweeper
 
@@ -183,3 +184,25 @@ class AlertWebhook(Service):
     @Service.task
     async def _run(self) -> None:
         await self.alerts.run(lambda: self.should_stop)
+
+
+class TransactionCommits(Service):
+    """Under exactly_once: commit each owned partition's transaction every DLQ_COMMIT_INTERVAL,
+    rebalances included (the steps a rebalance drains wait for their commit); a failed
+    commit stops the worker (`on_failure`)."""
+
+    def __init__(self, transactions: Transactions, interval_ms: int, on_failure: Callable[[BaseException], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.transactions = transactions
+        self.interval_s = interval_ms / 1000
+        self.on_failure = on_failure
+
+    @Service.task
+    async def _run(self) -> None:
+        while not self.should_stop:
+            await self.sleep(self.interval_s)
+            try:
+                await self.transactions.commit_all()
+            except Exception as exc:
+                self.on_failure(exc)
+                return

@@ -7,7 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.kafka_io import all_keys_seen, read_topic
+from tests.kafka_io import Record, all_keys_seen, read_topic, read_until_quiet
 from tests.support import http_json
 
 FULL = os.environ.get("CHAOS_FULL") == "1"
@@ -28,6 +28,18 @@ class Ledger:
         """Read both topics until every id has an outcome (or fail after `timeout`)."""
         wanted = set(ids)
         records = read_topic(bootstrap, [results_topic, dlq_topic], all_keys_seen(wanted), timeout, partitions, client)
+        return cls.of(records, results_topic, ids)
+
+    @classmethod
+    def read_to_end(cls, bootstrap: str, results_topic: str, dlq_topic: str, ids: list[str], partitions: int = 3, client: dict[str, Any] | None = None, quiet_s: float = 3.0) -> "Ledger":
+        """Read both topics to their end once their end offsets stayed put for `quiet_s`
+        (the workers have nothing left to write or commit): every outcome, duplicates included."""
+        records = read_until_quiet(bootstrap, [results_topic, dlq_topic], partitions, client, quiet_s)
+        return cls.of(records, results_topic, ids)
+
+    @classmethod
+    def of(cls, records: list[Record], results_topic: str, ids: list[str]) -> "Ledger":
+        wanted = set(ids)
         ledger = cls(ids)
         for record in records:
             if record.key is None or not record.value:

@@ -1,0 +1,244 @@
+"""Exactly-once outputs: one Kafka transaction per owned partition number per interval.
+
+dlqapp co-partitions every topic and table (a request's messages, state, parked retries
+and dead letter all sit on the partition its id hashes to), so the outputs of one
+partition's stream steps can be committed together: results, dead letters, tier and
+forwarded messages, and the records of its table changelogs. Each owned partition number
+`p` has its own transactional producer, `transactional.id = <app id>-<p>`; a new owner's
+`start()` (InitProducerId) fences the previous owner's producer, so a frozen worker that
+wakes up (a zombie) can no longer commit anything.
+
+A step enters its partition's transaction at its first output and leaves it when its
+outputs are sent (`StepGate`: steps share the transaction, a commit waits for the steps
+inside and holds new ones back, so a step never straddles two transactions); it is acked
+only after that transaction has committed (`committed()`). Offsets stay Faust's: an input
+is acked, and its offset committed, only after its outputs are; a redelivered input whose
+outputs committed is recognised by the request state committed with them.
+
+A failed send or commit is fatal for the worker (`TransactionFailed`): the transaction is
+aborted by the broker (or by the next owner's fencing), and the local tables, which hold
+writes of it, are rebuilt from the changelogs at the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, Protocol
+
+log = logging.getLogger("dlqapp.kafka.transactions")
+
+
+class TransactionFailed(Exception):
+    """A partition's transaction could not be committed: the worker must stop (its tables
+    hold writes that never became visible)."""
+
+
+class NotOwned(TransactionFailed):
+    """An output for a partition this worker no longer owns (its transaction was closed by a rebalance)."""
+
+
+class TransactionalProducer(Protocol):
+    """What dlqapp uses of aiokafka's transactional `AIOKafkaProducer`."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    async def begin_transaction(self) -> None: ...
+
+    async def commit_transaction(self) -> None: ...
+
+    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int | None = None, headers: Any = None) -> Awaitable[Any]: ...
+
+
+class StepGate:
+    """Steps share a partition's open transaction; a commit waits for the steps inside and
+    holds new ones back until the next transaction has begun."""
+
+    def __init__(self) -> None:
+        self._inside = 0
+        self._committing = False
+        self._changed = asyncio.Condition()
+
+    @property
+    def inside(self) -> int:
+        return self._inside
+
+    async def enter(self) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._committing)
+            self._inside += 1
+
+    async def leave(self) -> None:
+        async with self._changed:
+            self._inside -= 1
+            self._changed.notify_all()
+
+    async def close(self) -> None:
+        """Hold new steps back and wait until none is inside (the caller commits, then `reopen`s)."""
+        async with self._changed:
+            self._committing = True
+            await self._changed.wait_for(lambda: self._inside == 0)
+
+    async def reopen(self) -> None:
+        async with self._changed:
+            self._committing = False
+            self._changed.notify_all()
+
+
+class PartitionTransaction:
+    """The transactional producer of one owned partition number, and its open transaction."""
+
+    def __init__(self, partition: int, producer: TransactionalProducer, timeout_s: float) -> None:
+        self.partition = partition
+        self.producer = producer
+        self.timeout_s = timeout_s
+        self.gate = StepGate()
+        self._sends: list[Awaitable[Any]] = []
+        self._commit: asyncio.Future[None] | None = None
+        self._closed = False
+        self._spoiled: str | None = None
+        self.commits = 0
+
+    async def start(self) -> None:
+        """Fence every earlier producer of this partition number and open a transaction."""
+        await asyncio.wait_for(self.producer.start(), self.timeout_s)
+        await self._begin()
+
+    async def _begin(self) -> None:
+        await self.producer.begin_transaction()
+        self._commit = asyncio.get_running_loop().create_future()
+
+    async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int, headers: Any) -> Awaitable[Any]:
+        """Hand one record to the open transaction (the caller is inside the gate)."""
+        if self._closed:
+            raise NotOwned(f"partition {self.partition} was handed back; its transaction is closed")
+        pending = await self.producer.send(topic, value, key=key, partition=partition, headers=headers)
+        self._sends.append(pending)
+        return pending
+
+    def committed(self) -> asyncio.Future[None]:
+        """Resolves when the open transaction has committed (fails with `TransactionFailed`)."""
+        if self._commit is None:
+            raise NotOwned(f"partition {self.partition} has no open transaction")
+        return self._commit
+
+    @property
+    def has_outputs(self) -> bool:
+        return bool(self._sends) or self._spoiled is not None
+
+    def spoil(self, reason: str) -> None:
+        """The open transaction holds part of a step's outputs: it must never commit."""
+        self._spoiled = self._spoiled or reason
+
+    async def commit(self) -> None:
+        """Commit the open transaction (when it holds anything) and begin the next one."""
+        if self._closed or not (self._sends or self.gate.inside):
+            return
+        await self.gate.close()
+        try:
+            await self._commit_open()
+        finally:
+            await self.gate.reopen()
+
+    async def _commit_open(self) -> None:
+        done, sends = self._commit, self._sends
+        self._sends = []
+        try:
+            if self._spoiled is not None:
+                raise TransactionFailed(f"partition {self.partition}: {self._spoiled}; its transaction is not committed")
+            # aiokafka commits even when a send of the transaction failed: check each first
+            await asyncio.wait_for(asyncio.gather(*sends), self.timeout_s)
+            await asyncio.wait_for(self.producer.commit_transaction(), self.timeout_s)
+        except BaseException as exc:
+            failure = exc if isinstance(exc, TransactionFailed) else TransactionFailed(f"partition {self.partition}: transaction not committed: {type(exc).__name__}: {exc}")
+            self._closed = True
+            if done is not None and not done.done():
+                done.set_exception(failure)
+                done.exception()  # retrieved: the steps waiting on it see it, nobody else must
+            raise failure from exc
+        self.commits += 1
+        if done is not None and not done.done():
+            done.set_result(None)
+        await self._begin()
+
+    async def close(self) -> None:
+        """Commit what is open and stop the producer (the partition was handed back, or the worker stops)."""
+        try:
+            await self.commit()
+        finally:
+            self._closed = True
+            if self._commit is not None and not self._commit.done():
+                self._commit.set_exception(NotOwned(f"partition {self.partition} was handed back"))
+                self._commit.exception()
+            await self.producer.stop()
+
+
+ProducerFactory = Callable[[str], TransactionalProducer]
+"""Makes the transactional producer for a `transactional.id`."""
+
+
+class Transactions:
+    """The open transactions of the partition numbers this worker owns."""
+
+    def __init__(self, app_id: str, new_producer: ProducerFactory, timeout_s: float) -> None:
+        self.app_id = app_id
+        self.new_producer = new_producer
+        self.timeout_s = timeout_s
+        self._open: dict[int, PartitionTransaction] = {}
+
+    def transactional_id(self, partition: int) -> str:
+        return f"{self.app_id}-{partition}"
+
+    def of(self, partition: int) -> PartitionTransaction:
+        try:
+            return self._open[partition]
+        except KeyError:
+            raise NotOwned(f"partition {partition} is not owned by this worker (no open transaction)") from None
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted(self._open)
+
+    async def assign(self, partitions: set[int]) -> None:
+        """Open transactions for newly owned partition numbers (fencing their previous owners).
+
+        Must finish before the partitions' changelogs are read: the fencing aborts what a
+        previous owner left open, so recovery reads only committed writes."""
+        new = {p: PartitionTransaction(p, self.new_producer(self.transactional_id(p)), self.timeout_s) for p in partitions if p not in self._open}
+        if not new:
+            return
+        results = await asyncio.gather(*(t.start() for t in new.values()), return_exceptions=True)
+        failed = [(p, r) for p, r in zip(new, results) if isinstance(r, BaseException)]
+        for partition, transaction in new.items():
+            self._open[partition] = transaction
+        if failed:
+            partition, exc = failed[0]
+            hint = ""
+            if "Authorization" in type(exc).__name__:
+                hint = f"; grant WRITE and DESCRIBE on the transactional ids {self.app_id}- (prefixed): `faust -A dlqapp acls` prints the grants"
+            raise TransactionFailed(f"transactional producer of partition {partition} ({self.transactional_id(partition)}) did not start: {type(exc).__name__}: {exc}{hint}") from exc
+
+    async def revoke(self, partitions: set[int]) -> None:
+        """Commit and close the transactions of partition numbers handed back."""
+        closing = [self._open.pop(p) for p in sorted(partitions) if p in self._open]
+        results = await asyncio.gather(*(t.close() for t in closing), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise TransactionFailed(f"a transaction of a partition handed back was not committed: {failed[0]}") from failed[0]
+
+    async def commit_all(self) -> int:
+        """Commit every open transaction that holds outputs; returns how many committed."""
+        busy = [t for t in self._open.values() if t.has_outputs or t.gate.inside]
+        if not busy:
+            return 0
+        results = await asyncio.gather(*(t.commit() for t in busy), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
+        return len(busy)
+
+    async def close(self) -> None:
+        """Commit and close every transaction (the worker stops)."""
+        await self.revoke(set(self._open))

@@ -1,0 +1,112 @@
+"""DLQ_PROCESSING_GUARANTEE=exactly_once: a read_committed consumer of `results` and `dlq`
+sees exactly one outcome per request id (one result or one dead letter, never both, never
+twice) through kill -9, a zombie worker and a rebalance.
+
+Reduced sizes run in `make test`; `make chaos` (CHAOS_FULL=1) runs the full ones.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+
+import pytest
+
+from tests.chaos.ledger import FULL, Ledger
+from tests.chaos.test_faults import mock_calls, produce_ids, report
+from tests.support import MockLLM, Worker, wait_until
+
+pytestmark = pytest.mark.timeout(3600 if FULL else 900)
+
+READ_COMMITTED = {"isolation_level": "read_committed"}
+EOS_ENV = {
+    "DLQ_PROCESSING_GUARANTEE": "exactly_once",
+    "DLQ_INFERENCE": "openai",
+    "DLQ_INFERENCE_TIMEOUT": "2s",
+    "DLQ_RETRY_DELAYS": "200ms,400ms,600ms",
+    "DLQ_SESSION_TIMEOUT": "6s",
+}
+
+
+def flaky_mock(tmp_path) -> MockLLM:
+    """A provider that fails a fifth of the requests once and a twentieth always: every
+    request ends in a result or, after its retries, a dead letter."""
+    return MockLLM(tmp_path, args=["--latency-ms", "10", "--jitter-ms", "5", "--fail-once", "503=0.2", "--fail-always", "503=0.05", "--seed", "7"]).start()
+
+
+def committed_ledger(worker: Worker, ids: list[str], timeout: float = 600) -> Ledger:
+    """Every outcome a read_committed consumer sees, read once each id has one and the
+    workers have nothing left to commit (the log end offsets stop moving)."""
+    Ledger.read(worker.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=timeout, client=READ_COMMITTED)
+    return Ledger.read_to_end(worker.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, client=READ_COMMITTED)
+
+
+def assert_exactly_once(ledger: Ledger, summary: dict) -> None:
+    assert ledger.lost == [], summary
+    assert ledger.duplicate_outcomes == 0, summary
+    assert ledger.mixed == [], summary
+
+
+def test_each_request_has_one_committed_outcome(make_worker, tmp_path):
+    mock = flaky_mock(tmp_path)
+    try:
+        worker = make_worker(env_extra={**EOS_ENV, "DLQ_INFERENCE_URL": mock.api_url}).start()
+        ids = produce_ids(worker, 400, "eos")
+        ledger = committed_ledger(worker, ids)
+        summary = ledger.summary(mock.url)
+        report("exactly_once, no faults", summary)
+        assert_exactly_once(ledger, summary)
+        assert summary["dead_letters"] > 0 and summary["results"] > 0  # both kinds of outcome were made
+        assert summary["extra_calls"] == 0, summary  # without a fault, no call is made twice
+    finally:
+        mock.stop()
+
+
+def test_kill_9_during_load_and_retries_leaves_one_outcome_per_request(make_worker, tmp_path):
+    count, kills = (100_000, 5) if FULL else (3_000, 3)
+    rng = random.Random(int(os.environ.get("CHAOS_SEED", "517")))
+    mock = flaky_mock(tmp_path)
+    try:
+        worker = make_worker(env_extra={**EOS_ENV, "DLQ_INFERENCE_URL": mock.api_url}).start()
+        ids = produce_ids(worker, count, "eos-kill")
+        for kill in range(kills):
+            target = int(count * (kill + 1) / (kills + 1) * rng.uniform(0.8, 1.1))
+            wait_until(lambda: mock_calls(mock) >= target, 300, f"{target} backend calls before kill {kill + 1}")
+            worker.kill()
+            worker.start()
+        ledger = committed_ledger(worker, ids, timeout=1800 if FULL else 600)
+        summary = {**ledger.summary(mock.url), "kills": kills}
+        report("exactly_once, worker kill -9", summary)
+        assert_exactly_once(ledger, summary)
+        window = 64 * 2 * 2  # calls in flight or not yet committed when a worker dies
+        assert summary["extra_calls"] <= kills * window, summary
+    finally:
+        mock.stop()
+
+
+def test_a_zombie_worker_writes_nothing_visible_and_a_third_worker_joining_changes_nothing(make_worker, tmp_path):
+    """A worker frozen (SIGSTOP) past its session timeout loses its partitions; when it wakes
+    up (SIGCONT) its producers are fenced, so nothing it still sends becomes visible. A
+    third worker joining mid-run moves partitions again."""
+    count = 20_000 if FULL else 2_000
+    mock = MockLLM(tmp_path, args=["--latency-ms", "200", "--jitter-ms", "50", "--fail-once", "503=0.2", "--seed", "9"]).start()
+    try:
+        env = {**EOS_ENV, "DLQ_INFERENCE_URL": mock.api_url}
+        first = make_worker(env_extra=env, name="w1").start()
+        second = make_worker(env_extra=env, app_id=first.app_id, prefix=first.prefix, name="w2").start()
+        ids = produce_ids(first, count, "eos-zombie")
+        wait_until(lambda: mock_calls(mock) >= count // 4, 300, "a quarter of the calls before the freeze")
+        first.process.send_signal(signal.SIGSTOP)
+        try:
+            # the group gives the frozen worker's partitions to the other one
+            wait_until(lambda: second.get("/")[1].get("assignment", {}).get(first.topic("input")) == [0, 1, 2], 120, "the other worker to own every partition", interval=0.5)
+        finally:
+            first.process.send_signal(signal.SIGCONT)
+        third = make_worker(env_extra=env, app_id=first.app_id, prefix=first.prefix, name="w3").start()
+        ledger = committed_ledger(third, ids)
+        summary = {**ledger.summary(mock.url), "zombie": True, "joined": 1}
+        report("exactly_once, zombie and a join", summary)
+        assert_exactly_once(ledger, summary)
+    finally:
+        mock.stop()

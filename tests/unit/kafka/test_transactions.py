@@ -1,0 +1,182 @@
+"""Exactly-once outputs (dlqapp.kafka.transactions) over a fake transactional producer:
+what commits together, what waits for what, and what a failure does."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dlqapp.kafka.transactions import NotOwned, PartitionTransaction, TransactionFailed, Transactions
+
+
+class FakeProducer:
+    """Records each transaction's records; `visible` holds the committed ones only."""
+
+    def __init__(self, transactional_id: str = "app-0", fail_send: bool = False, fail_commit: bool = False) -> None:
+        self.transactional_id = transactional_id
+        self.fail_send, self.fail_commit = fail_send, fail_commit
+        self.open: list[tuple[str, bytes | None]] | None = None
+        self.visible: list[tuple[str, bytes | None]] = []
+        self.started = self.stopped = False
+        self.commits = 0
+
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    async def begin_transaction(self) -> None:
+        assert self.open is None, "a transaction is open already"
+        self.open = []
+
+    async def commit_transaction(self) -> None:
+        if self.fail_commit:
+            raise RuntimeError("ProducerFenced")
+        assert self.open is not None
+        self.visible += self.open
+        self.open = None
+        self.commits += 1
+
+    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int | None = None, headers: object = None) -> asyncio.Future[None]:
+        assert self.open is not None, "send outside a transaction"
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.fail_send:
+            done.set_exception(RuntimeError("NotEnoughReplicas"))
+        else:
+            self.open.append((topic, value))
+            done.set_result(None)
+        return done
+
+
+async def step(transaction: PartitionTransaction, *records: tuple[str, bytes], hold: asyncio.Event | None = None) -> None:
+    """What a stream step does: enter, send, (maybe wait), leave, then wait for the commit."""
+    await transaction.gate.enter()
+    try:
+        for topic, value in records:
+            await transaction.send(topic, b"k", value, 0, None)
+            if hold is not None:
+                await hold.wait()
+        committed = transaction.committed()
+    finally:
+        await transaction.gate.leave()
+    await committed
+
+
+def test_a_step_is_acked_only_after_its_transaction_commits_and_its_outputs_become_visible_together():
+    async def run():
+        producer = FakeProducer()
+        transaction = PartitionTransaction(0, producer, timeout_s=5)
+        await transaction.start()
+        done = asyncio.create_task(step(transaction, ("results", b"r1"), ("requests-changelog", b"state")))
+        await asyncio.sleep(0.01)
+        assert not done.done() and producer.visible == []  # sent, not committed, not acked
+        await transaction.commit()
+        await asyncio.wait_for(done, 1)
+        assert producer.visible == [("results", b"r1"), ("requests-changelog", b"state")]
+
+    asyncio.run(run())
+
+
+def test_a_commit_waits_for_the_step_inside_so_a_step_never_straddles_two_transactions():
+    async def run():
+        producer = FakeProducer()
+        transaction = PartitionTransaction(0, producer, timeout_s=5)
+        await transaction.start()
+        hold = asyncio.Event()
+        inside = asyncio.create_task(step(transaction, ("results", b"a"), ("changelog", b"a-state"), hold=hold))
+        await asyncio.sleep(0.01)
+        commit = asyncio.create_task(transaction.commit())
+        await asyncio.sleep(0.01)
+        late = asyncio.create_task(step(transaction, ("results", b"b")))  # held back while the commit waits
+        await asyncio.sleep(0.01)
+        assert not commit.done() and producer.visible == []
+        hold.set()
+        await asyncio.wait_for(commit, 1)
+        assert producer.visible == [("results", b"a"), ("changelog", b"a-state")]  # the whole first step, nothing of the second
+        await transaction.commit()
+        await asyncio.wait_for(asyncio.gather(inside, late), 1)
+        assert producer.visible[-1] == ("results", b"b") and producer.commits == 2
+
+    asyncio.run(run())
+
+
+def test_a_failed_send_fails_the_commit_and_every_step_waiting_on_it():
+    async def run():
+        producer = FakeProducer(fail_send=True)
+        transaction = PartitionTransaction(0, producer, timeout_s=5)
+        await transaction.start()
+        waiting = asyncio.create_task(step(transaction, ("results", b"x")))
+        await asyncio.sleep(0.01)
+        with pytest.raises(TransactionFailed):
+            await transaction.commit()
+        with pytest.raises(TransactionFailed):
+            await waiting
+        assert producer.commits == 0 and producer.visible == []
+
+    asyncio.run(run())
+
+
+def test_a_spoiled_transaction_never_commits():
+    async def run():
+        producer = FakeProducer()
+        transaction = PartitionTransaction(0, producer, timeout_s=5)
+        await transaction.start()
+        await transaction.gate.enter()
+        await transaction.send("results", b"k", b"half of a step", 0, None)
+        transaction.spoil("a step failed after it sent outputs")
+        await transaction.gate.leave()
+        with pytest.raises(TransactionFailed, match="a step failed"):
+            await transaction.commit()
+        assert producer.visible == []
+
+    asyncio.run(run())
+
+
+def test_an_idle_transaction_commits_nothing():
+    async def run():
+        producer = FakeProducer()
+        transaction = PartitionTransaction(0, producer, timeout_s=5)
+        await transaction.start()
+        await transaction.commit()
+        assert producer.commits == 0
+
+    asyncio.run(run())
+
+
+def test_partitions_are_fenced_on_assignment_committed_on_revocation_and_refused_after():
+    async def run():
+        made: dict[str, FakeProducer] = {}
+
+        def new_producer(transactional_id: str) -> FakeProducer:
+            made[transactional_id] = FakeProducer(transactional_id)
+            return made[transactional_id]
+
+        transactions = Transactions("app", new_producer, timeout_s=5)
+        await transactions.assign({0, 3})
+        assert sorted(made) == ["app-0", "app-3"] and all(p.started for p in made.values())
+        three = transactions.of(3)
+        waiting = asyncio.create_task(step(three, ("dlq", b"d")))
+        await asyncio.sleep(0.01)
+        await transactions.revoke({3})
+        await asyncio.wait_for(waiting, 1)
+        assert made["app-3"].visible == [("dlq", b"d")] and made["app-3"].stopped
+        with pytest.raises(NotOwned):
+            transactions.of(3)
+        assert transactions.partitions == [0]
+
+    asyncio.run(run())
+
+
+def test_a_producer_that_cannot_start_names_the_transactional_id():
+    class Refused(FakeProducer):
+        async def start(self) -> None:
+            raise type("TransactionalIdAuthorizationFailed", (Exception,), {})("denied")
+
+    async def run():
+        transactions = Transactions("app", lambda tid: Refused(tid), timeout_s=5)
+        with pytest.raises(TransactionFailed, match=r"app-2.*transactional ids app- \(prefixed\)"):
+            await transactions.assign({2})
+
+    asyncio.run(run())
