@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import random
 import signal
+from collections import Counter
 
 import pytest
 
 from tests.chaos.ledger import FULL, Ledger
 from tests.chaos.test_faults import mock_calls, produce_ids, report
-from tests.support import MockLLM, Worker, wait_until
+from tests.kafka_io import produce, read_until_quiet, request_bytes
+from tests.support import MockLLM, Worker, http_json, wait_until
 
 pytestmark = pytest.mark.timeout(3600 if FULL else 900)
 
@@ -108,5 +110,38 @@ def test_a_zombie_worker_writes_nothing_visible_and_a_third_worker_joining_chang
         summary = {**ledger.summary(mock.url), "zombie": True, "joined": 1}
         report("exactly_once, zombie and a join", summary)
         assert_exactly_once(ledger, summary)
+    finally:
+        mock.stop()
+
+
+def test_a_replay_starts_a_new_chain_with_one_outcome_of_its_own_through_a_kill(make_worker, tmp_path):
+    """What a read_committed consumer reads for a replayed request: the dead letter of chain 0,
+    then its tombstone on `dlq` (committed with the replay), then exactly one outcome of chain
+    1, whose records carry `replay_count: 1`. Half the replays are asked just before a kill -9."""
+    mock = MockLLM(tmp_path, args=["--latency-ms", "10"]).start()
+    try:
+        worker = make_worker(env_extra={**EOS_ENV, "DLQ_INFERENCE_URL": mock.api_url}).start()
+        ids = [f"replay-{i}-{worker.app_id[-6:]}" for i in range(20)]
+        for rid in ids:
+            mock.plan(request_id=rid, fail_times=1, status=401)  # auth_error: dead-lettered at the first attempt
+        produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in ids])
+        Ledger.read(worker.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=120, client=READ_COMMITTED)
+        wait_until(lambda: worker.get("/dlq/")[1].get("total") == len(ids), 60, "every dead letter listed")
+        for rid in ids[:10]:
+            assert worker.get(f"/dlq/{rid}/")[0] == 200
+            status, body = http_json(f"{worker.url}/dlq/{rid}/reprocess/", "POST")
+            assert status == 200 and body["status"] == "reprocessed", body
+        worker.kill()
+        worker.start()
+        for rid in ids[10:]:
+            status, body = http_json(f"{worker.url}/dlq/{rid}/reprocess/", "POST")
+            assert status == 200 and body["status"] == "reprocessed", body
+        records = read_until_quiet(worker.bootstrap, [worker.topic("results"), worker.topic("dlq")], 3, READ_COMMITTED, quiet_s=3.0)
+        chains = Counter((r.key.decode(), r.headers.get("replay_count", "0"), r.topic.rsplit(".", 1)[-1]) for r in records if r.value)
+        tombstones = Counter(r.key.decode() for r in records if r.value is None and r.topic == worker.topic("dlq"))
+        for rid in ids:
+            assert chains[(rid, "0", "dlq")] == 1 and chains[(rid, "0", "results")] == 0, (rid, chains)
+            assert chains[(rid, "1", "results")] + chains[(rid, "1", "dlq")] == 1, (rid, chains)
+            assert tombstones[rid] == 1, rid
     finally:
         mock.stop()

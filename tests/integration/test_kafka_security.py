@@ -162,6 +162,26 @@ def test_kill_9_on_the_secured_broker_loses_nothing(secure, tmp_path, workers):
     assert ledger.lost == []
 
 
+def test_exactly_once_runs_with_the_printed_acls_and_a_missing_transactional_id_grant_is_named(secure, tmp_path, workers):
+    env = {**FAST, "DLQ_PROCESSING_GUARANTEE": "exactly_once"}
+    refused = secured_worker(secure, tmp_path, env_extra=env, name="no-txn-grant")
+    workers.append(refused)
+    secure.apply_acls(refused, skip="--transactional-id")
+    refused.start(wait=False)
+    assert refused.process.wait(timeout=120) != 0
+    log = refused.log_path.read_text(errors="replace")
+    assert f"transactional ids {refused.app_id}- (prefixed)" in log and "faust -A dlqapp acls" in log, log[-3000:]
+
+    worker = secured_worker(secure, tmp_path, env_extra=env, name="eos")
+    workers.append(worker)
+    assert any("--transactional-id" in line for line in secure.apply_acls(worker))
+    worker.start()
+    ids = unique_ids("eos", 30)
+    produce(secure.bootstrap, worker.topic("input"), [(r.encode(), request_bytes(r)) for r in ids], client=secure.admin_client())
+    ledger = Ledger.read(secure.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=120, client={**secure.admin_client(), "isolation_level": "read_committed"})
+    assert ledger.lost == [] and ledger.duplicate_outcomes == 0 and len(ledger.results) == 30
+
+
 def test_kafka_local_writes_client_files_for_dlqapp_and_kafkas_tools(secure):
     env = secure.client_env()
     assert env["DLQ_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL" and env["DLQ_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512" and env["DLQ_KAFKA_SASL_USERNAME"] == "dlqapp"

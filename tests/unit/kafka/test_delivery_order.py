@@ -103,3 +103,52 @@ def test_whatever_the_fetches_skip_every_offset_is_delivered_once_and_in_order()
                 order.delivered(TP, offset)
                 delivered.append(offset)
     assert delivered == list(range(log_end))
+
+
+def test_an_idle_tail_of_only_a_commit_marker_is_rewound_then_taken_as_a_gap():
+    """Under exactly_once a partition's log ends in a transaction marker, which a consumer
+    never receives: its position stays one past the last record delivered. Idle rewinds that
+    keep ending there make the marker a gap; a record delivered in between starts over."""
+    order = started(10)
+    order.delivered(TP, 10)  # position 12: offset 11 is the marker
+    for _ in range(DeliveryOrder.GAP_AFTER_REWINDS - 1):
+        assert order.idle_check({TP: 12}) == [(TP, Verdict.REWIND, 11)]
+    assert order.idle_check({TP: 12}) == [(TP, Verdict.GAP, 11)]
+    assert order.expected(TP) == 12 and order.idle_check({TP: 12}) == []
+    order.delivered(TP, 12)
+    assert order.idle_check({TP: 20}) == [(TP, Verdict.REWIND, 13)]
+    order.delivered(TP, 13)  # a record after all: the count starts over
+    assert order.idle_check({TP: 20}) == [(TP, Verdict.REWIND, 14)]
+    assert order.idle_check({TP: 21}) == [(TP, Verdict.REWIND, 14)]  # another position: not the same hole
+
+
+def test_with_commit_markers_between_records_every_record_is_delivered_once_and_in_order():
+    """A read_committed fetch stream never returns the markers a transactional writer
+    leaves: following the verdicts delivers every record once, in order, and ends idle."""
+    rng = random.Random(11)
+    records, offset = [], 0
+    while len(records) < 500:
+        records += list(range(offset, offset + rng.randint(1, 5)))
+        offset = records[-1] + 2  # one marker after each transaction
+    log_end = offset - 1  # the log ends with a marker
+    order = started(0)
+    position, batch, delivered = 0, 1, []
+    for _ in range(10_000):
+        batch += 1
+        fetched = [o for o in records if position <= o < position + 50]
+        position = min(position + 50, log_end + 1) if not fetched else fetched[-1] + 1
+        if not fetched:
+            if order.expected(TP) == log_end + 1:
+                break
+            for tp, verdict, _ in order.idle_check({TP: log_end + 1}):
+                position = order.rewinding(tp, log_end + 1, batch) if verdict is Verdict.REWIND else log_end + 1
+            continue
+        for record in fetched:
+            verdict = order.decide(TP, record, batch)
+            if verdict is Verdict.REWIND:
+                position = order.rewinding(TP, record, batch)
+                break
+            if verdict in (Verdict.DELIVER, Verdict.GAP):
+                order.delivered(TP, record)
+                delivered.append(record)
+    assert delivered == records and order.expected(TP) == log_end + 1

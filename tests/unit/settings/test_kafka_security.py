@@ -115,6 +115,16 @@ def test_acls_are_least_privilege_and_follow_the_settings():
     assert "dlqapp-due" not in default  # the default internal topics sit under the prefixed grant
 
 
+def test_exactly_once_adds_write_and_describe_on_the_transactional_ids_and_nothing_else():
+    at_least_once = kafka_acls_lines(required(settings(DLQ_APP_ID="billing")), "User:svc")
+    exactly_once = kafka_acls_lines(required(settings(DLQ_APP_ID="billing", DLQ_PROCESSING_GUARANTEE="exactly_once")), "User:svc")
+    assert not any("--transactional-id" in line for line in at_least_once)
+    assert exactly_once[: len(at_least_once)] == at_least_once
+    assert exactly_once[len(at_least_once) :] == [
+        "--add --allow-principal User:svc --operation Write --operation Describe --transactional-id billing- --resource-pattern-type prefixed"
+    ]
+
+
 def test_missing_operations_follow_kafkas_implications():
     grants = required(settings())
     bits = lambda *ops: sum(1 << op.value for op in ops)  # noqa: E731
