@@ -28,7 +28,7 @@ def seed_request_states(bootstrap: str, changelog: str, count: int) -> list[str]
     at = int(time.time() * 1000)
     for i in range(0, count, 50_000):
         chunk = ids[i : i + 50_000]
-        values = [states.dump(states.transition(None, rid, states.SUCCEEDED, at, attempts=1)) for rid in chunk]
+        values = [states.transition(None, rid, states.SUCCEEDED, at, attempts=1).encode() for rid in chunk]
         produce(bootstrap, changelog, [(rid.encode(), value) for rid, value in zip(chunk, values)])
     return ids
 

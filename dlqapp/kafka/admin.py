@@ -26,6 +26,7 @@ from aiokafka.errors import (
     GroupAuthorizationFailedError,
     KafkaConnectionError,
     KafkaError,
+    NodeNotReadyError,
     NotCoordinatorError,
     TopicAlreadyExistsError,
     TopicAuthorizationFailedError,
@@ -274,7 +275,12 @@ async def _wait_until_known(admin: AIOKafkaAdminClient, partitions: dict[str, in
     deadline = time.monotonic() + KNOWN_WITHIN_S
     for node in await _live_brokers(admin):
         while True:
-            response = await admin._send_request_to_node(node, MetadataRequest(list(partitions)))
+            try:
+                response = await admin._send_request_to_node(node, MetadataRequest(list(partitions)))
+            except (asyncio.TimeoutError, KafkaConnectionError, NodeNotReadyError) as exc:
+                # a broker killed a moment ago is listed until the controller fences it
+                log.debug("broker %s did not answer the topics check (%r); the others must know them", node, exc)
+                break
             missing = _not_known(response.to_object()["topics"], partitions)
             if not missing:
                 break

@@ -72,7 +72,9 @@ def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
             continue
         if high is not None:
             read = consumer._read_offset.get(tp)
-            position = oldest.get(tp, read + 1 if read is not None else consumer._committed_offset.get(tp) or 0)
+            committed = consumer._committed_offset.get(tp) or 0
+            # committed can pass the last record read: a transaction's commit marker after it
+            position = oldest.get(tp, max(read + 1, committed) if read is not None else committed)
             lag.append((tp.topic, tp.partition, max(0, high - position)))
     return lag
 

@@ -29,6 +29,10 @@ from typing import Any, Awaitable, Callable, Protocol
 log = logging.getLogger("dlqapp.kafka.transactions")
 
 
+START_TIMEOUT_S = 60.0
+"""Longest a new owner waits for its producer's InitProducerId (a refused grant fails at once)."""
+
+
 class TransactionFailed(Exception):
     """A partition's transaction could not be committed: the worker must stop (its tables
     hold writes that never became visible)."""
@@ -102,8 +106,11 @@ class PartitionTransaction:
         self.commits = 0
 
     async def start(self) -> None:
-        """Fence every earlier producer of this partition number and open a transaction."""
-        await asyncio.wait_for(self.producer.start(), self.timeout_s)
+        """Fence every earlier producer of this partition number and open a transaction.
+
+        Bounded by START_TIMEOUT_S, not the transaction timeout: the transaction coordinator
+        may be on a broker that just died and is not yet fenced by the controller."""
+        await asyncio.wait_for(self.producer.start(), max(self.timeout_s, START_TIMEOUT_S))
         await self._begin()
 
     async def _begin(self) -> None:

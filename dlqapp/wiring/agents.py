@@ -228,7 +228,8 @@ class _Handlers:
                 except ValueError as exc:  # not a command: dead-letter it (it was not an operator's)
                     event = stream.current_event
                     if event is not None:
-                        await dead_letters.write_unprocessable(self.record(event), ErrorClass.INVALID_REQUEST, f"invalid operator command: {exc}"[:1000])
+                        async with changelog_barrier():  # a stream step of its own: its send joins the partition's transaction
+                            await dead_letters.write_unprocessable(self.record(event), ErrorClass.INVALID_REQUEST, f"invalid operator command: {exc}"[:1000])
                     yield {"status": "invalid", "reason": str(exc)}
                 except Exception as exc:  # answer the asker instead of leaving it to time out
                     log.exception("operator command failed: %r", command)

@@ -243,7 +243,7 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         recorder=recorder,
         operator=operator,
         crash_guard=crash_guard,
-        windows=InFlightWindows(settings.concurrency * 2, settings.drain_timeout_ms / 1000),
+        windows=InFlightWindows(window_limit(settings), settings.drain_timeout_ms / 1000),
         sweeper=sweeper,
         alerts=alerts,
         replay_jobs=ReplayJobs(),
@@ -251,6 +251,13 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         rates=rates,
         offsets=OffsetWatch(lambda topic, skipped: metrics.offset_gaps.labels(topic).inc(), level=logging.DEBUG if settings.exactly_once else logging.WARNING),
     )
+
+
+def window_limit(settings: Settings) -> int:
+    """Events each agent may handle at once: twice the backend slots (a call's event and the
+    next one's); under exactly_once four times, as a step also waits for its transaction's
+    commit (up to DLQ_COMMIT_INTERVAL) after its call has given its slot back."""
+    return settings.concurrency * (4 if settings.exactly_once else 2)
 
 
 def slot_limiter(settings: Settings) -> SlotLimiter:

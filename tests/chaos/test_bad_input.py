@@ -83,11 +83,13 @@ def test_every_bad_input_is_dead_lettered_with_its_bytes_and_the_next_valid_one_
     dead = read_topic(worker.bootstrap, worker.topic("dlq"), lambda r: expected <= {x.value for x in r}, 60)
     by_value = {r.value: r for r in dead}
     for name, payload in cases:
-        record = by_value[payload if payload is not None else b""]
+        if payload is None:  # its dead letter's value is empty, like an empty message's: told apart by the header
+            record = next((r for r in dead if r.value == b"" and r.headers.get("payload_null") == "true"), None)
+            assert record is not None, name
+        else:
+            record = by_value[payload]
         assert record.headers["error_class"] == "invalid_request", name
         assert record.headers["final_error"].startswith("invalid request:"), name
-        if payload is None:
-            assert record.headers["payload_null"] == "true"
     assert worker.process.poll() is None, "the worker must survive every bad input"
     huge = by_value[cases[9][1]]
     # The dlq agent records the entry after the DLQ topic has the record: wait for it.

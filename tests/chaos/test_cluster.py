@@ -30,7 +30,7 @@ PARTITIONS = 3
 ALL = FULL or os.environ.get("CHAOS_CLUSTER") == "1"
 every_scenario = pytest.mark.skipif(not ALL, reason="CHAOS_CLUSTER=1 or CHAOS_FULL=1 (make chaos) runs it")
 pytestmark = pytest.mark.timeout(2400 if FULL else 900)
-WINDOW = 64 * 2 * 2  # calls a rebalance or crash can orphan per worker: concurrency x window factor x agents
+WINDOW = 64 * 4 * 2  # calls a rebalance or crash can orphan per worker: concurrency x window factor (4 under exactly_once, which also waits for commits) x agents
 
 
 class Run:
@@ -55,8 +55,15 @@ class Run:
         meter.start()
         return meter
 
+    @property
+    def exactly_once(self) -> bool:
+        return self.env.get("DLQ_PROCESSING_GUARANTEE", "exactly_once") == "exactly_once"
+
     def ledger(self, ids: list[str], timeout: float = 600) -> Ledger:
-        return Ledger.read(self.cluster.bootstrap, self.topic("results"), self.topic("dlq"), ids, timeout=timeout)
+        """Every outcome a read_committed consumer sees, once each id has one and the topics are quiet."""
+        committed = {"isolation_level": "read_committed"}
+        Ledger.read(self.cluster.bootstrap, self.topic("results"), self.topic("dlq"), ids, timeout=timeout, client=committed)
+        return Ledger.read_to_end(self.cluster.bootstrap, self.topic("results"), self.topic("dlq"), ids, partitions=PARTITIONS, client=committed)
 
     def busiest_input_leader(self) -> tuple[int, int]:
         """(partition of `input` with the most messages, the broker leading it)."""
@@ -94,6 +101,8 @@ def check(name: str, r: Run, ledger: Ledger, faults: str, recover_s: float, cras
     report(name, summary)
     assert ledger.lost == [], summary
     assert summary["mixed_outcomes"] == 0, summary
+    if r.exactly_once:
+        assert summary["duplicate_outcomes"] == 0, summary
     assert summary["extra_calls"] <= crashes * WINDOW, summary
     return summary
 

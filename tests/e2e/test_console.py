@@ -181,7 +181,8 @@ def test_retries_tab_runs_now_and_dead_letters_selected_without_running_scripts(
     page.wait_for_function(f"!document.querySelector({json.dumps(row(ids[1]))}) && !document.querySelector({json.dumps(row(xss_id))})")
     assert "2 dead-lettered" in page.inner_text("#toast")
     for rid in (ids[1], xss_id):
-        status, entry = worker.get(f"/dlq/{quote(rid, safe='')}/")
+        # the dlq agent records the entry once it reads the dead letter (committed) back
+        status, entry = wait_until(lambda rid=rid: (r := worker.get(f"/dlq/{quote(rid, safe='')}/"))[0] == 200 and r, 30, f"the dead letter of {rid}")
         assert status == 200 and (entry["ledger"][-1]["action"], entry["ledger"][-1]["by"]) == ("dead_letter_now", "admin-page")
     assert page.evaluate("window.__pwned") is None
     assert page.query_selector("#r-rows img, #r-rows script") is None

@@ -116,7 +116,7 @@ def test_acls_are_least_privilege_and_follow_the_settings():
 
 
 def test_exactly_once_adds_write_and_describe_on_the_transactional_ids_and_nothing_else():
-    at_least_once = kafka_acls_lines(required(settings(DLQ_APP_ID="billing")), "User:svc")
+    at_least_once = kafka_acls_lines(required(settings(DLQ_APP_ID="billing", DLQ_PROCESSING_GUARANTEE="at_least_once")), "User:svc")
     exactly_once = kafka_acls_lines(required(settings(DLQ_APP_ID="billing", DLQ_PROCESSING_GUARANTEE="exactly_once")), "User:svc")
     assert not any("--transactional-id" in line for line in at_least_once)
     assert exactly_once[: len(at_least_once)] == at_least_once
