@@ -66,7 +66,7 @@ def test_each_request_has_one_committed_outcome(make_worker, tmp_path):
 
 
 def test_kill_9_during_load_and_retries_leaves_one_outcome_per_request(make_worker, tmp_path):
-    count, kills = (100_000, 5) if FULL else (3_000, 3)
+    count, kills = (100_000, 5) if FULL else (2_000, 2)
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "517")))
     mock = flaky_mock(tmp_path)
     try:
@@ -91,7 +91,7 @@ def test_a_zombie_worker_writes_nothing_visible_and_a_third_worker_joining_chang
     """A worker frozen (SIGSTOP) past its session timeout loses its partitions; when it wakes
     up (SIGCONT) its producers are fenced, so nothing it still sends becomes visible. A
     third worker joining mid-run moves partitions again."""
-    count = 20_000 if FULL else 2_000
+    count = 20_000 if FULL else 1_000
     mock = MockLLM(tmp_path, args=["--latency-ms", "200", "--jitter-ms", "50", "--fail-once", "503=0.2", "--seed", "9"]).start()
     try:
         env = {**EOS_ENV, "DLQ_INFERENCE_URL": mock.api_url}
