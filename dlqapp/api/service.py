@@ -23,7 +23,7 @@ from dlqapp.deadletters.queries import (
     merge_stats,
     newest_first,
 )
-from dlqapp.kafka.faust_consumer import consumer_lag
+from dlqapp.kafka.consumer_state import consumer_lag
 from dlqapp.kafka.faust_tables import active_partitions, values_newest_first
 from dlqapp.observability import metrics
 from dlqapp.observability.health import merge_health

@@ -27,7 +27,7 @@ from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
 from dlqapp.kafka.transactions import TransactionFailed
 from dlqapp.tables.durability import changelog_barrier, write_to_changelog
-from dlqapp.kafka.faust_consumer import crash, forget_unacked
+from dlqapp.kafka.consumer_state import crash, forget_unacked
 from dlqapp.tables.topology import TierTopic
 
 log = logging.getLogger("dlqapp.wiring.agents")

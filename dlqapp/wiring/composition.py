@@ -47,7 +47,7 @@ from dlqapp.wiring.faust_app import DlqApp, create_app, fail_transactions, insta
 from dlqapp.tables.counters import Counters
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.tables.durability import at_end_of_step, open_steps, send_in_step, use_transactions
-from dlqapp.kafka.faust_consumer import consumer_lag
+from dlqapp.kafka.consumer_state import consumer_lag
 from dlqapp.kafka.transactions import ProducerFactory, Transactions
 from dlqapp.kafka.faust_producer import producer_send
 from dlqapp.processing.flow import InFlightWindows

@@ -19,7 +19,7 @@ from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.observability import metrics
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.processing.crashguard import CrashGuard
-from dlqapp.kafka.faust_consumer import set_topic_paused
+from dlqapp.kafka.consumer_state import set_topic_paused
 from dlqapp.kafka.transactions import Transactions
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.tables.retention import Sweeper
