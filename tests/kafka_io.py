@@ -58,11 +58,13 @@ def request_bytes(request_id: str, **extra: Any) -> bytes:
 def read_topic(
     bootstrap: str, topic: str | list[str], until: Callable[[list[Record]], bool], timeout: float, partitions: int = 3, client: dict[str, Any] | None = None
 ) -> list[Record]:
-    """Read `topic` (or several) from the beginning until `until(records)` holds; fail on timeout."""
+    """Read `topic` (or several) from the beginning until `until(records)` holds; fail on timeout.
+    Committed records only, as the contract asks of dlqapp's consumers (unless `client` says otherwise)."""
     topics = [topic] if isinstance(topic, str) else topic
 
     async def run() -> list[Record]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **(client or {}))
+        options = {"isolation_level": "read_committed", **(client or {})}
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **options)
         await consumer.start()
         try:
             consumer.assign([TopicPartition(t, p) for t in topics for p in range(partitions)])

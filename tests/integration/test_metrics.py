@@ -45,6 +45,7 @@ def test_metrics_count_a_known_run_and_json_logs_carry_the_fields(make_worker):
     produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in plain[:3]])  # 3 duplicates
     wait_until(lambda: all(worker.get(f"/requests/{rid}/")[1].get("duplicates") == 1 for rid in plain[:3]), 30, "3 duplicates")
     for rid in dead[:2]:  # 2 replays, which then succeed
+        wait_until(lambda rid=rid: worker.get(f"/dlq/{rid}/")[0] == 200, 30, f"{rid} in the DLQ")  # the dlq agent records it once read back
         assert http_json(worker.url + f"/dlq/{rid}/reprocess/", "POST")[0] == 200
     wait_until(lambda: all(worker.get(f"/requests/{rid}/")[1]["state"] == "succeeded" for rid in dead[:2]), 30, "2 replays to succeed")
 
