@@ -57,7 +57,7 @@ class Run:
 
     @property
     def exactly_once(self) -> bool:
-        return self.env.get("DLQ_PROCESSING_GUARANTEE", "exactly_once") == "exactly_once"
+        return self.env.get("DLQ_PROCESSING_GUARANTEE", "at_least_once") == "exactly_once"
 
     def ledger(self, ids: list[str], timeout: float = 600) -> Ledger:
         """Every outcome a read_committed consumer sees, once each id has one and the topics are quiet."""
