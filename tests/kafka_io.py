@@ -75,10 +75,7 @@ def read_topic(
                 if time.monotonic() > deadline:
                     raise AssertionError(f"timed out after {timeout}s reading {topic}: {len(records)} records so far")
                 batch = await consumer.getmany(timeout_ms=200)
-                for messages in batch.values():
-                    for m in messages:
-                        headers = {k: v.decode("utf-8", "replace") for k, v in (m.headers or [])}
-                        records.append(Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, headers))
+                records += [record_of(m) for messages in batch.values() for m in messages]
             return records
         finally:
             await consumer.stop()
@@ -126,10 +123,7 @@ def read_until_quiet(bootstrap: str, topics: list[str], partitions: int, client:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"{topics} did not go quiet within {timeout}s")
                 batch = await consumer.getmany(timeout_ms=200)
-                for messages in batch.values():
-                    for m in messages:
-                        headers = {k: v.decode("utf-8", "replace") for k, v in (m.headers or [])}
-                        records.append(Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, headers))
+                records += [record_of(m) for messages in batch.values() for m in messages]
                 now_ends = await consumer.end_offsets(tps)
                 if now_ends != ends:
                     ends, still_since = now_ends, time.monotonic()
@@ -140,3 +134,9 @@ def read_until_quiet(bootstrap: str, topics: list[str], partitions: int, client:
             await consumer.stop()
 
     return asyncio.run(run())
+
+
+def record_of(m: Any) -> Record:
+    """An aiokafka message as a test `Record` (headers decoded)."""
+    headers = {k: v.decode("utf-8", "replace") for k, v in (m.headers or [])}
+    return Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, headers)
