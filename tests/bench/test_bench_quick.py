@@ -50,7 +50,9 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
         for system in systems:
             assert len(cost[system]["runs"]) == 1
             assert cost[system]["requests_per_s"]["median"] > 0
-            assert cost[system]["cpu_s_per_1k"]["median"] > 0 and cost[system]["mock_cpu_s_per_1k"]["median"] > 0
+            assert cost[system]["cpu_s_per_1k"]["median"] > 0
+            # 100 requests cost the mock about one clock tick (10 ms): zero is a true reading here
+            assert cost[system]["mock_cpu_s_per_1k"]["median"] >= 0
         assert cost["ratio_dlqapp_to_b"]["of_medians"] > 0 and len(cost["ratio_dlqapp_to_b"]["per_run"]) == 1
     assert results["overhead"]["ratio_10pct_to_0pct"]["of_medians"] > 0
     assert results["overhead"]["ratio_dlqapp_to_c"]["of_medians"] > 0 and results["overhead"]["ratio_c_to_b"]["of_medians"] > 0
