@@ -103,6 +103,8 @@ class PartitionTransaction:
         self._commit: asyncio.Future[None] | None = None
         self._closed = False
         self._spoiled: str | None = None
+        self._committing = asyncio.Lock()
+        """One commit at a time: the periodic one, a rebalance's and a shutdown's may meet."""
         self.commits = 0
 
     async def start(self) -> None:
@@ -141,6 +143,10 @@ class PartitionTransaction:
 
     async def commit(self) -> None:
         """Commit the open transaction (when it holds anything) and begin the next one."""
+        async with self._committing:
+            await self._commit_unlocked()
+
+    async def _commit_unlocked(self) -> None:
         if self._closed or not (self._sends or self.gate.inside):
             return
         await self.gate.close()
@@ -171,15 +177,19 @@ class PartitionTransaction:
         await self._begin()
 
     async def close(self) -> None:
-        """Commit what is open and stop the producer (the partition was handed back, or the worker stops)."""
-        try:
-            await self.commit()
-        finally:
-            self._closed = True
-            if self._commit is not None and not self._commit.done():
-                self._commit.set_exception(NotOwned(f"partition {self.partition} was handed back"))
-                self._commit.exception()
-            await self.producer.stop()
+        """Commit what is open and stop the producer (the partition was handed back, or the worker stops).
+
+        A commit already under way (the periodic one) is waited for: stopping the producer
+        under it would leave it waiting for an answer that never comes."""
+        async with self._committing:
+            try:
+                await self._commit_unlocked()
+            finally:
+                self._closed = True
+                if self._commit is not None and not self._commit.done():
+                    self._commit.set_exception(NotOwned(f"partition {self.partition} was handed back"))
+                    self._commit.exception()
+                await self.producer.stop()
 
 
 ProducerFactory = Callable[[str], TransactionalProducer]

@@ -20,6 +20,9 @@ class FakeProducer:
         self.visible: list[tuple[str, bytes | None]] = []
         self.started = self.stopped = False
         self.commits = 0
+        self.answer = asyncio.Event()
+        """The broker's answer to EndTxn (cleared: a commit waits for it)."""
+        self.answer.set()
 
     async def start(self) -> None:
         self.started = True
@@ -34,6 +37,8 @@ class FakeProducer:
     async def commit_transaction(self) -> None:
         if self.fail_commit:
             raise RuntimeError("ProducerFenced")
+        await self.answer.wait()
+        assert not self.stopped, "the producer was stopped under a commit: its answer never comes"
         assert self.open is not None
         self.visible += self.open
         self.open = None
@@ -98,6 +103,26 @@ def test_a_commit_waits_for_the_step_inside_so_a_step_never_straddles_two_transa
         await transaction.commit()
         await asyncio.wait_for(asyncio.gather(inside, late), 1)
         assert producer.visible[-1] == ("results", b"b") and producer.commits == 2
+
+    asyncio.run(run())
+
+
+def test_a_rebalance_closing_a_partition_waits_for_the_periodic_commit_under_way():
+    async def run():
+        producer = FakeProducer()
+        transaction = PartitionTransaction(0, producer, timeout_s=5)
+        await transaction.start()
+        done = asyncio.create_task(step(transaction, ("results", b"r1")))
+        await asyncio.sleep(0.01)
+        producer.answer.clear()  # a slow broker: the periodic commit waits for EndTxn
+        periodic = asyncio.create_task(transaction.commit())
+        await asyncio.sleep(0.01)
+        closing = asyncio.create_task(transaction.close())
+        await asyncio.sleep(0.01)
+        assert not producer.stopped and not closing.done()
+        producer.answer.set()
+        await asyncio.wait_for(asyncio.gather(periodic, closing, done), 1)
+        assert producer.visible == [("results", b"r1")] and producer.stopped
 
     asyncio.run(run())
 
