@@ -107,10 +107,12 @@ def all_keys_seen(wanted: set[str]) -> Callable[[list[Record]], bool]:
 
 
 def read_until_quiet(bootstrap: str, topics: list[str], partitions: int, client: dict[str, Any] | None, quiet_s: float, timeout: float = 300) -> list[Record]:
-    """Every record of `topics`, read once their end offsets have not moved for `quiet_s`."""
+    """Every record of `topics` (committed ones, unless `client` says otherwise), read once
+    their end offsets have not moved for `quiet_s`."""
 
     async def run() -> list[Record]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **(client or {}))
+        options = {"isolation_level": "read_committed", **(client or {})}
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **options)
         await consumer.start()
         try:
             tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]

@@ -7,11 +7,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlqapp.settings import SETTINGS
 from tests.kafka_io import Record, all_keys_seen, read_topic, read_until_quiet
-from tests.support import http_json
+from tests.support import Worker, http_json
 
 FULL = os.environ.get("CHAOS_FULL") == "1"
 """`make chaos` sets CHAOS_FULL=1 for the full-size runs; `make test` runs the reduced ones."""
+
+
+def under_exactly_once(env: dict[str, str] | None = None) -> bool:
+    """Whether workers started with `env` (default: this process's, which they inherit) run
+    under DLQ_PROCESSING_GUARANTEE=exactly_once, the setting's default included."""
+    default = next(value for name, value, _ in SETTINGS if name == "DLQ_PROCESSING_GUARANTEE")
+    return dict(os.environ if env is None else env).get("DLQ_PROCESSING_GUARANTEE", default) == "exactly_once"
 
 
 @dataclass
@@ -29,6 +37,12 @@ class Ledger:
         wanted = set(ids)
         records = read_topic(bootstrap, [results_topic, dlq_topic], all_keys_seen(wanted), timeout, partitions, client)
         return cls.of(records, results_topic, ids)
+
+    @classmethod
+    def read_settled(cls, bootstrap: str, results_topic: str, dlq_topic: str, ids: list[str], timeout: float, partitions: int = 3, client: dict[str, Any] | None = None) -> "Ledger":
+        """`read` until every id has an outcome, then `read_to_end`: late duplicates counted too."""
+        cls.read(bootstrap, results_topic, dlq_topic, ids, timeout, partitions, client)
+        return cls.read_to_end(bootstrap, results_topic, dlq_topic, ids, partitions, client)
 
     @classmethod
     def read_to_end(cls, bootstrap: str, results_topic: str, dlq_topic: str, ids: list[str], partitions: int = 3, client: dict[str, Any] | None = None, quiet_s: float = 3.0) -> "Ledger":
@@ -87,3 +101,18 @@ class Ledger:
         if mock_url:
             report["extra_calls"] = self.extra_calls(mock_url)
         return report
+
+
+def settled_ledger(worker: Worker, ids: list[str], timeout: float = 600) -> Ledger:
+    """The ledger of `worker`'s topics as a read_committed consumer sees it once every id has
+    an outcome and the topics went quiet (late duplicates counted)."""
+    return Ledger.read_settled(worker.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout)
+
+
+def assert_guarantee(ledger: Ledger, summary: dict[str, Any], env: dict[str, str] | None = None) -> None:
+    """Nothing lost; under exactly_once also no duplicate outcome and no id with both."""
+    assert ledger.lost == [], f"{len(ledger.lost)} lost, e.g. {ledger.lost[:5]}; {summary}"
+    if under_exactly_once(env):
+        assert ledger.duplicate_outcomes == 0, summary
+        assert ledger.mixed == [], f"ids with both a result and a dead letter: {ledger.mixed[:5]}; {summary}"
+

@@ -21,7 +21,7 @@ from typing import Iterator
 import pytest
 
 from tests.chaos.cluster_tools import StallMeter, SteadyLoad, ids_per_partition
-from tests.chaos.ledger import FULL, Ledger
+from tests.chaos.ledger import FULL, Ledger, under_exactly_once
 from tests.chaos.test_faults import FAULT_ENV, mock_calls, produce_ids, report, start_mock
 from tests.cluster import LocalCluster, wait_in_sync
 from tests.support import MockLLM, Worker, unique, unique_ids, wait_until
@@ -57,13 +57,12 @@ class Run:
 
     @property
     def exactly_once(self) -> bool:
-        return self.env.get("DLQ_PROCESSING_GUARANTEE", "at_least_once") == "exactly_once"
+        return under_exactly_once({**os.environ, **self.env})
 
     def ledger(self, ids: list[str], timeout: float = 600) -> Ledger:
         """Every outcome a read_committed consumer sees, once each id has one and the topics are quiet."""
         committed = {"isolation_level": "read_committed"}
-        Ledger.read(self.cluster.bootstrap, self.topic("results"), self.topic("dlq"), ids, timeout=timeout, client=committed)
-        return Ledger.read_to_end(self.cluster.bootstrap, self.topic("results"), self.topic("dlq"), ids, partitions=PARTITIONS, client=committed)
+        return Ledger.read_settled(self.cluster.bootstrap, self.topic("results"), self.topic("dlq"), ids, timeout, PARTITIONS, committed)
 
     def busiest_input_leader(self) -> tuple[int, int]:
         """(partition of `input` with the most messages, the broker leading it)."""

@@ -14,10 +14,10 @@ from collections import Counter
 
 import pytest
 
-from tests.chaos.ledger import FULL, Ledger
+from tests.chaos.ledger import FULL, Ledger, assert_guarantee, settled_ledger
 from tests.chaos.test_faults import mock_calls, produce_ids, report
 from tests.kafka_io import produce, read_until_quiet, request_bytes
-from tests.support import MockLLM, Worker, http_json, wait_until
+from tests.support import MockLLM, http_json, wait_until
 
 pytestmark = pytest.mark.timeout(3600 if FULL else 900)
 
@@ -37,28 +37,15 @@ def flaky_mock(tmp_path) -> MockLLM:
     return MockLLM(tmp_path, args=["--latency-ms", "10", "--jitter-ms", "5", "--fail-once", "503=0.2", "--fail-always", "503=0.05", "--seed", "7"]).start()
 
 
-def committed_ledger(worker: Worker, ids: list[str], timeout: float = 600) -> Ledger:
-    """Every outcome a read_committed consumer sees, read once each id has one and the
-    workers have nothing left to commit (the log end offsets stop moving)."""
-    Ledger.read(worker.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=timeout, client=READ_COMMITTED)
-    return Ledger.read_to_end(worker.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, client=READ_COMMITTED)
-
-
-def assert_exactly_once(ledger: Ledger, summary: dict) -> None:
-    assert ledger.lost == [], summary
-    assert ledger.duplicate_outcomes == 0, summary
-    assert ledger.mixed == [], summary
-
-
 def test_each_request_has_one_committed_outcome(make_worker, tmp_path):
     mock = flaky_mock(tmp_path)
     try:
         worker = make_worker(env_extra={**EOS_ENV, "DLQ_INFERENCE_URL": mock.api_url}).start()
         ids = produce_ids(worker, 400, "eos")
-        ledger = committed_ledger(worker, ids)
+        ledger = settled_ledger(worker, ids)
         summary = ledger.summary(mock.url)
         report("exactly_once, no faults", summary)
-        assert_exactly_once(ledger, summary)
+        assert_guarantee(ledger, summary, EOS_ENV)
         assert summary["dead_letters"] > 0 and summary["results"] > 0  # both kinds of outcome were made
         assert summary["extra_calls"] == 0, summary  # without a fault, no call is made twice
     finally:
@@ -77,10 +64,10 @@ def test_kill_9_during_load_and_retries_leaves_one_outcome_per_request(make_work
             wait_until(lambda: mock_calls(mock) >= target, 300, f"{target} backend calls before kill {kill + 1}")
             worker.kill()
             worker.start()
-        ledger = committed_ledger(worker, ids, timeout=1800 if FULL else 600)
+        ledger = settled_ledger(worker, ids, timeout=1800 if FULL else 600)
         summary = {**ledger.summary(mock.url), "kills": kills}
         report("exactly_once, worker kill -9", summary)
-        assert_exactly_once(ledger, summary)
+        assert_guarantee(ledger, summary, EOS_ENV)
         window = 64 * 4 * 2  # events in flight or waiting for their commit (4 x concurrency per agent, input and due) when a worker dies
         assert summary["extra_calls"] <= kills * window, summary
     finally:
@@ -106,10 +93,10 @@ def test_a_zombie_worker_writes_nothing_visible_and_a_third_worker_joining_chang
         finally:
             first.process.send_signal(signal.SIGCONT)
         third = make_worker(env_extra=env, app_id=first.app_id, prefix=first.prefix, name="w3").start()
-        ledger = committed_ledger(third, ids)
+        ledger = settled_ledger(third, ids)
         summary = {**ledger.summary(mock.url), "zombie": True, "joined": 1}
         report("exactly_once, zombie and a join", summary)
-        assert_exactly_once(ledger, summary)
+        assert_guarantee(ledger, summary, EOS_ENV)
     finally:
         mock.stop()
 
