@@ -42,6 +42,7 @@ from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.caller import BackendCaller, DeadlinePassed
 from dlqapp.retries.parking import RetryParking
+from dlqapp.tables.durability import after_step_sent
 from dlqapp.tables.partition_io import PartitionIO, as_header_pairs
 
 log = logging.getLogger("dlqapp.processing.pipeline")
@@ -154,7 +155,8 @@ class Pipeline:
                 return
             await self.carry_out(outcome, envelope, request, record)
         finally:
-            self.in_flight.discard(request.request_id)
+            # idle once this step's writes are on their way: the next attempt's must follow them
+            after_step_sent(lambda: self.in_flight.discard(request.request_id))
 
     # -- outcomes ---------------------------------------------------------------------
 

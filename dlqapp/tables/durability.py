@@ -59,7 +59,7 @@ class _Step:
     """What one stream step wrote: changelog records still to send, and Faust's own sends;
     under exactly-once, the partition transaction it is inside and whether it sent into it."""
 
-    __slots__ = ("records", "futures", "partition", "transaction", "sent")
+    __slots__ = ("records", "futures", "partition", "transaction", "sent", "after_sent")
 
     def __init__(self, partition: int | None) -> None:
         self.records: dict[tuple[ConfirmedTable, int, bytes], bytes | None] = {}
@@ -67,6 +67,26 @@ class _Step:
         self.partition = partition
         self.transaction: PartitionTransaction | None = None
         self.sent = False
+        self.after_sent: list[Callable[[], None]] = []
+
+    def run_after_sent(self) -> None:
+        hooks, self.after_sent = self.after_sent, []
+        for hook in hooks:
+            hook()
+
+
+def after_step_sent(hook: Callable[[], None]) -> None:
+    """Run `hook` once the current step has handed its table writes to the producer (at
+    once outside a step), failed or not.
+
+    A step's changelog records carry the values it wrote and are sent when it ends: another
+    step writing the same keys must not send its records first, or the changelog would end
+    on the older value. A request's next attempt waits for this (dlqapp.core.in_flight)."""
+    step = _step.get()
+    if step is None:
+        hook()
+    else:
+        step.after_sent.append(hook)
 
 
 _transactions: Transactions | None = None
@@ -81,15 +101,20 @@ def use_transactions(transactions: Transactions | None) -> None:
 
 
 async def send_in_step(topic: str, key: bytes, value: bytes | None, partition: int, headers: Any) -> Any:
-    """Send one output of the current step into its partition's transaction (exactly-once);
-    returns what resolves once the broker has the record (not yet committed)."""
+    """Send one output of the current step into its partition's transaction (exactly-once).
+
+    Returns a future that is already resolved: the broker's acknowledgements of the step's
+    outputs are checked together by the commit the step waits for, so a step holds its
+    transaction open for no broker round trip of its own."""
     step = _step.get()
     if step is None or step.partition is None or _transactions is None:
         raise TransactionFailed(f"an output to {topic} outside a stream step cannot join a transaction")
     transaction = await _enter(step)
-    pending = await transaction.send(topic, key, value, partition, headers)
+    await transaction.send(topic, key, value, partition, headers)
     step.sent = True
-    return pending
+    confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    confirmed.set_result(None)
+    return confirmed
 
 
 async def write_to_changelog(table: Any, key: bytes, value: bytes, partition: int) -> None:
@@ -196,9 +221,18 @@ def _in_stream(table: ConfirmedTable) -> tuple[int, Any] | None:
 
 
 class changelog_barrier:
-    """On leaving the block, send the table writes made inside it and wait until the broker has them all."""
+    """On leaving the block, send the table writes made inside it and wait until the broker has them all.
 
-    __slots__ = ("_step", "_token", "_partition")
+    Under exactly-once the block ends once its partition's transaction has committed; with
+    `wait_for_commit=False` it ends when its outputs are in the transaction, and `committed`
+    is what resolves at the commit (None: nothing to wait for), so a caller handling events
+    one at a time need not wait a commit interval per event (it acks each one then)."""
+
+    __slots__ = ("_step", "_token", "_partition", "_wait", "committed")
+
+    def __init__(self, wait_for_commit: bool = True) -> None:
+        self._wait = wait_for_commit
+        self.committed: asyncio.Future[None] | None = None
 
     async def __aenter__(self) -> None:
         event = current_event()
@@ -210,12 +244,17 @@ class changelog_barrier:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
-            if self._step.partition is not None and _transactions is not None:
-                await _commit_step(self._step, failed=exc_type is not None)
-            elif exc_type is None:
-                await _confirm(self._step)
-            else:
-                await _send_unconfirmed(self._step)
+            try:
+                if self._step.partition is not None and _transactions is not None:
+                    self.committed = await _commit_step(self._step, failed=exc_type is not None)
+                elif exc_type is None:
+                    await _confirm(self._step)
+                else:
+                    await _send_unconfirmed(self._step)
+            finally:
+                self._step.run_after_sent()
+            if self._wait and self.committed is not None:
+                await self.committed
         finally:
             _step.reset(self._token)
             if self._partition is not None:
@@ -236,9 +275,10 @@ async def _confirm(step: _Step) -> None:
             table.persisted(partition, future.result().offset)
 
 
-async def _commit_step(step: _Step, failed: bool) -> None:
-    """Exactly-once: the step's table writes join its partition's transaction, and a step
-    that sent anything ends once that transaction has committed (its event is acked then).
+async def _commit_step(step: _Step, failed: bool) -> asyncio.Future[None] | None:
+    """Exactly-once: the step's table writes join its partition's transaction; returns what
+    resolves once that transaction has committed (its event may be acked then), or None
+    when the step sent nothing.
 
     A step that failed or was cancelled after it sent outputs leaves the transaction with
     part of its work: it is marked spoiled and never commits (the worker stops)."""
@@ -249,7 +289,7 @@ async def _commit_step(step: _Step, failed: bool) -> None:
         await _enter(step)
     transaction = step.transaction
     if transaction is None:
-        return
+        return None
     committed = None
     try:
         if failed and step.sent:
@@ -258,14 +298,19 @@ async def _commit_step(step: _Step, failed: bool) -> None:
         sent = [(table, partition, await transaction.send(table.changelog_topic_name, key, value, partition, None)) for (table, partition, key), value in records.items()]
         step.sent = step.sent or bool(sent)
         if step.sent and not failed:
-            await asyncio.gather(*(future for _, _, future in sent))
-            for table, partition, future in sent:
-                table.persisted(partition, future.result().offset)
             committed = transaction.committed()
     finally:
         await transaction.gate.leave()
-    if committed is not None:
-        await committed
+    if committed is None:
+        return None
+
+    def note_persisted(done: asyncio.Future[None]) -> None:  # the commit checked every send first
+        if not done.cancelled() and done.exception() is None:
+            for table, partition, future in sent:
+                table.persisted(partition, future.result().offset)
+
+    committed.add_done_callback(note_persisted)
+    return committed
 
 
 async def _send_unconfirmed(step: _Step) -> None:

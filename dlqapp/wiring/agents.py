@@ -27,6 +27,7 @@ from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
 from dlqapp.kafka.transactions import TransactionFailed
 from dlqapp.tables.durability import changelog_barrier, write_to_changelog
+from dlqapp.wiring.restart import restart_after_stop
 from dlqapp.kafka.consumer_state import crash, forget_unacked
 from dlqapp.tables.topology import TierTopic
 
@@ -84,6 +85,15 @@ class WorkerLifecycle:
             log_event(log, logging.WARNING, "counts_not_written", error=repr(exc))
 
 
+def ack_when_committed(event: EventT, committed: "asyncio.Future[None] | None") -> None:
+    """Ack `event` now (nothing to wait for) or once `committed` resolves; never when it fails
+    (the worker restarts and the event is handled again)."""
+    if committed is None:
+        event.ack()
+    else:
+        committed.add_done_callback(lambda done: done.cancelled() or done.exception() is not None or event.ack())
+
+
 def register_agents(app: Any, parts: Any) -> Agents:
     """Register every agent on `app`; `parts` are the worker's components."""
     app.attach(WorkerLifecycle(parts), parts)
@@ -111,6 +121,9 @@ class _Handlers:
         Faust's crash path stops the services; should the process linger, it is ended
         after a grace period (like kill -9, which at-least-once delivery already covers).
         """
+        if isinstance(exc, TransactionFailed):  # exactly_once: rebuild the tables, rejoin
+            restart_after_stop(self.app, exc, ready=bool(getattr(self.app, "_ready_logged", False)))
+            return
         log.critical("fatal error, stopping the worker: %r", exc)
         crash(self.app, exc)
         asyncio.get_running_loop().call_later(FATAL_GRACE_S, os._exit, FATAL_EXIT_CODE)
@@ -145,19 +158,26 @@ class _Handlers:
         return self.parts.windows.new(self.poison, self.fatal, lambda event: forget_unacked(self.app, event), self.parts.crash_guard, limit)
 
     async def each_event(self, stream: StreamT, handle: Callable[[EventT], Awaitable[None]]) -> None:
-        """Handle events one at a time; a failing one is dead-lettered as poison, never fatal."""
-        async for event in stream.events():
+        """Handle events one at a time; a failing one is dead-lettered as poison, never fatal.
+
+        Each event is acked once its outputs are committed: at once under at-least-once,
+        at its partition's next commit under exactly-once (the next event need not wait
+        for it; acks stay in offset order, a partition's commits being in order)."""
+        async for event in stream.noack().events():
             self.watch(event)
             try:
-                async with changelog_barrier():
+                barrier = changelog_barrier(wait_for_commit=False)
+                async with barrier:
                     await handle(event)
             except Exception as exc:
                 try:
-                    async with changelog_barrier():
+                    barrier = changelog_barrier(wait_for_commit=False)
+                    async with barrier:
                         await self.poison(event, exc)
                 except Exception as fatal:
                     self.fatal(fatal)
                     raise
+            ack_when_committed(event, barrier.committed)
 
     def input_agent(self) -> Callable[[StreamT], Awaitable[None]]:
         pipeline, topic, gate = self.parts.pipeline, self.parts.topology.input, self.parts.input_gate

@@ -120,6 +120,31 @@ async def test_the_step_ends_only_once_the_broker_confirmed_its_records(table):
 
 
 @synchronously
+async def test_a_hook_after_the_step_runs_once_its_records_are_sent_failed_or_not(table):
+    table, producer = table
+    event = in_stream(0)
+    seen: list[list[tuple]] = []
+
+    async def step(fail: bool) -> None:
+        before = len(seen)
+        async with changelog_barrier():
+            table[b"k"] = b"v"
+            durability.after_step_sent(lambda: seen.append(list(producer.sent)))
+            assert len(seen) == before  # not while the step runs: its record is not sent yet
+            if fail:
+                raise RuntimeError("handler failed")
+
+    await step(fail=False)
+    assert seen == [[("durability-test-t-changelog", b"k", b"v", 0)]]
+    with pytest.raises(RuntimeError):
+        await step(fail=True)
+    assert len(seen) == 2 and len(seen[1]) == 2
+    durability.after_step_sent(lambda: seen.append([]))  # outside a step: at once
+    assert seen[-1] == []
+    del event
+
+
+@synchronously
 async def test_a_delete_sends_a_tombstone(table):
     table, producer = table
     event = in_stream(0)
