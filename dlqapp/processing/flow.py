@@ -18,6 +18,7 @@ import logging
 from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Protocol
 
+from dlqapp.kafka.transactions import NotOwned
 from dlqapp.processing.crashguard import CrashGuard, PoisonMessage
 from dlqapp.tables.durability import changelog_barrier
 
@@ -127,6 +128,9 @@ class InFlightWindow:
                     await self._on_error(entry[0], exc)
         except asyncio.CancelledError:
             raise
+        except NotOwned:  # exactly_once: its partition was handed back meanwhile; the next owner handles it
+            self._forget(entry[0])
+            return
         except BaseException as exc:  # routing failed too: never ack, stop the worker
             log.exception("handler failed and its event could not be routed; the worker stops")
             self._on_fatal(exc)

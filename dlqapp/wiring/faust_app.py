@@ -5,10 +5,8 @@ Agents, tables, views and commands live in their own modules and register on `ap
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
-import os
 import shutil
 import socket
 import sys
@@ -31,6 +29,7 @@ from dlqapp.kafka.faust_producer import PatientTransport, SingleChannelReplyCons
 from dlqapp.kafka.access import KafkaAccessError
 from dlqapp.kafka.recovery_end import end_recoveries
 from dlqapp.kafka.admin import InternalTopic, TopicMismatchError, ensure_topics
+from dlqapp.wiring.restart import restart_after_stop
 
 log = logging.getLogger(__name__)
 
@@ -247,20 +246,11 @@ class DlqApp(faust.App):
         return producer
 
 
-TRANSACTION_FAILURE_EXIT_CODE = 75
-"""Exit code of a worker whose transaction failed (a broker outage, or fenced as a zombie)."""
-
-
 def fail_transactions(app: Any, exc: BaseException) -> None:
-    """A partition's transaction could not commit: stop the worker, unacked (its steps'
-    outputs were never visible; the next owner, or this worker restarted with its tables
-    rebuilt from the changelogs, handles them again)."""
-    log.critical("exactly-once transaction failed, stopping the worker: %s", exc)
-    app._crash(exc)
-    asyncio.get_running_loop().call_later(FATAL_GRACE_S, os._exit, TRANSACTION_FAILURE_EXIT_CODE)
-
-
-FATAL_GRACE_S = 10.0
+    """A partition's transaction could not commit: its steps' outputs never became visible
+    and their events stay unacked, but the local tables hold their writes, so the worker
+    restarts itself and rebuilds them from the changelogs (dlqapp.wiring.restart)."""
+    restart_after_stop(app, exc, ready=bool(getattr(app, "_ready_logged", False)))
 
 
 def wipe_local_tables(settings: Settings, tabledir: Any) -> None:

@@ -3,6 +3,7 @@ handlers, and what a release (rebalance or shutdown) does with the events in it.
 
 import asyncio
 
+from dlqapp.kafka.transactions import NotOwned
 from dlqapp.processing.flow import InFlightWindow
 from tests.unit.processing.flow_fakes import FakeEvent, _reraise
 
@@ -66,6 +67,21 @@ def test_when_routing_fails_too_the_event_is_never_acked_and_the_worker_stops():
         await window.submit("p0", FakeEvent(1, acked), fine)
         await window.join()
         assert acked == [] and isinstance(fatal[0], RuntimeError)
+
+    asyncio.run(run())
+
+
+def test_an_output_for_a_partition_handed_back_gives_its_event_back_and_the_worker_goes_on():
+    async def run():
+        acked, forgotten, fatal = [], [], []
+        window = InFlightWindow(10, on_error=_reraise, on_fatal=fatal.append, forget=lambda e: forgotten.append(e.offset))
+
+        async def late():
+            raise NotOwned("partition 0 was handed back")
+
+        await window.submit("p0", FakeEvent(0, acked), late)
+        await window.join()
+        assert forgotten == [0] and acked == [] and fatal == []
 
     asyncio.run(run())
 
