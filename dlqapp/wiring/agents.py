@@ -121,7 +121,9 @@ class _Handlers:
         Faust's crash path stops the services; should the process linger, it is ended
         after a grace period (like kill -9, which at-least-once delivery already covers).
         """
-        if isinstance(exc, TransactionFailed):  # exactly_once: rebuild the tables, rejoin
+        if isinstance(exc, TransactionFailed) or self.parts.transactions is not None:
+            # exactly_once (e.g. ProducerFenced on a send): the tables hold writes that will
+            # never commit, so rebuild them and rejoin (dlqapp.wiring.restart)
             restart_after_stop(self.app, exc, ready=bool(getattr(self.app, "_ready_logged", False)))
             return
         log.critical("fatal error, stopping the worker: %r", exc)

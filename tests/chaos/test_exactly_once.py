@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 
 from tests.chaos.ledger import FULL, Ledger, assert_guarantee, settled_ledger
+from tests.chaos.latency_support import safe_get
 from tests.chaos.test_faults import mock_calls, produce_ids, report
 from tests.kafka_io import produce, read_until_quiet, request_bytes
 from tests.support import MockLLM, http_json, wait_until
@@ -94,6 +95,8 @@ def test_a_zombie_worker_writes_nothing_visible_and_a_third_worker_joining_chang
             first.process.send_signal(signal.SIGCONT)
         third = make_worker(env_extra=env, app_id=first.app_id, prefix=first.prefix, name="w3").start()
         ledger = settled_ledger(third, ids)
+        # fenced, the woken worker restarted in place (same process) and serves again
+        wait_until(lambda: first.process.poll() is None and safe_get(first, "/").get("ready"), 180, "the woken worker back and ready")
         summary = {**ledger.summary(mock.url), "zombie": True, "joined": 1}
         report("exactly_once, zombie and a join", summary)
         assert_guarantee(ledger, summary, EOS_ENV)
