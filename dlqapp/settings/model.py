@@ -91,7 +91,7 @@ class Settings:
         "`exactly_once`: every output of a partition's stream steps (results, dead letters, retries, state) is written in one Kafka transaction per DLQ_COMMIT_INTERVAL, so a `read_committed` consumer of `results` and `dlq` sees exactly one outcome per request; `at_least_once`: outcomes are confirmed one by one, and a crash can repeat one.",
     )
     commit_interval_ms: int = _setting("DLQ_COMMIT_INTERVAL", "100ms", _positive_duration, "Under `exactly_once`: how often each partition's transaction commits (a step is acked once its transaction has committed).")
-    transaction_timeout_ms: int = _setting("DLQ_TRANSACTION_TIMEOUT", "10s", _positive_duration, "Under `exactly_once`: the broker aborts a transaction left open this long (a frozen worker's), and a commit that takes longer ends the worker.")
+    transaction_timeout_ms: int = _setting("DLQ_TRANSACTION_TIMEOUT", "10s", _positive_duration, "Under `exactly_once`: the broker aborts a transaction left open this long (a frozen worker's); a commit that takes longer restarts the worker in place (its tables rebuilt from the changelogs).")
     drain_timeout_ms: int = _setting("DLQ_DRAIN_TIMEOUT", "5s", parse_duration_ms, "On shutdown or a rebalance, how long calls in flight may finish; the rest (and requests held by the breaker) are left unacked for the partition's next owner.")
     poison_after_crashes: int = _setting("DLQ_POISON_AFTER_CRASHES", "3", _positive_int, "A message the worker died on (in progress at this many unclean stops in a row) is dead-lettered as `poison` instead of being handled again.")
     timer_interval_ms: int = _setting("DLQ_TIMER_INTERVAL", "20ms", parse_duration_ms, "How often the retry timer scans for due retries.")
