@@ -18,7 +18,7 @@ import logging
 from collections import deque
 from typing import Any, Awaitable, Callable, Hashable, Protocol
 
-from dlqapp.kafka.transactions import NotOwned
+from dlqapp.kafka.transactions import NotOwned, TransactionFailed
 from dlqapp.processing.crashguard import CrashGuard, PoisonMessage
 from dlqapp.tables.durability import changelog_barrier
 
@@ -130,6 +130,9 @@ class InFlightWindow:
             raise
         except NotOwned:  # exactly_once: its partition was handed back meanwhile; the next owner handles it
             self._forget(entry[0])
+            return
+        except TransactionFailed as exc:  # exactly_once: every step of that transaction sees it; not acked
+            self._on_fatal(exc)
             return
         except BaseException as exc:  # routing failed too: never ack, stop the worker
             log.exception("handler failed and its event could not be routed; the worker stops")

@@ -3,7 +3,7 @@ handlers, and what a release (rebalance or shutdown) does with the events in it.
 
 import asyncio
 
-from dlqapp.kafka.transactions import NotOwned
+from dlqapp.kafka.transactions import NotOwned, TransactionFailed
 from dlqapp.processing.flow import InFlightWindow
 from tests.unit.processing.flow_fakes import FakeEvent, _reraise
 
@@ -84,6 +84,22 @@ def test_an_output_for_a_partition_handed_back_gives_its_event_back_and_the_work
         assert forgotten == [0] and acked == [] and fatal == []
 
     asyncio.run(run())
+
+
+def test_a_failed_transaction_stops_the_worker_once_per_step_without_acking(caplog):
+    async def run():
+        acked, fatal = [], []
+        window = InFlightWindow(10, on_error=_reraise, on_fatal=fatal.append)
+
+        async def committed_never():
+            raise TransactionFailed("partition 0: transaction not committed")
+
+        await window.submit("p0", FakeEvent(0, acked), committed_never)
+        await window.join()
+        assert acked == [] and [type(exc) for exc in fatal] == [TransactionFailed]
+
+    asyncio.run(run())
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # the restart says it, once
 
 
 def test_release_lets_quick_handlers_finish_cancels_held_ones_and_hands_back_the_unacked():
