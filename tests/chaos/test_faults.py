@@ -33,6 +33,10 @@ FAULT_ENV = {
     "DLQ_SESSION_TIMEOUT": "6s",
 }
 
+GUARANTEE_ENV = {"DLQ_PROCESSING_GUARANTEE": os.environ.get("DLQ_PROCESSING_GUARANTEE", "at_least_once")}
+"""These scenarios keep the at-least-once mode tested (tests/chaos/test_exactly_once.py runs
+the same faults under the default); DLQ_PROCESSING_GUARANTEE=exactly_once runs them so."""
+
 
 def report(name: str, summary: dict) -> None:
     line = json.dumps({"test": name, **summary})
@@ -63,7 +67,7 @@ def test_kill_9_five_times_loses_nothing(make_worker, tmp_path):
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "606")))
     mock = start_mock(tmp_path)
     try:
-        worker = make_worker(env_extra={**FAULT_ENV, "DLQ_INFERENCE_URL": mock.api_url}).start()
+        worker = make_worker(env_extra={**FAULT_ENV, **GUARANTEE_ENV, "DLQ_INFERENCE_URL": mock.api_url}).start()
         ids = produce_ids(worker, count, "kill")
         for kill in range(5):
             target = int(count * (kill + 1) / 6 * rng.uniform(0.8, 1.1))
@@ -73,8 +77,8 @@ def test_kill_9_five_times_loses_nothing(make_worker, tmp_path):
         ledger = settled_ledger(worker, ids, timeout=900)
         summary = {**ledger.summary(mock.url), "kills": 5}
         report("worker kill -9 x5", summary)
-        assert_guarantee(ledger, summary)
-        window = 64 * (4 if under_exactly_once() else 2) * 2  # concurrency x window factor x (input + due agents)
+        assert_guarantee(ledger, summary, GUARANTEE_ENV)
+        window = 64 * (4 if under_exactly_once(GUARANTEE_ENV) else 2) * 2  # concurrency x window factor x (input + due agents)
         assert summary["extra_calls"] <= 5 * window, summary
     finally:
         mock.stop()
@@ -86,7 +90,7 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path):
     env = broker.env()
     broker.run("start", env)
     mock = start_mock(tmp_path)
-    worker = Worker(broker.bootstrap, tmp_path, env_extra={**FAULT_ENV, "DLQ_INFERENCE_URL": mock.api_url})
+    worker = Worker(broker.bootstrap, tmp_path, env_extra={**FAULT_ENV, **GUARANTEE_ENV, "DLQ_INFERENCE_URL": mock.api_url})
     try:
         worker.start()
         ids = produce_ids(worker, count, "broker")
@@ -97,7 +101,7 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path):
         ledger = settled_ledger(worker, ids, timeout=600)
         summary = {**ledger.summary(mock.url), "broker_restarts": 1, "broker_down_s": round(time.monotonic() - down_at, 1)}
         report("broker restart", summary)
-        assert_guarantee(ledger, summary)
+        assert_guarantee(ledger, summary, GUARANTEE_ENV)
         assert worker.process.poll() is None, "the worker recovers by itself"
     finally:
         worker.kill()
@@ -109,7 +113,7 @@ def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
     count = 30_000 if FULL else 6_000
     mock = start_mock(tmp_path)
     try:
-        env = {**FAULT_ENV, "DLQ_INFERENCE_URL": mock.api_url}
+        env = {**FAULT_ENV, **GUARANTEE_ENV, "DLQ_INFERENCE_URL": mock.api_url}
         first = make_worker(env_extra=env).start()
         others = [make_worker(app_id=first.app_id, prefix=first.prefix, env_extra=env).start() for _ in range(2)]
         workers = [first, *others]
@@ -122,7 +126,7 @@ def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
         ledger = settled_ledger(first, ids, timeout=600)
         summary = {**ledger.summary(mock.url), "workers": 3, "killed": 1}
         report("three workers, one killed", summary)
-        assert_guarantee(ledger, summary)
+        assert_guarantee(ledger, summary, GUARANTEE_ENV)
         expected_dead = set(ledger.dead)
         for worker in survivors:
             page = wait_until(lambda: (p := worker.get("/dlq/?limit=1000")[1]).get("total") == len(expected_dead) and p, 120, f"the full DLQ on {worker.name}")
