@@ -131,11 +131,9 @@ class InFlightWindow:
         except NotOwned:  # exactly_once: its partition was handed back meanwhile; the next owner handles it
             self._forget(entry[0])
             return
-        except TransactionFailed as exc:  # exactly_once: every step of that transaction sees it; not acked
-            self._on_fatal(exc)
-            return
-        except BaseException as exc:  # routing failed too: never ack, stop the worker
-            log.exception("handler failed and its event could not be routed; the worker stops")
+        except BaseException as exc:  # routing failed too (or, exactly_once, the step's transaction): never ack, stop
+            if not isinstance(exc, TransactionFailed):  # that one every step of the transaction sees: the restart says it
+                log.exception("handler failed and its event could not be routed; the worker stops")
             self._on_fatal(exc)
             return
         finally:
