@@ -63,7 +63,7 @@ def mock_calls(mock: MockLLM) -> int:
 
 
 def test_kill_9_five_times_loses_nothing(make_worker, tmp_path):
-    count = 100_000 if FULL else 8_000
+    count = 100_000 if FULL else 4_000
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "606")))
     mock = start_mock(tmp_path)
     try:
