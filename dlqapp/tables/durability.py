@@ -51,7 +51,8 @@ def at_end_of_step(hook: Callable[[], None]) -> None:
 
 
 def open_steps(partition: int) -> int:
-    """How many stream steps of `partition` are running now (the caller's own included)."""
+    """How many stream steps of `partition` have not yet ended, the caller's own included (a
+    step that is only waiting for the broker, or for its commit, writes nothing more)."""
     return _open_steps[partition]
 
 
@@ -244,6 +245,12 @@ class changelog_barrier:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
+            if exc_type is None:
+                for hook in _end_of_step:
+                    hook()
+            # From here the step writes nothing more: it no longer counts as open (so the last
+            # step of a burst writes the counts, while earlier ones still wait for a commit).
+            self._leave()
             try:
                 if self._step.partition is not None and _transactions is not None:
                     self.committed = await _commit_step(self._step, failed=exc_type is not None)
@@ -257,15 +264,17 @@ class changelog_barrier:
                 await self.committed
         finally:
             _step.reset(self._token)
-            if self._partition is not None:
-                _open_steps[self._partition] -= 1
-                if not _open_steps[self._partition]:
-                    del _open_steps[self._partition]
+            self._leave()
+
+    def _leave(self) -> None:
+        if self._partition is not None:
+            _open_steps[self._partition] -= 1
+            if not _open_steps[self._partition]:
+                del _open_steps[self._partition]
+            self._partition = None
 
 
 async def _confirm(step: _Step) -> None:
-    for hook in _end_of_step:
-        hook()
     while step.records or step.futures:
         records, step.records = step.records, {}
         sent = [(table, partition, await _send(table, key, value, partition)) for (table, partition, key), value in records.items()]
@@ -282,9 +291,6 @@ async def _commit_step(step: _Step, failed: bool) -> asyncio.Future[None] | None
 
     A step that failed or was cancelled after it sent outputs leaves the transaction with
     part of its work: it is marked spoiled and never commits (the worker stops)."""
-    if not failed:
-        for hook in _end_of_step:
-            hook()
     if step.records:
         await _enter(step)
     transaction = step.transaction

@@ -145,6 +145,38 @@ async def test_a_hook_after_the_step_runs_once_its_records_are_sent_failed_or_no
 
 
 @synchronously
+async def test_a_step_waiting_for_the_broker_no_longer_counts_as_open_so_the_last_one_writes(table, monkeypatch):
+    table, producer = table
+    producer.auto_confirm = False
+    event = in_stream(0)
+    seen: list[int] = []
+    monkeypatch.setattr(durability, "_end_of_step", [lambda: seen.append(durability.open_steps(0))])
+    b_may_end = asyncio.Event()
+
+    async def step(name: bytes, hold: asyncio.Event | None = None) -> None:
+        async with changelog_barrier():
+            table[name] = b"v"
+            if hold is not None:
+                await hold.wait()
+
+    b = asyncio.ensure_future(step(b"b", b_may_end))
+    await asyncio.sleep(0)  # b is inside its step
+    a = asyncio.ensure_future(step(b"a"))
+    while not producer.sent:  # a has ended its work and waits for the broker
+        await asyncio.sleep(0)
+    b_may_end.set()
+    while len(seen) < 2:
+        await asyncio.sleep(0)
+    assert seen == [2, 1]  # b, the last of the burst, sees itself alone
+    producer.confirm_all()
+    while producer.pending or not (a.done() and b.done()):
+        producer.confirm_all()
+        await asyncio.sleep(0)
+    assert durability.open_steps(0) == 0
+    del event
+
+
+@synchronously
 async def test_a_delete_sends_a_tombstone(table):
     table, producer = table
     event = in_stream(0)
