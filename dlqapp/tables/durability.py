@@ -310,13 +310,21 @@ async def _commit_step(step: _Step, failed: bool) -> asyncio.Future[None] | None
     if committed is None:
         return None
 
-    def note_persisted(done: asyncio.Future[None]) -> None:  # the commit checked every send first
-        if not done.cancelled() and done.exception() is None:
-            for table, partition, future in sent:
-                table.persisted(partition, future.result().offset)
+    def note_persisted() -> None:  # the commit checked every send first
+        for table, partition, future in sent:
+            table.persisted(partition, future.result().offset)
 
-    committed.add_done_callback(note_persisted)
+    after_commit(committed, note_persisted)
     return committed
+
+
+def after_commit(committed: asyncio.Future[None] | None, hook: Callable[[], None]) -> None:
+    """Run `hook` now when there is no commit to wait for, else once `committed` has
+    committed; never when it failed."""
+    if committed is None:
+        hook()
+    else:
+        committed.add_done_callback(lambda done: done.cancelled() or done.exception() is not None or hook())
 
 
 async def _send_unconfirmed(step: _Step) -> None:

@@ -26,8 +26,8 @@ from dlqapp.kafka.records import record_of
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
 from dlqapp.kafka.transactions import TransactionFailed
-from dlqapp.tables.durability import changelog_barrier, write_to_changelog
-from dlqapp.wiring.restart import restart_after_stop
+from dlqapp.tables.durability import after_commit, changelog_barrier, write_to_changelog
+from dlqapp.wiring.faust_app import fail_transactions
 from dlqapp.kafka.consumer_state import crash, forget_unacked
 from dlqapp.tables.topology import TierTopic
 
@@ -85,15 +85,6 @@ class WorkerLifecycle:
             log_event(log, logging.WARNING, "counts_not_written", error=repr(exc))
 
 
-def ack_when_committed(event: EventT, committed: "asyncio.Future[None] | None") -> None:
-    """Ack `event` now (nothing to wait for) or once `committed` resolves; never when it fails
-    (the worker restarts and the event is handled again)."""
-    if committed is None:
-        event.ack()
-    else:
-        committed.add_done_callback(lambda done: done.cancelled() or done.exception() is not None or event.ack())
-
-
 def register_agents(app: Any, parts: Any) -> Agents:
     """Register every agent on `app`; `parts` are the worker's components."""
     app.attach(WorkerLifecycle(parts), parts)
@@ -124,7 +115,7 @@ class _Handlers:
         if isinstance(exc, TransactionFailed) or self.parts.transactions is not None:
             # exactly_once (e.g. ProducerFenced on a send): the tables hold writes that will
             # never commit, so rebuild them and rejoin (dlqapp.wiring.restart)
-            restart_after_stop(self.app, exc, ready=bool(getattr(self.app, "_ready_logged", False)))
+            fail_transactions(self.app, exc)
             return
         log.critical("fatal error, stopping the worker: %r", exc)
         crash(self.app, exc)
@@ -179,7 +170,7 @@ class _Handlers:
                 except Exception as fatal:
                     self.fatal(fatal)
                     raise
-            ack_when_committed(event, barrier.committed)
+            after_commit(barrier.committed, event.ack)  # never when it fails: the worker restarts
 
     def input_agent(self) -> Callable[[StreamT], Awaitable[None]]:
         pipeline, topic, gate = self.parts.pipeline, self.parts.topology.input, self.parts.input_gate
