@@ -61,8 +61,7 @@ class Run:
 
     def ledger(self, ids: list[str], timeout: float = 600) -> Ledger:
         """Every outcome a read_committed consumer sees, once each id has one and the topics are quiet."""
-        committed = {"isolation_level": "read_committed"}
-        return Ledger.read_settled(self.cluster.bootstrap, self.topic("results"), self.topic("dlq"), ids, timeout, PARTITIONS, committed)
+        return Ledger.read_settled(self.cluster.bootstrap, self.topic("results"), self.topic("dlq"), ids, timeout, PARTITIONS)
 
     def busiest_input_leader(self) -> tuple[int, int]:
         """(partition of `input` with the most messages, the broker leading it)."""

@@ -34,8 +34,8 @@ FAULT_ENV = {
 }
 
 GUARANTEE_ENV = {"DLQ_PROCESSING_GUARANTEE": os.environ.get("DLQ_PROCESSING_GUARANTEE", "at_least_once")}
-"""These scenarios keep the at-least-once mode tested (tests/chaos/test_exactly_once.py runs
-the same faults under the default); DLQ_PROCESSING_GUARANTEE=exactly_once runs them so."""
+"""These scenarios run at_least_once whatever the default (tests/chaos/test_exactly_once.py
+runs the same faults exactly_once); DLQ_PROCESSING_GUARANTEE=exactly_once runs them so."""
 
 
 def report(name: str, summary: dict) -> None:

@@ -30,7 +30,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from tests.chaos.latency_support import mock_calls, parked, produce_ids, read_ledger, safe_get
-from tests.chaos.ledger import FULL, Ledger, under_exactly_once
+from tests.chaos.ledger import FULL, Ledger, assert_guarantee, under_exactly_once
 from tests.chaos.tcp_proxy import DelayProxy
 from tests.chaos.test_faults import report
 from tests.support import KAFKA_LOCAL, ROOT, MockLLM, Worker, free_port, unique, wait_until
@@ -185,8 +185,7 @@ def test_offsets_are_never_committed_ahead_of_the_table_writes_of_the_same_step(
             assert worker.process.poll() is None, f"{worker.name} exited:\n{worker.log_tail()}"
         assert ledger.lost == [], f"{len(ledger.lost)} lost, e.g. {ledger.lost[:5]}; {summary}"
         assert ledger.mixed == [], f"ids with both a result and a dead letter: {ledger.mixed[:5]}"
-        if under_exactly_once():
-            assert ledger.duplicate_outcomes == 0, summary
+        assert_guarantee(ledger, summary)
     finally:
         for worker in workers:
             worker.kill()
