@@ -15,11 +15,11 @@ it cannot reach) exits with `FAILED_AT_START_EXIT_CODE` and the error, never a r
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
 import sys
+import threading
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,11 @@ def restart_after_stop(app: Any, reason: BaseException, ready: bool) -> None:
         log.critical("exactly-once transactions failed before the worker was ready, stopping it: %s", _pending[0])
         then = lambda: os._exit(FAILED_AT_START_EXIT_CODE)  # noqa: E731
     app._crash(reason)
-    asyncio.get_running_loop().call_later(GRACE_S, then)
+    # A thread, not the event loop: Faust's crash path may stop the loop, or block it
+    # joining its consumer thread, and the restart must happen all the same.
+    timer = threading.Timer(GRACE_S, then)
+    timer.daemon = True
+    timer.start()
 
 
 def _exec_self() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 
 import pytest
 
@@ -52,3 +53,14 @@ def test_a_worker_that_was_never_ready_exits_with_its_code_instead_of_looping(ca
 
     app = asyncio.run(run())
     assert len(app.crashed) == 1 and calls == [("exit", restart.FAILED_AT_START_EXIT_CODE)]
+
+
+def test_the_restart_happens_even_when_the_crash_path_stopped_the_event_loop(calls):
+    async def crash_and_return():
+        restart.restart_after_stop(FakeApp(), RuntimeError("ProducerFenced"), ready=True)
+
+    asyncio.run(crash_and_return())  # the loop is gone (Faust stopped it, or it is stuck)
+    deadline = time.monotonic() + 5
+    while ("execv", sys.executable, tuple(sys.orig_argv)) not in calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ("execv", sys.executable, tuple(sys.orig_argv)) in calls
