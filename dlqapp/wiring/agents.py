@@ -28,6 +28,7 @@ from dlqapp.processing.crashguard import PoisonMessage
 from dlqapp.kafka.transactions import TransactionFailed
 from dlqapp.tables.durability import after_commit, changelog_barrier, write_to_changelog
 from dlqapp.wiring.faust_app import fail_transactions
+from dlqapp.wiring.restart import after_grace
 from dlqapp.kafka.consumer_state import crash, forget_unacked
 from dlqapp.tables.topology import TierTopic
 
@@ -119,7 +120,7 @@ class _Handlers:
             return
         log.critical("fatal error, stopping the worker: %r", exc)
         crash(self.app, exc)
-        asyncio.get_running_loop().call_later(FATAL_GRACE_S, os._exit, FATAL_EXIT_CODE)
+        after_grace(FATAL_GRACE_S, lambda: os._exit(FATAL_EXIT_CODE))
 
     async def poison(self, event: EventT, exc: BaseException) -> None:
         """A handler failed on this message: dead-letter it as `poison` and move on.

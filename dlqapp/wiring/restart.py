@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,13 @@ def restart_after_stop(app: Any, reason: BaseException, ready: bool) -> None:
         log.critical("exactly-once transactions failed before the worker was ready, stopping it: %s", _pending[0])
         then = lambda: os._exit(FAILED_AT_START_EXIT_CODE)  # noqa: E731
     app._crash(reason)
-    # A thread, not the event loop: Faust's crash path may stop the loop, or block it
-    # joining its consumer thread, and the restart must happen all the same.
-    timer = threading.Timer(GRACE_S, then)
+    after_grace(GRACE_S, then)
+
+
+def after_grace(seconds: float, then: Callable[[], Any]) -> None:
+    """Call `then` after `seconds` on a thread of its own: Faust's crash path may stop the
+    event loop, or block it joining the consumer thread, and `then` must run all the same."""
+    timer = threading.Timer(seconds, then)
     timer.daemon = True
     timer.start()
 
