@@ -99,15 +99,18 @@ class Pipeline:
         await self.attempt(envelope, request, record.topic, None, priority=PRIORITIES[request.priority])
 
     def is_duplicate(self, request_id: str, source: str, written_ms: int | None = None) -> bool:
-        """True (and counted) when the request is in flight, being retried or succeeded, or
-        when this message was written before the request was first seen (the same message
-        again, redelivered after a crash; only a copy sent later is a new request)."""
+        """True (and counted) when the request is in flight here, being retried or succeeded,
+        or when this message was written before the request was first seen (the same message
+        again, redelivered after a crash; only a copy sent later is a new request). A request
+        the table says is in flight but this worker is not running is not a duplicate."""
         previous = self.io.load_state(request_id)
         if request_id in self.in_flight:
             if previous is None:  # first seen moments ago: count it now, its outcome will find this record
                 previous = states.transition(None, request_id, states.IN_FLIGHT, self.clock())
                 self.io.counters.add("received")
-        elif previous is None:
+        elif previous is None or previous.state == states.IN_FLIGHT:
+            # in flight by the table, not here: the attempt died with its worker or its
+            # partition (a rebalance, a fenced transaction), and nothing else will end it
             return False
         elif previous.state not in states.SETTLED_FOR_DEDUP and not (written_ms is not None and written_ms <= previous.first_seen):
             return False

@@ -177,6 +177,22 @@ def test_a_message_whose_request_already_succeeded_is_known_as_such_before_it_is
     assert not w.pipeline.already_succeeded(input_event("r9", b"\xff not json", offset=3))
 
 
+def test_a_request_whose_attempt_died_in_flight_runs_when_its_message_comes_again(tmp_path):
+    """A copy seen while the first attempt runs records the request as in flight; if that
+    attempt then dies without an outcome (its partition moved, its transaction was fenced),
+    the message redelivered to the next owner must run, not be skipped as a duplicate."""
+    w = worker(tmp_path)
+    sent_at = w.clock.now / 1000 - 5
+    message = lambda: consumed(b"r11", request("r11"), message=FakeMessage("input", 0, 0, timestamp=sent_at))  # noqa: E731
+    w.pipeline.in_flight.add("r11")  # the first attempt is waiting for its call
+    run(w.pipeline.on_input(message(), w.input))
+    assert state_of(w, "r11")["state"] == "in_flight" and w.backend.calls_for("r11") == 0
+    w.pipeline.in_flight.discard("r11")  # ... and dies with its partition, no outcome written
+    run(w.pipeline.on_input(message(), w.input))
+    assert w.backend.calls_for("r11") == 1 and w.results.keys() == ["r11"] and state_of(w, "r11")["state"] == "succeeded"
+    assert w.counts["received"] == 1 and w.counts["succeeded"] == 1
+
+
 def test_the_same_message_redelivered_after_its_request_was_dead_lettered_is_a_duplicate_but_a_later_copy_is_new(tmp_path):
     """After a crash the input message that started a request can come again (its offset was
     not committed); by then the request may be dead-lettered, and calling it again would pay
