@@ -123,7 +123,11 @@ class PartitionTransaction:
         """Hand one record to the open transaction (the caller is inside the gate)."""
         if self._closed:
             raise NotOwned(f"partition {self.partition} was handed back; its transaction is closed")
-        pending = await self.producer.send(topic, value, key=key, partition=partition, headers=headers)
+        try:
+            pending = await self.producer.send(topic, value, key=key, partition=partition, headers=headers)
+        except Exception as exc:  # e.g. not in a transaction after a failed begin: fatal, not the record's fault
+            self.spoil(f"a send to {topic} failed")
+            raise TransactionFailed(f"partition {self.partition}: a send to {topic} failed: {type(exc).__name__}: {exc}") from exc
         self._sends.append(pending)
         return pending
 
@@ -174,7 +178,11 @@ class PartitionTransaction:
         self.commits += 1
         if done is not None and not done.done():
             done.set_result(None)
-        await self._begin()
+        try:
+            await self._begin()
+        except Exception as exc:  # fenced between two transactions: nothing more may be sent
+            self._closed = True
+            raise TransactionFailed(f"partition {self.partition}: the next transaction could not begin: {type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
         """Commit what is open and stop the producer (the partition was handed back, or the worker stops).

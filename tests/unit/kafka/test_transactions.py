@@ -16,6 +16,7 @@ class FakeProducer:
     def __init__(self, transactional_id: str = "app-0", fail_send: bool = False, fail_commit: bool = False) -> None:
         self.transactional_id = transactional_id
         self.fail_send, self.fail_commit = fail_send, fail_commit
+        self.fail_begin = False
         self.open: list[tuple[str, bytes | None]] | None = None
         self.visible: list[tuple[str, bytes | None]] = []
         self.started = self.stopped = False
@@ -32,6 +33,8 @@ class FakeProducer:
 
     async def begin_transaction(self) -> None:
         assert self.open is None, "a transaction is open already"
+        if self.fail_begin:
+            raise RuntimeError("ProducerFenced")
         self.open = []
 
     async def commit_transaction(self) -> None:
@@ -45,7 +48,8 @@ class FakeProducer:
         self.commits += 1
 
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int | None = None, headers: object = None) -> asyncio.Future[None]:
-        assert self.open is not None, "send outside a transaction"
+        if self.open is None:
+            raise ValueError("Can't send messages while not in transaction")  # aiokafka's IllegalOperation
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self.fail_send:
             done.set_exception(RuntimeError("NotEnoughReplicas"))
@@ -155,6 +159,43 @@ def test_a_spoiled_transaction_never_commits():
         with pytest.raises(TransactionFailed, match="a step failed"):
             await transaction.commit()
         assert producer.visible == []
+
+    asyncio.run(run())
+
+
+def test_a_producer_fenced_between_two_transactions_refuses_every_later_send_as_a_transaction_failure():
+    """Not the record's fault: a send after it must stop the worker, never dead-letter the record."""
+
+    async def run():
+        producer = FakeProducer()
+        transaction = PartitionTransaction(0, producer, timeout_s=5)
+        await transaction.start()
+        await transaction.gate.enter()
+        await transaction.send("results", b"k", b"committed", 0, None)
+        await transaction.gate.leave()
+        producer.fail_begin = True
+        with pytest.raises(TransactionFailed, match="could not begin"):
+            await transaction.commit()
+        assert producer.visible == [("results", b"committed")]
+        with pytest.raises(TransactionFailed):
+            await transaction.send("dlq", b"k", b"too late", 0, None)
+
+    asyncio.run(run())
+
+
+def test_a_send_the_producer_refuses_spoils_the_transaction():
+    async def run():
+        producer = FakeProducer()
+        transaction = PartitionTransaction(0, producer, timeout_s=5)
+        await transaction.start()
+        await transaction.gate.enter()
+        await transaction.send("results", b"k", b"first half", 0, None)
+        producer.open = None  # the producer lost its transaction under us
+        with pytest.raises(TransactionFailed, match="a send to dlq failed"):
+            await transaction.send("dlq", b"k", b"second half", 0, None)
+        await transaction.gate.leave()
+        with pytest.raises(TransactionFailed):
+            await transaction.commit()
 
     asyncio.run(run())
 
