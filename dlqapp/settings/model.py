@@ -86,7 +86,7 @@ class Settings:
     fetch_max_wait_ms: int = _setting("DLQ_FETCH_MAX_WAIT", "50ms", parse_duration_ms, "Longest the consumer's fetch waits at the broker for new records. A due retry written while a fetch that does not include its partition is waiting is read only after that fetch returns (Faust fixes this wait at 1.5 s).")
     processing_guarantee: str = _setting(
         "DLQ_PROCESSING_GUARANTEE",
-        "at_least_once",
+        "exactly_once",
         _choice("at_least_once", "exactly_once"),
         "`exactly_once`: every output of a partition's stream steps (results, dead letters, retries, state) is written in one Kafka transaction per DLQ_COMMIT_INTERVAL, so a `read_committed` consumer of `results` and `dlq` sees exactly one outcome per request; `at_least_once`: outcomes are confirmed one by one, and a crash can repeat one.",
     )
