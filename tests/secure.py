@@ -11,18 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.kafka_tools import kafka_jars
 from tests.support import FAUST, KAFKA_LOCAL, Worker, free_port
-
-
-
-def kafka_jars() -> Path:
-    """Where scripts/kafka-local keeps the Kafka jars (KAFKA_JARS_DIR, else its default cache)."""
-    if os.environ.get("KAFKA_JARS_DIR"):
-        return Path(os.environ["KAFKA_JARS_DIR"])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dlqapp"
-    found = sorted(cache.glob("kafka-*"))
-    assert found, f"no Kafka jars in {cache}: scripts/kafka-local start fetches them"
-    return found[-1]
 
 
 @dataclass

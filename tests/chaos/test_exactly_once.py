@@ -1,6 +1,7 @@
 """DLQ_PROCESSING_GUARANTEE=exactly_once: a read_committed consumer of `results` and `dlq`
 sees exactly one outcome per request id (one result or one dead letter, never both, never
-twice) through kill -9, a zombie worker and a rebalance.
+twice) through kill -9, a zombie worker and a rebalance; Kafka's own console consumer, with
+`--isolation-level read_committed`, agrees.
 
 Reduced sizes run in `make test`; `make chaos` (CHAOS_FULL=1) runs the full ones.
 """
@@ -18,6 +19,7 @@ from tests.chaos.ledger import FULL, Ledger, assert_guarantee, settled_ledger
 from tests.chaos.latency_support import safe_get
 from tests.chaos.test_faults import mock_calls, produce_ids, report
 from tests.kafka_io import produce, read_until_quiet, request_bytes
+from tests.kafka_tools import committed_keys
 from tests.support import MockLLM, http_json, wait_until
 
 pytestmark = pytest.mark.timeout(3600 if FULL else 900)
@@ -30,6 +32,13 @@ EOS_ENV = {
     "DLQ_RETRY_DELAYS": "200ms,400ms,600ms",
     "DLQ_SESSION_TIMEOUT": "6s",
 }
+
+
+def assert_kafkas_consumer_agrees(worker, ids: list[str]) -> None:
+    """Kafka's own console consumer, reading committed records only, sees one outcome per id too."""
+    seen = committed_keys(worker.bootstrap, [worker.topic("results"), worker.topic("dlq")], len(ids))
+    assert sorted(seen) == sorted(ids), f"{len(set(ids) - set(seen))} ids without an outcome, {len(set(seen) - set(ids))} unknown"
+    assert [rid for rid, n in seen.items() if n != 1] == [], "ids with more than one committed outcome"
 
 
 def flaky_mock(tmp_path) -> MockLLM:
@@ -69,6 +78,7 @@ def test_kill_9_during_load_and_retries_leaves_one_outcome_per_request(make_work
         summary = {**ledger.summary(mock.url), "kills": kills}
         report("exactly_once, worker kill -9", summary)
         assert_guarantee(ledger, summary, EOS_ENV)
+        assert_kafkas_consumer_agrees(worker, ids)
         window = 64 * 4 * 2  # events in flight or waiting for their commit (4 x concurrency per agent, input and due) when a worker dies
         assert summary["extra_calls"] <= kills * window, summary
     finally:
@@ -100,6 +110,7 @@ def test_a_zombie_worker_writes_nothing_visible_and_a_third_worker_joining_chang
         summary = {**ledger.summary(mock.url), "zombie": True, "joined": 1}
         report("exactly_once, zombie and a join", summary)
         assert_guarantee(ledger, summary, EOS_ENV)
+        assert_kafkas_consumer_agrees(third, ids)
     finally:
         mock.stop()
 

@@ -7,26 +7,14 @@ results and dead letters come out through `kafka-console-consumer`.
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT, Worker, unique
+from tests.kafka_tools import CONSOLE_CONSUMER, CONSOLE_PRODUCER, kafka_jars, run_tool
+from tests.support import Worker, unique
 
-PRODUCER = "org.apache.kafka.tools.ConsoleProducer"
-CONSUMER = "org.apache.kafka.tools.consumer.ConsoleConsumer"
-
-
-def kafka_jars() -> Path:
-    """The jar cache of scripts/kafka-local (same defaults: KAFKA_JARS_DIR, XDG_CACHE_HOME)."""
-    pom = (ROOT / "scripts" / "kafka" / "pom.xml").read_text()
-    version = re.search(r"<kafka.version>(.+?)</kafka.version>", pom).group(1)
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return Path(os.environ.get("KAFKA_JARS_DIR", cache / "dlqapp" / f"kafka-{version}"))
 
 
 @pytest.fixture(scope="module")
@@ -39,18 +27,10 @@ def jars() -> Path:
     return path
 
 
-def console(jars: Path, tool: str, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
-    """Run one Kafka console tool; its stdout (fails with its stderr)."""
-    command = ["java", "-Xmx256m", "-cp", f"{jars}/*", "-Dlog4j2.level=WARN", tool, *args]
-    done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{tool} exited {done.returncode}:\n{done.stderr[-2000:]}"
-    return done.stdout
-
-
 def consume(jars: Path, worker: Worker, topic: str, count: int) -> list[tuple[dict[str, str], str, str]]:
     """(headers, key, value) of the first `count` records of a topic, as the console consumer prints them."""
-    out = console(
-        jars, CONSUMER, "--bootstrap-server", worker.bootstrap, "--topic", worker.topic(topic), "--from-beginning",
+    out = run_tool(
+        CONSOLE_CONSUMER, "--bootstrap-server", worker.bootstrap, "--topic", worker.topic(topic), "--from-beginning",
         "--max-messages", str(count), "--timeout-ms", "90000",
         "--property", "print.headers=true", "--property", "print.key=true",
         "--property", "headers.separator=\x1f", "--property", "key.separator=\x1e",
@@ -72,8 +52,8 @@ def test_console_producer_in_console_consumer_out(make_worker, jars):
         f"replay_of:{original},replay_count:1\t{good}\t{request}\n"  # headers <TAB> key <TAB> value
         f"origin:console\t{bad}\tthis is not json\n"
     )
-    console(
-        jars, PRODUCER, "--bootstrap-server", worker.bootstrap, "--topic", worker.topic("input"),
+    run_tool(
+        CONSOLE_PRODUCER, "--bootstrap-server", worker.bootstrap, "--topic", worker.topic("input"),
         "--property", "parse.key=true", "--property", "parse.headers=true", "--producer-property", "acks=all",
         stdin=lines,
     )
