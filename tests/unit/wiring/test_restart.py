@@ -20,6 +20,14 @@ class FakeApp:
         self.crashed.append(reason)
 
 
+def wait_for(calls: list[tuple], entry: tuple) -> None:
+    """Until the grace timer (a thread) has made `entry`: never return before it fired,
+    or it could fire after the fakes are gone."""
+    deadline = time.monotonic() + 5
+    while entry not in calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 @pytest.fixture
 def calls(monkeypatch) -> list[tuple]:
     made: list[tuple] = []
@@ -36,10 +44,10 @@ def test_a_ready_worker_stops_then_runs_its_own_command_line_again_once(calls):
         app = FakeApp()
         restart.restart_after_stop(app, RuntimeError("ProducerFenced"), ready=True)
         restart.restart_after_stop(app, RuntimeError("a second partition failed too"), ready=True)
-        await asyncio.sleep(0.05)
         return app
 
     app = asyncio.run(run())
+    wait_for(calls, ("execv", sys.executable, tuple(sys.orig_argv)))
     assert [str(r) for r in app.crashed] == ["ProducerFenced"]
     assert calls == [("atexit", "_exec_self"), ("execv", sys.executable, tuple(sys.orig_argv))]
 
@@ -48,10 +56,10 @@ def test_a_worker_that_was_never_ready_exits_with_its_code_instead_of_looping(ca
     async def run():
         app = FakeApp()
         restart.restart_after_stop(app, RuntimeError("TransactionalIdAuthorizationFailed"), ready=False)
-        await asyncio.sleep(0.05)
         return app
 
     app = asyncio.run(run())
+    wait_for(calls, ("exit", restart.FAILED_AT_START_EXIT_CODE))
     assert len(app.crashed) == 1 and calls == [("exit", restart.FAILED_AT_START_EXIT_CODE)]
 
 
@@ -60,7 +68,5 @@ def test_the_restart_happens_even_when_the_crash_path_stopped_the_event_loop(cal
         restart.restart_after_stop(FakeApp(), RuntimeError("ProducerFenced"), ready=True)
 
     asyncio.run(crash_and_return())  # the loop is gone (Faust stopped it, or it is stuck)
-    deadline = time.monotonic() + 5
-    while ("execv", sys.executable, tuple(sys.orig_argv)) not in calls and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(calls, ("execv", sys.executable, tuple(sys.orig_argv)))
     assert ("execv", sys.executable, tuple(sys.orig_argv)) in calls
