@@ -35,8 +35,8 @@ def run_tool(main_class: str, *args: str, stdin: str | None = None, timeout: flo
 
 def committed_keys(bootstrap: str, topics: list[str], count: int, timeout_s: float = 120) -> Counter[str]:
     """How often each key appears among the non-empty records of `topics`, as Kafka's console
-    consumer reads them with `--isolation-level read_committed` (the first `count` records,
-    then whatever more comes within 10 s: a duplicate is counted, not cut off)."""
+    consumer reads them with `--isolation-level read_committed`: up to `count` + 1 records
+    (one more than expected, so a duplicate shows), or what came before 10 s went by without one."""
     out = run_tool(
         CONSOLE_CONSUMER, "--bootstrap-server", bootstrap, "--include", "|".join(re.escape(t) for t in topics),
         "--from-beginning", "--isolation-level", "read_committed", "--timeout-ms", "10000",

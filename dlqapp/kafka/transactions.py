@@ -125,7 +125,7 @@ class PartitionTransaction:
             raise NotOwned(f"partition {self.partition} was handed back; its transaction is closed")
         try:
             pending = await self.producer.send(topic, value, key=key, partition=partition, headers=headers)
-        except Exception as exc:  # e.g. not in a transaction after a failed begin: fatal, not the record's fault
+        except Exception as exc:  # e.g. the producer lost its transaction: fatal, not the record's fault
             self.spoil(f"a send to {topic} failed")
             raise TransactionFailed(f"partition {self.partition}: a send to {topic} failed: {type(exc).__name__}: {exc}") from exc
         self._sends.append(pending)

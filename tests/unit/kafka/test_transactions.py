@@ -59,6 +59,13 @@ class FakeProducer:
         return done
 
 
+async def started(producer: FakeProducer) -> PartitionTransaction:
+    """Partition 0's transaction over `producer`, started (its first transaction open)."""
+    transaction = PartitionTransaction(0, producer, timeout_s=5)
+    await transaction.start()
+    return transaction
+
+
 async def step(transaction: PartitionTransaction, *records: tuple[str, bytes], hold: asyncio.Event | None = None) -> None:
     """What a stream step does: enter, send, (maybe wait), leave, then wait for the commit."""
     await transaction.gate.enter()
@@ -73,11 +80,20 @@ async def step(transaction: PartitionTransaction, *records: tuple[str, bytes], h
     await committed
 
 
+async def sent(transaction: PartitionTransaction, *records: tuple[str, bytes]) -> None:
+    """A step's outputs handed to the open transaction, without waiting for its commit."""
+    await transaction.gate.enter()
+    try:
+        for topic, value in records:
+            await transaction.send(topic, b"k", value, 0, None)
+    finally:
+        await transaction.gate.leave()
+
+
 def test_a_step_is_acked_only_after_its_transaction_commits_and_its_outputs_become_visible_together():
     async def run():
         producer = FakeProducer()
-        transaction = PartitionTransaction(0, producer, timeout_s=5)
-        await transaction.start()
+        transaction = await started(producer)
         done = asyncio.create_task(step(transaction, ("results", b"r1"), ("requests-changelog", b"state")))
         await asyncio.sleep(0.01)
         assert not done.done() and producer.visible == []  # sent, not committed, not acked
@@ -91,8 +107,7 @@ def test_a_step_is_acked_only_after_its_transaction_commits_and_its_outputs_beco
 def test_a_commit_waits_for_the_step_inside_so_a_step_never_straddles_two_transactions():
     async def run():
         producer = FakeProducer()
-        transaction = PartitionTransaction(0, producer, timeout_s=5)
-        await transaction.start()
+        transaction = await started(producer)
         hold = asyncio.Event()
         inside = asyncio.create_task(step(transaction, ("results", b"a"), ("changelog", b"a-state"), hold=hold))
         await asyncio.sleep(0.01)
@@ -114,8 +129,7 @@ def test_a_commit_waits_for_the_step_inside_so_a_step_never_straddles_two_transa
 def test_a_rebalance_closing_a_partition_waits_for_the_periodic_commit_under_way():
     async def run():
         producer = FakeProducer()
-        transaction = PartitionTransaction(0, producer, timeout_s=5)
-        await transaction.start()
+        transaction = await started(producer)
         done = asyncio.create_task(step(transaction, ("results", b"r1")))
         await asyncio.sleep(0.01)
         producer.answer.clear()  # a slow broker: the periodic commit waits for EndTxn
@@ -134,8 +148,7 @@ def test_a_rebalance_closing_a_partition_waits_for_the_periodic_commit_under_way
 def test_a_failed_send_fails_the_commit_and_every_step_waiting_on_it():
     async def run():
         producer = FakeProducer(fail_send=True)
-        transaction = PartitionTransaction(0, producer, timeout_s=5)
-        await transaction.start()
+        transaction = await started(producer)
         waiting = asyncio.create_task(step(transaction, ("results", b"x")))
         await asyncio.sleep(0.01)
         with pytest.raises(TransactionFailed):
@@ -150,8 +163,7 @@ def test_a_failed_send_fails_the_commit_and_every_step_waiting_on_it():
 def test_a_spoiled_transaction_never_commits():
     async def run():
         producer = FakeProducer()
-        transaction = PartitionTransaction(0, producer, timeout_s=5)
-        await transaction.start()
+        transaction = await started(producer)
         await transaction.gate.enter()
         await transaction.send("results", b"k", b"half of a step", 0, None)
         transaction.spoil("a step failed after it sent outputs")
@@ -168,11 +180,8 @@ def test_a_producer_fenced_between_two_transactions_refuses_every_later_send_as_
 
     async def run():
         producer = FakeProducer()
-        transaction = PartitionTransaction(0, producer, timeout_s=5)
-        await transaction.start()
-        await transaction.gate.enter()
-        await transaction.send("results", b"k", b"committed", 0, None)
-        await transaction.gate.leave()
+        transaction = await started(producer)
+        await sent(transaction, ("results", b"committed"))
         producer.fail_begin = True
         with pytest.raises(TransactionFailed, match="could not begin"):
             await transaction.commit()
@@ -186,8 +195,7 @@ def test_a_producer_fenced_between_two_transactions_refuses_every_later_send_as_
 def test_a_send_the_producer_refuses_spoils_the_transaction():
     async def run():
         producer = FakeProducer()
-        transaction = PartitionTransaction(0, producer, timeout_s=5)
-        await transaction.start()
+        transaction = await started(producer)
         await transaction.gate.enter()
         await transaction.send("results", b"k", b"first half", 0, None)
         producer.open = None  # the producer lost its transaction under us
@@ -203,8 +211,7 @@ def test_a_send_the_producer_refuses_spoils_the_transaction():
 def test_an_idle_transaction_commits_nothing():
     async def run():
         producer = FakeProducer()
-        transaction = PartitionTransaction(0, producer, timeout_s=5)
-        await transaction.start()
+        transaction = await started(producer)
         await transaction.commit()
         assert producer.commits == 0
 
