@@ -20,7 +20,13 @@ from chat_call import answer
 
 
 async def run(args: argparse.Namespace) -> None:
-    consumer = AIOKafkaConsumer(args.input, bootstrap_servers=args.bootstrap, group_id=args.group, enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        args.input,
+        bootstrap_servers=args.bootstrap,
+        group_id=args.group,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
     producer = AIOKafkaProducer(bootstrap_servers=args.bootstrap, acks="all", linger_ms=5)
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency))
     slots = asyncio.Semaphore(args.concurrency)

@@ -67,7 +67,9 @@ if __name__ == "__main__":
     for name in ("bootstrap", "input", "results", "llm", "group"):
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--count", type=int, default=0, help="ignored (runs until killed), for the same command line as baseline B")
+    parser.add_argument(
+        "--count", type=int, default=0, help="ignored (runs until killed), for the same command line as baseline B"
+    )
     options = parser.parse_args()
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     ready = os.dup(1)  # Faust's worker takes over stdout (into its log): `ready` goes to the caller's pipe

@@ -17,5 +17,9 @@ async def answer(session: aiohttp.ClientSession, llm_url: str, raw: bytes) -> by
     body = {"model": "m", "messages": request["messages"]}
     async with session.post(llm_url, json=body, headers={"X-Request-ID": request["request_id"]}) as response:
         reply = await response.json()
-    result = {"request_id": request["request_id"], "output": reply["choices"][0]["message"]["content"], "completed_at": int(time.time() * 1000)}
+    result = {
+        "request_id": request["request_id"],
+        "output": reply["choices"][0]["message"]["content"],
+        "completed_at": int(time.time() * 1000),
+    }
     return json.dumps(result).encode()

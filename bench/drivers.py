@@ -35,7 +35,9 @@ class SystemDied(AssertionError):
 
 def make_topics(bootstrap: str, prefix: str) -> Settings:
     """Create dlqapp's topics under `prefix` (with BENCH_PARTITIONS); their settings."""
-    settings = Settings.from_env({"DLQ_KAFKA_BOOTSTRAP": bootstrap, "DLQ_TOPIC_PREFIX": prefix, "DLQ_PARTITIONS": str(BENCH_PARTITIONS)})
+    settings = Settings.from_env(
+        {"DLQ_KAFKA_BOOTSTRAP": bootstrap, "DLQ_TOPIC_PREFIX": prefix, "DLQ_PARTITIONS": str(BENCH_PARTITIONS)}
+    )
     asyncio.run(ensure_topics(settings))
     return settings
 
@@ -72,7 +74,14 @@ def produce_in_batches(bootstrap: str, topic: str, records: list[tuple[bytes, by
 # -- outcomes --------------------------------------------------------------------------
 
 
-def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout: float, alive: Callable[[], bool] | None = None, partitions: int = BENCH_PARTITIONS) -> list[Record]:
+def wait_results(
+    bootstrap: str,
+    topic: str | list[str],
+    ids: list[str],
+    timeout: float,
+    alive: Callable[[], bool] | None = None,
+    partitions: int = BENCH_PARTITIONS,
+) -> list[Record]:
     """The first committed record of each of `ids` on `topic` (read_committed: what a
     downstream consumer of an exactly_once worker sees; the same as read_uncommitted for
     systems without transactions); fails at once should `alive()` turn false."""
@@ -84,7 +93,9 @@ def wait_results(bootstrap: str, topic: str | list[str], ids: list[str], timeout
             raise SystemDied(f"the process under measurement exited with {len(records)} of {len(ids)} outcomes")
         return complete(records)
 
-    records = read_topic(bootstrap, topic, until, timeout, partitions=partitions, client={"isolation_level": "read_committed"})
+    records = read_topic(
+        bootstrap, topic, until, timeout, partitions=partitions, client={"isolation_level": "read_committed"}
+    )
     first: dict[str, Record] = {}
     for record in records:
         key = record.key.decode() if record.key else ""

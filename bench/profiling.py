@@ -20,8 +20,23 @@ class Profiler:
         out.mkdir(parents=True, exist_ok=True)
         self.out, self.name = out, name
         self.processes = [
-            subprocess.Popen([str(py_spy), "record", "--pid", str(pid), "--rate", "100", "--nonblocking", "--format", fmt, "--output", str(out / f"{name}{suffix}")],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.Popen(
+                [
+                    str(py_spy),
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--rate",
+                    "100",
+                    "--nonblocking",
+                    "--format",
+                    fmt,
+                    "--output",
+                    str(out / f"{name}{suffix}"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             for fmt, suffix in (("flamegraph", ".svg"), ("raw", ".folded"))
         ]
 
@@ -57,7 +72,14 @@ def _sample_counts(folded: str) -> tuple[dict[str, int], dict[str, int], int]:
 def profile_summary(folded: str, title: str, top: int = 30) -> str:
     """The functions with the largest share of samples: inclusive (on the stack) and self (on top)."""
     inclusive, own, total = _sample_counts(folded)
-    lines = [f"# py-spy profile: {title}", "", f"{total:,} samples.", "", "| Inclusive % | Self % | Function |", "|---|---|---|"]
+    lines = [
+        f"# py-spy profile: {title}",
+        "",
+        f"{total:,} samples.",
+        "",
+        "| Inclusive % | Self % | Function |",
+        "|---|---|---|",
+    ]
     for frame, n in sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]:
         lines.append(f"| {100 * n / total:.1f} | {100 * own.get(frame, 0) / total:.1f} | `{frame}` |")
     lines += ["", "| Self % | Function |", "|---|---|"]

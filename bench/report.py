@@ -18,8 +18,12 @@ SYSTEMS = ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dl
 """`throughput`'s systems, in the order of its table and plot."""
 FLOW_SETUPS = ("none", "adaptive_concurrency", "rate_limits")
 """`flow_control`'s setups, in the order of its table."""
-COST_LABELS = {"baseline_b_aiokafka": ("B: aiokafka", "#555"), "baseline_c_faust": ("C: Faust floor", "#999"),
-               "dlqapp_0pct_failures": ("dlqapp 0%", "#2f5bea"), "dlqapp_10pct_failures": ("dlqapp 10%", "#7f9cf5")}
+COST_LABELS = {
+    "baseline_b_aiokafka": ("B: aiokafka", "#555"),
+    "baseline_c_faust": ("C: Faust floor", "#999"),
+    "dlqapp_0pct_failures": ("dlqapp 0%", "#2f5bea"),
+    "dlqapp_10pct_failures": ("dlqapp 10%", "#7f9cf5"),
+}
 """Bar label and colour of each system in per_request_cost.png."""
 
 
@@ -35,7 +39,9 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     plots(results, samples, out)
     for section in ("demo", "tls_cost", "soak"):
         if section in results:
-            (out / f"{section}.json").write_text(json.dumps({"when": results["when"], "machine": results["machine"], **results[section]}, indent=2))
+            (out / f"{section}.json").write_text(
+                json.dumps({"when": results["when"], "machine": results["machine"], **results[section]}, indent=2)
+            )
     if "soak" in results:
         soak_plot(results["soak"], out)
 
@@ -45,12 +51,28 @@ def write_report(results: dict[str, Any], out: Path) -> None:
 
 def markdown(r: dict[str, Any]) -> str:
     """latest.md: a header, then the table of each section the run measured."""
-    header = f"{r['when']} on {r['machine']}; backend latency {LATENCY_MS} ms, concurrency {CONCURRENCY}" + (" (quick)" if r["quick"] else "")
+    header = f"{r['when']} on {r['machine']}; backend latency {LATENCY_MS} ms, concurrency {CONCURRENCY}" + (
+        " (quick)" if r["quick"] else ""
+    )
     lines = ["# dlqapp benchmark", "", header, ""]
-    for section, render in (("throughput", _md_throughput), ("overhead", _md_overhead), ("llm_scale", _md_llm_scale), ("latency", _md_latency), ("lateness", _md_lateness),
-                            ("timer", _md_timer), ("parked_scale", _md_parked_scale), ("recovery", _md_recovery), ("stats_cost", _md_stats_cost),
-                            ("flow_control", _md_flow_control), ("partitions", _md_partitions), ("scale_out", _md_scale_out), ("soak", soak_markdown), ("tls_cost", tls_markdown), ("demo", demo_markdown),
-                            ("guarantee", _md_guarantee)):
+    for section, render in (
+        ("throughput", _md_throughput),
+        ("overhead", _md_overhead),
+        ("llm_scale", _md_llm_scale),
+        ("latency", _md_latency),
+        ("lateness", _md_lateness),
+        ("timer", _md_timer),
+        ("parked_scale", _md_parked_scale),
+        ("recovery", _md_recovery),
+        ("stats_cost", _md_stats_cost),
+        ("flow_control", _md_flow_control),
+        ("partitions", _md_partitions),
+        ("scale_out", _md_scale_out),
+        ("soak", soak_markdown),
+        ("tls_cost", tls_markdown),
+        ("demo", demo_markdown),
+        ("guarantee", _md_guarantee),
+    ):
         if section in r:
             lines += render(r[section]) + [""]
     return "\n".join(lines)
@@ -60,7 +82,10 @@ def _md_throughput(t: dict[str, Any]) -> list[str]:
     lines = ["| System | Requests/s (median) | Runs |", "|---|---|---|"]
     for name in SYSTEMS:
         lines.append(f"| {name} | {t[name]['requests_per_s']:.1f} | {', '.join(f'{x:.1f}' for x in t[name]['runs'])} |")
-    return lines + ["", f"dlqapp / A = **{t['ratio_dlqapp_to_a']:.1f}×**, dlqapp / B = **{t['ratio_dlqapp_to_b']:.2f}×** (10% failures: {t['ratio_dlqapp_10pct_to_b']:.2f}× of B)"]
+    return lines + [
+        "",
+        f"dlqapp / A = **{t['ratio_dlqapp_to_a']:.1f}×**, dlqapp / B = **{t['ratio_dlqapp_to_b']:.2f}×** (10% failures: {t['ratio_dlqapp_10pct_to_b']:.2f}× of B)",
+    ]
 
 
 def _cell(figure: dict[str, float], digits: int = 1) -> str:
@@ -69,22 +94,38 @@ def _cell(figure: dict[str, float], digits: int = 1) -> str:
 
 
 def _md_cost_rows(section: dict[str, Any], systems: tuple[str, ...]) -> list[str]:
-    lines = ["| System | Requests/s median (min–max) | Runs | CPU s per 1k requests | mock LLM CPU s per 1k |", "|---|---|---|---|---|"]
+    lines = [
+        "| System | Requests/s median (min–max) | Runs | CPU s per 1k requests | mock LLM CPU s per 1k |",
+        "|---|---|---|---|---|",
+    ]
     for name in systems:
         v = section[name]
         runs = ", ".join(f"{row['requests_per_s']:.1f}" for row in v["runs"])
-        lines.append(f"| {name} | {_cell(v['requests_per_s'])} | {runs} | {_cell(v['cpu_s_per_1k'], 2)} | {_cell(v['mock_cpu_s_per_1k'], 2)} |")
+        lines.append(
+            f"| {name} | {_cell(v['requests_per_s'])} | {runs} | {_cell(v['cpu_s_per_1k'], 2)} | {_cell(v['mock_cpu_s_per_1k'], 2)} |"
+        )
     return lines
 
 
 def _md_guarantee(g: dict[str, Any]) -> list[str]:
     lines = ["## guarantee: at_least_once beside exactly_once, in turn in every run", ""]
-    for key, title in (("latency_0ms", "mock at 0 ms, 64 in flight"), ("latency_100ms", "mock at 100 ms, 64 in flight"), ("llm_scale", "mock at 2000 ± 500 ms, 1,024 in flight")):
+    for key, title in (
+        ("latency_0ms", "mock at 0 ms, 64 in flight"),
+        ("latency_100ms", "mock at 100 ms, 64 in flight"),
+        ("llm_scale", "mock at 2000 ± 500 ms, 1,024 in flight"),
+    ):
         section = g[key]
-        lines += [f"### {title}, {section['requests']:,} requests per run", "", *_md_cost_rows(section, ("at_least_once", "exactly_once")), ""]
+        lines += [
+            f"### {title}, {section['requests']:,} requests per run",
+            "",
+            *_md_cost_rows(section, ("at_least_once", "exactly_once")),
+            "",
+        ]
         lines.append(f"exactly_once / at_least_once = {_md_ratio(section['ratio_exactly_once_to_at_least_once'])}")
         lines.append("")
-    lines.append(f"exactly_once at the LLM scale / ceiling ({g['llm_scale']['ceiling_per_s']:.0f}/s) = **{g['llm_scale']['exactly_once_to_ceiling']:.2f}×**")
+    lines.append(
+        f"exactly_once at the LLM scale / ceiling ({g['llm_scale']['ceiling_per_s']:.0f}/s) = **{g['llm_scale']['exactly_once_to_ceiling']:.2f}×**"
+    )
     lines += ["", "| Guarantee | Rate | e2e p50 ms | e2e p99 ms |", "|---|---|---|---|"]
     for mode, figures in g["paced"].items():
         lines.append(f"| {mode} | {figures['rate_per_s']}/s | {figures['e2e_p50_ms']} | {figures['e2e_p99_ms']} |")
@@ -97,17 +138,32 @@ def _md_ratio(ratio: dict[str, Any]) -> str:
 
 def _md_overhead(o: dict[str, Any]) -> list[str]:
     lines = [f"## overhead: mock LLM at 0 ms, {o['concurrency']} in flight, {o['requests']:,} requests per run", ""]
-    lines += _md_cost_rows(o, ("baseline_b_aiokafka", "baseline_c_faust", "dlqapp_0pct_failures", "dlqapp_10pct_failures"))
-    return lines + ["", f"dlqapp / B = {_md_ratio(o['ratio_dlqapp_to_b'])}; dlqapp / C (Faust's floor) = {_md_ratio(o['ratio_dlqapp_to_c'])}; C / B = {_md_ratio(o['ratio_c_to_b'])}; "
-                        f"dlqapp with 10% transient failures / dlqapp at 0% = {_md_ratio(o['ratio_10pct_to_0pct'])}"]
+    lines += _md_cost_rows(
+        o, ("baseline_b_aiokafka", "baseline_c_faust", "dlqapp_0pct_failures", "dlqapp_10pct_failures")
+    )
+    return lines + [
+        "",
+        f"dlqapp / B = {_md_ratio(o['ratio_dlqapp_to_b'])}; dlqapp / C (Faust's floor) = {_md_ratio(o['ratio_dlqapp_to_c'])}; C / B = {_md_ratio(o['ratio_c_to_b'])}; "
+        f"dlqapp with 10% transient failures / dlqapp at 0% = {_md_ratio(o['ratio_10pct_to_0pct'])}",
+    ]
 
 
 def _md_llm_scale(s: dict[str, Any]) -> list[str]:
-    lines = [f"## llm_scale: mock LLM at {s['latency_ms']} ± {s['jitter_ms']} ms, {s['concurrency']} in flight (ceiling {s['ceiling_per_s']:.0f}/s), {s['requests']:,} requests per run", ""]
+    lines = [
+        f"## llm_scale: mock LLM at {s['latency_ms']} ± {s['jitter_ms']} ms, {s['concurrency']} in flight (ceiling {s['ceiling_per_s']:.0f}/s), {s['requests']:,} requests per run",
+        "",
+    ]
     lines += _md_cost_rows(s, ("baseline_b_aiokafka", "dlqapp_0pct_failures"))
-    lines += ["", f"dlqapp / B = {_md_ratio(s['ratio_dlqapp_to_b'])}; dlqapp / ceiling = **{s['ratio_dlqapp_to_ceiling']:.2f}×**, B / ceiling = {s['ratio_b_to_ceiling']:.2f}×", ""]
+    lines += [
+        "",
+        f"dlqapp / B = {_md_ratio(s['ratio_dlqapp_to_b'])}; dlqapp / ceiling = **{s['ratio_dlqapp_to_ceiling']:.2f}×**, B / ceiling = {s['ratio_b_to_ceiling']:.2f}×",
+        "",
+    ]
     rss = s["rss"]
-    lines += [f"| Resident memory, {rss['in_flight']:,} calls in flight | idle MiB | in flight MiB | KiB per call |", "|---|---|---|---|"]
+    lines += [
+        f"| Resident memory, {rss['in_flight']:,} calls in flight | idle MiB | in flight MiB | KiB per call |",
+        "|---|---|---|---|",
+    ]
     for name in ("baseline_b_aiokafka", "dlqapp"):
         v = rss[name]
         lines.append(f"| {name} | {v['idle_rss_mib']:.0f} | {v['rss_mib']:.0f} | {v['kib_per_call']:.1f} |")
@@ -116,81 +172,130 @@ def _md_llm_scale(s: dict[str, Any]) -> list[str]:
 
 def _md_latency(latency: dict[str, Any]) -> list[str]:
     lines = ["| Paced end-to-end | Rate | p50 ms | p99 ms |", "|---|---|---|---|"]
-    return lines + [f"| {name} | {v['rate_per_s']}/s | {v['e2e_p50_ms']} | {v['e2e_p99_ms']} |" for name, v in latency.items()]
+    return lines + [
+        f"| {name} | {v['rate_per_s']}/s | {v['e2e_p50_ms']} | {v['e2e_p99_ms']} |" for name, v in latency.items()
+    ]
 
 
 def _md_lateness(lateness: dict[str, Any]) -> list[str]:
     cell = lambda s: f"{s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f})"  # noqa: E731
-    lines = ["Median of runs (min–max over runs); each run a fresh worker.", "",
-             "| Retry lateness | Tier | n | p50 ms | p99 ms | max ms | loop lag max ms |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "Median of runs (min–max over runs); each run a fresh worker.",
+        "",
+        "| Retry lateness | Tier | n | p50 ms | p99 ms | max ms | loop lag max ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label in LATENESS_SCENARIOS:
         for tier, v in lateness[label].items():
-            lines.append(f"| {label} | {tier} | {v['n']} | {cell(v['p50_ms'])} | {cell(v['p99_ms'])} | {v['max_ms']} | {cell(lateness[label + '_loop_lag_max_ms'])} |")
+            lines.append(
+                f"| {label} | {tier} | {v['n']} | {cell(v['p50_ms'])} | {cell(v['p99_ms'])} | {v['max_ms']} | {cell(lateness[label + '_loop_lag_max_ms'])} |"
+            )
     worst = lambda label: cell(lateness[label + "_worst_tier_p99_ms"])  # noqa: E731
-    lines += ["", f"Worst tier p99: idle {worst('idle')} ms, paced under the flood {worst('paced_under_flood')} ms, burst {worst('burst')} ms, "
-              f"burst under the flood {worst('under_flood')} ms. At the median: paced flood / idle **{lateness['paced_flood_to_idle_worst_tier_p99']:.1f}×**, "
-              f"burst flood / burst **{lateness['flood_to_burst_worst_tier_p99']:.1f}×**, burst flood / idle {lateness['flood_to_idle_worst_tier_p99']:.1f}×"]
+    lines += [
+        "",
+        f"Worst tier p99: idle {worst('idle')} ms, paced under the flood {worst('paced_under_flood')} ms, burst {worst('burst')} ms, "
+        f"burst under the flood {worst('under_flood')} ms. At the median: paced flood / idle **{lateness['paced_flood_to_idle_worst_tier_p99']:.1f}×**, "
+        f"burst flood / burst **{lateness['flood_to_burst_worst_tier_p99']:.1f}×**, burst flood / idle {lateness['flood_to_idle_worst_tier_p99']:.1f}×",
+    ]
     return lines
 
 
 def _md_timer(timer: dict[str, Any]) -> list[str]:
     churn = next(iter(timer.values()))["after_churn"]
-    lines = [f"| Timer tick (standalone scan) | Tick ms (median) | Ratio to 1k | Disk bytes/entry | After {churn:,} fired: from first key ms | from kept start ms |", "|---|---|---|---|---|---|"]
-    return lines + [f"| {int(size):,} parked | {v['tick_ms_median']:.3f} | {v['tick_ratio_to_1k']:.2f} | {v['disk_bytes_per_entry']:.0f} "
-                    f"| {v['tick_after_churn_from_first_key_ms']:.3f} | {v['tick_after_churn_from_kept_start_ms']:.3f} |" for size, v in timer.items()]
+    lines = [
+        f"| Timer tick (standalone scan) | Tick ms (median) | Ratio to 1k | Disk bytes/entry | After {churn:,} fired: from first key ms | from kept start ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    return lines + [
+        f"| {int(size):,} parked | {v['tick_ms_median']:.3f} | {v['tick_ratio_to_1k']:.2f} | {v['disk_bytes_per_entry']:.0f} "
+        f"| {v['tick_after_churn_from_first_key_ms']:.3f} | {v['tick_after_churn_from_kept_start_ms']:.3f} |"
+        for size, v in timer.items()
+    ]
 
 
 def _md_parked_scale(scale: dict[str, Any]) -> list[str]:
-    lines = [f"Worker RSS with nothing parked (after warm-up): {scale['empty_worker_rss_bytes'] / 2**20:.0f} MiB", "",
-             "| Worker holding | Load s | RSS MiB | Peak RSS MiB | RSS bytes/parked | per parked since the previous level | Lateness p50 ms | p99 ms | max ms | p99 ratio to first |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Worker RSS with nothing parked (after warm-up): {scale['empty_worker_rss_bytes'] / 2**20:.0f} MiB",
+        "",
+        "| Worker holding | Load s | RSS MiB | Peak RSS MiB | RSS bytes/parked | per parked since the previous level | Lateness p50 ms | p99 ms | max ms | p99 ratio to first |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for level, v in scale.items():
         if isinstance(v, dict):
-            lines.append(f"| {int(level):,} parked | {v['load_s']} | {v['rss_bytes'] / 2**20:.0f} | {v['peak_rss_bytes'] / 2**20:.0f} | {v['rss_bytes_per_parked']:.0f} | {v['rss_bytes_per_added_parked']:.0f} "
-                         f"| {v['lateness_p50_ms']} | {v['lateness_p99_ms']} | {v['lateness_max_ms']} | {v['lateness_p99_ratio_to_first']:.2f} |")
+            lines.append(
+                f"| {int(level):,} parked | {v['load_s']} | {v['rss_bytes'] / 2**20:.0f} | {v['peak_rss_bytes'] / 2**20:.0f} | {v['rss_bytes_per_parked']:.0f} | {v['rss_bytes_per_added_parked']:.0f} "
+                f"| {v['lateness_p50_ms']} | {v['lateness_p99_ms']} | {v['lateness_max_ms']} | {v['lateness_p99_ratio_to_first']:.2f} |"
+            )
     return lines
 
 
 def _md_recovery(rec: dict[str, Any]) -> list[str]:
-    return [f"Recovery with {rec['parked']:,} parked retries: kill -9 → ready {rec['kill_to_ready_s']} s, → processing {rec['kill_to_processing_s']} s; {rec['parked_after_restart']:,} parked after restart."]
+    return [
+        f"Recovery with {rec['parked']:,} parked retries: kill -9 → ready {rec['kill_to_ready_s']} s, → processing {rec['kill_to_processing_s']} s; {rec['parked_after_restart']:,} parked after restart."
+    ]
 
 
 def _md_partitions(p: dict[str, Any]) -> list[str]:
-    lines = ["| DLQ_PARTITIONS | start → ready, s | RSS idle, MiB | CPU idle, % | worst loop lag, ms |", "|---|---|---|---|---|"]
+    lines = [
+        "| DLQ_PARTITIONS | start → ready, s | RSS idle, MiB | CPU idle, % | worst loop lag, ms |",
+        "|---|---|---|---|---|",
+    ]
     for count, f in p.items():
-        lines.append(f"| {count} | {_cell(f['start_to_ready_s'])} | {_cell(f['rss_mib'], 0)} | {_cell(f['idle_cpu_pct'])} | {_cell(f['loop_lag_ms'], 0)} |")
+        lines.append(
+            f"| {count} | {_cell(f['start_to_ready_s'])} | {_cell(f['rss_mib'], 0)} | {_cell(f['idle_cpu_pct'])} | {_cell(f['loop_lag_ms'], 0)} |"
+        )
     return lines
 
 
 def _md_scale_out(o: dict[str, Any]) -> list[str]:
-    lines = [f"Workers joining under {o['rate_per_s']} requests/s ({o['requests']:,} requests a run, {o['partitions']} partitions, 1 s backend latency, 10% failing once; "
-             f"median (min–max) of {o['runs']} runs): lost {o['lost']}.", "",
-             "| Step | Results/s | Latency p50, s | Latency p99, s | Retry lateness p50, ms | Retry lateness p99, ms | Longest pause, s |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Workers joining under {o['rate_per_s']} requests/s ({o['requests']:,} requests a run, {o['partitions']} partitions, 1 s backend latency, 10% failing once; "
+        f"median (min–max) of {o['runs']} runs): lost {o['lost']}.",
+        "",
+        "| Step | Results/s | Latency p50, s | Latency p99, s | Retry lateness p50, ms | Retry lateness p99, ms | Longest pause, s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, f in o["steps"].items():
-        lines.append(f"| {label} | {_cell(f['results_per_s'])} | {_cell(f['latency_p50_s'])} | {_cell(f['latency_p99_s'])} | {_cell(f['retry_lateness_p50_ms'], 0)} "
-                     f"| {_cell(f['retry_lateness_p99_ms'], 0)} | {_cell(f['longest_pause_s'])} |")
+        lines.append(
+            f"| {label} | {_cell(f['results_per_s'])} | {_cell(f['latency_p50_s'])} | {_cell(f['latency_p99_s'])} | {_cell(f['retry_lateness_p50_ms'], 0)} "
+            f"| {_cell(f['retry_lateness_p99_ms'], 0)} | {_cell(f['longest_pause_s'])} |"
+        )
     return lines
 
 
 def _md_stats_cost(cost: dict[str, Any]) -> list[str]:
-    rows = ["## /dlq/stats/ and /metrics cost (median of runs, min–max)", "",
-            "| request states in the table | start s (1st run restores) | stats p50 ms | stats p99 ms | metrics p50 ms | metrics p99 ms | RSS MiB |", "|---|---|---|---|---|---|---|"]
+    rows = [
+        "## /dlq/stats/ and /metrics cost (median of runs, min–max)",
+        "",
+        "| request states in the table | start s (1st run restores) | stats p50 ms | stats p99 ms | metrics p50 ms | metrics p99 ms | RSS MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
     cell = lambda s: f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"  # noqa: E731
     for row in cost.values():
         if isinstance(row, dict) and "requests" in row:
-            rows.append(f"| {row['requests']:,} | {cell(row['start_s'])} | {cell(row['stats_p50_ms'])} | {cell(row['stats_p99_ms'])} | {cell(row['metrics_p50_ms'])} | {cell(row['metrics_p99_ms'])} | {cell(row['rss_mib'])} |")
+            rows.append(
+                f"| {row['requests']:,} | {cell(row['start_s'])} | {cell(row['stats_p50_ms'])} | {cell(row['stats_p99_ms'])} | {cell(row['metrics_p50_ms'])} | {cell(row['metrics_p99_ms'])} | {cell(row['rss_mib'])} |"
+            )
     ratio = cost["p99_ratio_large_to_small"]
-    rows.append(f"\nstats p99 ratio, large to small, per run: median {ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f}×)")
+    rows.append(
+        f"\nstats p99 ratio, large to small, per run: median {ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f}×)"
+    )
     return rows
 
 
 def _md_flow_control(flow: dict[str, Any]) -> list[str]:
-    rows = [f"## Flow control: {flow['requests']:,} requests, provider limited to {flow['provider_rpm']} rpm, {flow['latency_ms']} ms latency", "",
-            "| dlqapp | 429s sent | share of calls | attempts per request | succeeded | dead-lettered | completion s | outcomes/min |", "|---|---|---|---|---|---|---|---|"]
+    rows = [
+        f"## Flow control: {flow['requests']:,} requests, provider limited to {flow['provider_rpm']} rpm, {flow['latency_ms']} ms latency",
+        "",
+        "| dlqapp | 429s sent | share of calls | attempts per request | succeeded | dead-lettered | completion s | outcomes/min |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name in FLOW_SETUPS:
         if name in flow:
             v = flow[name]
-            rows.append(f"| {name} | {v['429s']:,} | {v['429_share']:.1%} | {v['attempts_per_request']:.2f} | {v['succeeded']:,} | {v['dead_lettered']:,} | {v['completion_s']} | {v['outcomes_per_min']} |")
+            rows.append(
+                f"| {name} | {v['429s']:,} | {v['429_share']:.1%} | {v['attempts_per_request']:.2f} | {v['succeeded']:,} | {v['dead_lettered']:,} | {v['completion_s']} | {v['outcomes_per_min']} |"
+            )
     return rows
 
 
@@ -215,7 +320,11 @@ def plots(r: dict[str, Any], samples: dict[str, list[float]], out: Path) -> None
 
 def _plot_throughput(plt: Any, throughput: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
-    ax.bar(["A: sync", "B: aiokafka", "dlqapp 0%", "dlqapp 10%"], [throughput[n]["requests_per_s"] for n in SYSTEMS], color=["#999", "#555", "#2f5bea", "#7f9cf5"])
+    ax.bar(
+        ["A: sync", "B: aiokafka", "dlqapp 0%", "dlqapp 10%"],
+        [throughput[n]["requests_per_s"] for n in SYSTEMS],
+        color=["#999", "#555", "#2f5bea", "#7f9cf5"],
+    )
     ax.set_ylabel("requests/s (median)")
     ax.set_title(f"Throughput at {LATENCY_MS} ms backend latency")
     fig.tight_layout()
@@ -228,10 +337,24 @@ def _plot_cost(plt: Any, loads: list[tuple[str, dict[str, Any]]], out: Path) -> 
     for ax, (name, section) in zip(axes[0], loads):
         systems = [n for n in COST_LABELS if n in section]
         medians = [section[n]["requests_per_s"]["median"] for n in systems]
-        errors = [[m - section[n]["requests_per_s"]["min"] for n, m in zip(systems, medians)], [section[n]["requests_per_s"]["max"] - m for n, m in zip(systems, medians)]]
-        ax.bar([COST_LABELS[n][0] for n in systems], medians, yerr=errors, capsize=4, color=[COST_LABELS[n][1] for n in systems])
+        errors = [
+            [m - section[n]["requests_per_s"]["min"] for n, m in zip(systems, medians)],
+            [section[n]["requests_per_s"]["max"] - m for n, m in zip(systems, medians)],
+        ]
+        ax.bar(
+            [COST_LABELS[n][0] for n in systems],
+            medians,
+            yerr=errors,
+            capsize=4,
+            color=[COST_LABELS[n][1] for n in systems],
+        )
         if "ceiling_per_s" in section:
-            ax.axhline(section["ceiling_per_s"], color="#c33", linestyle="--", label=f"ceiling {section['ceiling_per_s']:.0f}/s")
+            ax.axhline(
+                section["ceiling_per_s"],
+                color="#c33",
+                linestyle="--",
+                label=f"ceiling {section['ceiling_per_s']:.0f}/s",
+            )
             ax.legend()
         ax.set_ylabel("requests/s (median, min–max)")
         jitter = f" ± {section['jitter_ms']}" if "jitter_ms" in section else ""
@@ -246,7 +369,11 @@ def _plot_lateness(plt: Any, samples: dict[str, list[float]], out: Path) -> None
     for label, values in samples.items():
         if values:
             ordered = sorted(values)
-            ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=label.replace("parked_scale/", "").replace("lateness/", ""))
+            ax.plot(
+                ordered,
+                [(i + 1) / len(ordered) for i in range(len(ordered))],
+                label=label.replace("parked_scale/", "").replace("lateness/", ""),
+            )
     ax.set_xlabel("lateness (ms): attempt time − scheduled_time")
     ax.set_ylabel("share of retries")
     ax.set_title("Retry lateness CDF: idle, a burst, under a flood, and with many retries parked")

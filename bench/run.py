@@ -93,12 +93,27 @@ NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost", "demo", "guaran
 def parse_args() -> argparse.Namespace:
     """The command line; see the module's docstring."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, one run each (keeps the harness from rotting)")
-    parser.add_argument("--only", default="", help="comma-separated sections to run (default: all): " + ", ".join(SECTIONS))
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes, one run each (keeps the harness from rotting)"
+    )
+    parser.add_argument(
+        "--only", default="", help="comma-separated sections to run (default: all): " + ", ".join(SECTIONS)
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    parser.add_argument("--requests", type=int, default=0, help="requests per run of overhead and llm_scale (default 20,000 and 12,000; 100 with --quick)")
-    parser.add_argument("--runs", type=int, default=0, help="runs of overhead and llm_scale (default 3; 1 with --quick)")
-    parser.add_argument("--profile", action="store_true", help="record the first run of each system in overhead and llm_scale with py-spy (flame graphs into --out)")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=0,
+        help="requests per run of overhead and llm_scale (default 20,000 and 12,000; 100 with --quick)",
+    )
+    parser.add_argument(
+        "--runs", type=int, default=0, help="runs of overhead and llm_scale (default 3; 1 with --quick)"
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record the first run of each system in overhead and llm_scale with py-spy (flame graphs into --out)",
+    )
     args = parser.parse_args()
     args.sections = chosen_sections(args.only, args.quick)
     unknown = set(args.sections) - set(SECTIONS)
@@ -109,12 +124,18 @@ def parse_args() -> argparse.Namespace:
 
 def chosen_sections(only: str, quick: bool) -> list[str]:
     """The sections `--only` names, else all (but those NOT_IN_QUICK with --quick)."""
-    return [s.strip() for s in only.split(",") if s.strip()] or [s for s in SECTIONS if not (quick and s in NOT_IN_QUICK)]
+    return [s.strip() for s in only.split(",") if s.strip()] or [
+        s for s in SECTIONS if not (quick and s in NOT_IN_QUICK)
+    ]
 
 
 def measure(bench: Bench, sections: list[str], quick: bool) -> dict[str, Any]:
     """Run `sections` in turn: the report's results, headed by when, where and whether quick."""
-    results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": f"{platform.machine()}, {os.cpu_count()} cores", "quick": quick}
+    results: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "quick": quick,
+    }
     for section in sections:
         print(section, flush=True)
         results[section] = SECTIONS[section](bench)

@@ -66,7 +66,7 @@ class PacedProducer(threading.Thread):
     def run(self) -> None:
         try:
             asyncio.run(self._produce())
-        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+        except BaseException as exc:
             self.error = exc
 
     async def _produce(self) -> None:
@@ -88,7 +88,9 @@ class PacedProducer(threading.Thread):
             await producer.stop()
 
 
-def sample(worker: Worker, config: SoakConfig, since: float, previous: dict[str, Any] | None, sent: int) -> dict[str, Any]:
+def sample(
+    worker: Worker, config: SoakConfig, since: float, previous: dict[str, Any] | None, sent: int
+) -> dict[str, Any]:
     """One row of the series."""
     stats = worker.get("/dlq/stats/")[1]
     health = worker.get(f"/health/?window={config.sample_s}s")[1]
@@ -109,16 +111,41 @@ def sample(worker: Worker, config: SoakConfig, since: float, previous: dict[str,
         "held": health["total"].get("held", 0),
         "rss_mib": round(rss, 1),
         "cpu_pct": round(100 * (cpu - (previous["_cpu"] if previous else 0)) / interval, 1),
-        "_at": now, "_sent": sent, "_done": done, "_cpu": cpu,
+        "_at": now,
+        "_sent": sent,
+        "_done": done,
+        "_cpu": cpu,
     }
 
 
 def run_soak(bootstrap: str, tmp: Path, config: SoakConfig) -> dict[str, Any]:
     """Run the soak; the series, the outcome check and the goals."""
-    mock = MockLLM(tmp, args=["--latency-ms", str(config.latency_ms), "--jitter-ms", str(config.jitter_ms), "--fail-once", config.fail_once, "--fail-always", config.fail_always]).start()
-    worker = Worker(bootstrap, tmp, name=unique("soak"), env_extra={
-        "DLQ_INFERENCE": "openai", "DLQ_INFERENCE_URL": mock.api_url, "DLQ_RETRY_DELAYS": "1s,2s,3s",
-        "DLQ_BREAKER": "true", "DLQ_PARTITIONS": str(config.partitions), "DLQ_LOG_LEVEL": "warning"})
+    mock = MockLLM(
+        tmp,
+        args=[
+            "--latency-ms",
+            str(config.latency_ms),
+            "--jitter-ms",
+            str(config.jitter_ms),
+            "--fail-once",
+            config.fail_once,
+            "--fail-always",
+            config.fail_always,
+        ],
+    ).start()
+    worker = Worker(
+        bootstrap,
+        tmp,
+        name=unique("soak"),
+        env_extra={
+            "DLQ_INFERENCE": "openai",
+            "DLQ_INFERENCE_URL": mock.api_url,
+            "DLQ_RETRY_DELAYS": "1s,2s,3s",
+            "DLQ_BREAKER": "true",
+            "DLQ_PARTITIONS": str(config.partitions),
+            "DLQ_LOG_LEVEL": "warning",
+        },
+    )
     try:
         worker.start()
         producer = PacedProducer(bootstrap, worker.topic("input"), config.rate_per_s, unique("soak"))
@@ -141,7 +168,13 @@ def run_soak(bootstrap: str, tmp: Path, config: SoakConfig) -> dict[str, Any]:
                 rows.append(sample(worker, config, since, rows[-1] if rows else None, producer.sent))
         producer.stop()
         wanted = set(producer.ids)
-        records = read_topic(bootstrap, [worker.topic("results"), worker.topic("dlq")], lambda r: wanted <= keys_seen(r), 600, partitions=config.partitions)
+        records = read_topic(
+            bootstrap,
+            [worker.topic("results"), worker.topic("dlq")],
+            lambda r: wanted <= keys_seen(r),
+            600,
+            partitions=config.partitions,
+        )
         seen = keys_seen(records)
         outcomes = [r for r in records if r.key is not None and r.key.decode() in wanted and r.value is not None]
         calls = mock.stats()
@@ -193,13 +226,17 @@ def markdown(soak: dict[str, Any]) -> list[str]:
         f"Produced {soak['produced']:,}, lost {soak['lost']}, duplicate outcomes {soak['duplicate_outcomes']}. "
         f"Breaker moves: {g['moves_before_outage']} before the outage, {g['moves_during_outage']} around it, {g['moves_after_outage']} after. "
         f"Steady state: lag at most {g['max_lag_steady']} (goal below {g['lag_goal']}), lateness p99 median {late.get('median')} ms (max {late.get('max')} ms); "
-        f"RSS growth over the last two thirds {g['rss_growth_last_two_thirds']:.1%}." if g["rss_growth_last_two_thirds"] is not None else "",
+        f"RSS growth over the last two thirds {g['rss_growth_last_two_thirds']:.1%}."
+        if g["rss_growth_last_two_thirds"] is not None
+        else "",
         "",
         "| t (s) | in/s | out/s | lag | lateness p99 (ms) | breaker | moves | held | RSS (MiB) | CPU % |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in soak["series"]:
-        lines.append(f"| {r['t_s']:.0f} | {r['in_per_s']} | {r['out_per_s']} | {r['consumer_lag']} | {r['lateness_p99_ms']} | {r['breaker']} | {r['moves']} | {r['held']} | {r['rss_mib']} | {r['cpu_pct']} |")
+        lines.append(
+            f"| {r['t_s']:.0f} | {r['in_per_s']} | {r['out_per_s']} | {r['consumer_lag']} | {r['lateness_p99_ms']} | {r['breaker']} | {r['moves']} | {r['held']} | {r['rss_mib']} | {r['cpu_pct']} |"
+        )
     return lines
 
 
@@ -223,14 +260,18 @@ def plot(soak: dict[str, Any], out: Path) -> None:
     for ax, (lines, unit) in zip(axes, panels):
         for key, label in lines:
             ax.plot(t, [r[key] if r[key] is not None else float("nan") for r in series], label=label)
-        ax.axvspan(c["duration_s"] / 2 / 60, (c["duration_s"] / 2 + c["outage_s"]) / 60, color="#f4c7c3", label="outage")
+        ax.axvspan(
+            c["duration_s"] / 2 / 60, (c["duration_s"] / 2 + c["outage_s"]) / 60, color="#f4c7c3", label="outage"
+        )
         ax.set_ylabel(unit)
         ax.legend(loc="upper right", fontsize=8)
     opened = [r["t_s"] / 60 for r in series if r["breaker"] != "closed"]
     for x in opened:
         axes[0].axvline(x, color="#c33", alpha=0.3)
     axes[-1].set_xlabel("minutes")
-    axes[0].set_title(f"Soak: {c['rate_per_s']}/s, {c['fail_once']} once, {c['fail_always']} always; red lines: breaker not closed")
+    axes[0].set_title(
+        f"Soak: {c['rate_per_s']}/s, {c['fail_once']} once, {c['fail_always']} always; red lines: breaker not closed"
+    )
     fig.tight_layout()
     fig.savefig(out / "soak.png", dpi=100)
     plt.close(fig)

@@ -39,17 +39,36 @@ class Running:
     log: Path
 
 
-def baseline_command(script: str, bootstrap: str, settings: Settings, llm: MockLLM, group: str, count: int, *extra: str) -> list[str]:
+def baseline_command(
+    script: str, bootstrap: str, settings: Settings, llm: MockLLM, group: str, count: int, *extra: str
+) -> list[str]:
     """The command line of a baseline (bench/<script>) from `settings.input` to `settings.results`."""
-    return [PYTHON, str(ROOT / "bench" / script), "--bootstrap", bootstrap, "--input", settings.input, "--results", settings.results,
-            "--llm", llm.api_url + "/chat/completions", "--group", group, "--count", str(count), *extra]
+    return [
+        PYTHON,
+        str(ROOT / "bench" / script),
+        "--bootstrap",
+        bootstrap,
+        "--input",
+        settings.input,
+        "--results",
+        settings.results,
+        "--llm",
+        llm.api_url + "/chat/completions",
+        "--group",
+        group,
+        "--count",
+        str(count),
+        *extra,
+    ]
 
 
 class Bench:
     """One benchmark run: the broker, a scratch directory, the options, and the two mocks
     (at LATENCY_MS, one failing 10% of calls) the sections share; starts the systems."""
 
-    def __init__(self, bootstrap: str, tmp: Path, quick: bool, profile_dir: Path | None = None, requests: int = 0, runs: int = 0) -> None:
+    def __init__(
+        self, bootstrap: str, tmp: Path, quick: bool, profile_dir: Path | None = None, requests: int = 0, runs: int = 0
+    ) -> None:
         self.bootstrap = bootstrap
         self.tmp = tmp
         self.quick = quick
@@ -59,7 +78,9 @@ class Bench:
         self.runs = runs
         """Runs of `overhead` and `llm_scale` (0: their defaults)."""
         self.mock = MockLLM(tmp, args=["--latency-ms", str(LATENCY_MS)]).start()
-        self.mock_failing = MockLLM(tmp, args=["--latency-ms", str(LATENCY_MS), "--fail", "503=0.1", "--seed", "5"]).start()
+        self.mock_failing = MockLLM(
+            tmp, args=["--latency-ms", str(LATENCY_MS), "--fail", "503=0.1", "--seed", "5"]
+        ).start()
 
     def close(self) -> None:
         """Stop the shared mocks."""
@@ -74,9 +95,20 @@ class Bench:
         A fixed concurrency, like the baselines': the adaptive limit starts at its floor and
         grows only as calls complete (a measurement that holds calls open would never see
         more than one), and is measured on its own in `flow_control`."""
-        return Worker(self.bootstrap, self.tmp, name=unique("bw"), env_extra={
-            "DLQ_CONCURRENCY": str(CONCURRENCY), "DLQ_RETRY_DELAYS": "1s,2s,3s", "DLQ_LOG_LEVEL": "warning", "DLQ_ADAPTIVE_CONCURRENCY": "false",
-            "DLQ_PARTITIONS": str(BENCH_PARTITIONS), "DLQ_PROCESSING_GUARANTEE": BENCH_GUARANTEE, **env})
+        return Worker(
+            self.bootstrap,
+            self.tmp,
+            name=unique("bw"),
+            env_extra={
+                "DLQ_CONCURRENCY": str(CONCURRENCY),
+                "DLQ_RETRY_DELAYS": "1s,2s,3s",
+                "DLQ_LOG_LEVEL": "warning",
+                "DLQ_ADAPTIVE_CONCURRENCY": "false",
+                "DLQ_PARTITIONS": str(BENCH_PARTITIONS),
+                "DLQ_PROCESSING_GUARANTEE": BENCH_GUARANTEE,
+                **env,
+            },
+        )
 
     def dlqapp_worker(self, mock: MockLLM, **env: str) -> Worker:
         """A worker on the `openai` backend against the mock."""
@@ -84,7 +116,11 @@ class Bench:
 
     def simulated_worker(self, latency_ms: int, **env: str) -> Worker:
         """A worker on the simulated backend (always succeeds unless a request's plan says otherwise)."""
-        simulated = {"DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_SIMULATED_LATENCY": f"{latency_ms}ms", "DLQ_SIMULATED_JITTER": "0ms"}
+        simulated = {
+            "DLQ_SIMULATED_SUCCESS_RATE": "1.0",
+            "DLQ_SIMULATED_LATENCY": f"{latency_ms}ms",
+            "DLQ_SIMULATED_JITTER": "0ms",
+        }
         return self.worker(**{**simulated, **env})
 
     # -- one pass over requests already waiting ------------------------------------------
@@ -129,7 +165,9 @@ class Bench:
         """bench/<script> on fresh topics, once it prints `ready`."""
         prefix = unique("bench") + "."
         settings = make_topics(self.bootstrap, prefix)
-        args = baseline_command(script, self.bootstrap, settings, mock, prefix + "group", 10**12, "--concurrency", str(concurrency))
+        args = baseline_command(
+            script, self.bootstrap, settings, mock, prefix + "group", 10**12, "--concurrency", str(concurrency)
+        )
         log = self.tmp / f"{prefix}{script}.log"
         with open(log, "ab") as stderr:
             process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=self.tmp)
@@ -152,4 +190,11 @@ class Bench:
         worker.start()
         assert worker.process is not None
         process = worker.process
-        return Running(process.pid, worker.topic("input"), [worker.topic("results"), worker.topic("dlq")], worker.kill, lambda: process.poll() is None, worker.log_path)
+        return Running(
+            process.pid,
+            worker.topic("input"),
+            [worker.topic("results"), worker.topic("dlq")],
+            worker.kill,
+            lambda: process.poll() is None,
+            worker.log_path,
+        )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["app", "__version__"]
+__all__ = ["__version__", "app"]
 
 
 def __getattr__(name: str) -> Any:

@@ -31,7 +31,11 @@ def _bindable(port: int) -> bool:
 def free_port_block(count: int) -> int:
     """The first of `count` consecutive free ports below the ephemeral range, so that no
     client's outgoing connection can take a stopped broker's port before it restarts."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0]) if Path("/proc/sys/net/ipv4/ip_local_port_range").exists() else EPHEMERAL_LOW
+    low = (
+        int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+        if Path("/proc/sys/net/ipv4/ip_local_port_range").exists()
+        else EPHEMERAL_LOW
+    )
     rng = random.Random()
     for _ in range(200):
         base = rng.randrange(20_000, max(20_001, low - count))
@@ -66,7 +70,9 @@ class LocalCluster:
         }
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(KAFKA_LOCAL), *args], env=self.env(), capture_output=True, text=True, timeout=300, check=check)
+        return subprocess.run(
+            [str(KAFKA_LOCAL), *args], env=self.env(), capture_output=True, text=True, timeout=300, check=check
+        )
 
     def start(self) -> float:
         """Start every node; returns the seconds it took."""
@@ -87,7 +93,13 @@ class LocalCluster:
 
     def start_broker_later(self, broker: int) -> subprocess.Popen[str]:
         """`start-broker` in the background: the caller goes on and waits for it later."""
-        return subprocess.Popen([str(KAFKA_LOCAL), "start-broker", str(broker)], env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(
+            [str(KAFKA_LOCAL), "start-broker", str(broker)],
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def pids(self) -> list[str]:
         out = subprocess.run(["pgrep", "-af", "kafka.Kafka"], capture_output=True, text=True).stdout
@@ -127,7 +139,12 @@ async def _out_of_sync(bootstrap: str, prefix: str) -> list[str]:
     try:
         names = [t for t in await admin.list_topics() if t.startswith(prefix)]
         described = await admin.describe_topics(names) if names else []
-        return [f"{d['topic']}-{p['partition']}" for d in described for p in d["partitions"] if set(p["isr"]) != set(p["replicas"])]
+        return [
+            f"{d['topic']}-{p['partition']}"
+            for d in described
+            for p in d["partitions"]
+            if set(p["isr"]) != set(p["replicas"])
+        ]
     finally:
         await admin.close()
 

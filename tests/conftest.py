@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
 
@@ -76,7 +76,9 @@ def make_worker(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Callable[..., 
 
 
 @pytest.fixture(scope="module")
-def start_worker(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Callable[..., Worker]]:
+def start_worker(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., Worker]]:
     """`start_worker(**env)`: a worker with its own app id and topics, `env` added to its
     environment, started and ready; every one lives until the end of the module, then is
     killed. A module's shared worker is one line:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
@@ -39,10 +40,15 @@ def produce(
     options, e.g. a secured broker's, see tests/secure.py)."""
 
     async def run() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=16 * 1024 * 1024, **(client or {}))
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=16 * 1024 * 1024, **(client or {})
+        )
         await producer.start()
         try:
-            futures = [await producer.send(topic, key=k, value=v, headers=headers, timestamp_ms=timestamp_ms) for k, v in messages]
+            futures = [
+                await producer.send(topic, key=k, value=v, headers=headers, timestamp_ms=timestamp_ms)
+                for k, v in messages
+            ]
             await asyncio.gather(*futures)
         finally:
             await producer.stop()
@@ -56,7 +62,12 @@ def request_bytes(request_id: str, **extra: Any) -> bytes:
 
 
 def read_topic(
-    bootstrap: str, topic: str | list[str], until: Callable[[list[Record]], bool], timeout: float, partitions: int = 3, client: dict[str, Any] | None = None
+    bootstrap: str,
+    topic: str | list[str],
+    until: Callable[[list[Record]], bool],
+    timeout: float,
+    partitions: int = 3,
+    client: dict[str, Any] | None = None,
 ) -> list[Record]:
     """Read `topic` (or several) from the beginning until `until(records)` holds; fail on timeout.
     Committed records only, as the contract asks of dlqapp's consumers (unless `client` says otherwise)."""
@@ -64,7 +75,9 @@ def read_topic(
 
     async def run() -> list[Record]:
         options = {"isolation_level": "read_committed", **(client or {})}
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **options)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **options
+        )
         await consumer.start()
         try:
             consumer.assign([TopicPartition(t, p) for t in topics for p in range(partitions)])
@@ -106,13 +119,22 @@ def all_keys_seen(wanted: set[str]) -> Callable[[list[Record]], bool]:
     return complete
 
 
-def read_until_quiet(bootstrap: str, topics: list[str], partitions: int, client: dict[str, Any] | None, quiet_s: float, timeout: float = 300) -> list[Record]:
+def read_until_quiet(
+    bootstrap: str,
+    topics: list[str],
+    partitions: int,
+    client: dict[str, Any] | None,
+    quiet_s: float,
+    timeout: float = 300,
+) -> list[Record]:
     """Every record of `topics` (committed ones, unless `client` says otherwise), read once
     their end offsets have not moved for `quiet_s`."""
 
     async def run() -> list[Record]:
         options = {"isolation_level": "read_committed", **(client or {})}
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **options)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", **options
+        )
         await consumer.start()
         try:
             tps = [TopicPartition(t, p) for t in topics for p in range(partitions)]

@@ -25,7 +25,13 @@ def kafka_jars() -> Path:
     return cache / "dlqapp" / f"kafka-{version}"
 
 
-def run_tool(main_class: str, *args: str, stdin: str | None = None, timeout: float = 120, jvm: tuple[str, ...] = ("-Xmx256m", "-Dlog4j2.level=WARN")) -> str:
+def run_tool(
+    main_class: str,
+    *args: str,
+    stdin: str | None = None,
+    timeout: float = 120,
+    jvm: tuple[str, ...] = ("-Xmx256m", "-Dlog4j2.level=WARN"),
+) -> str:
     """Run one Kafka tool; its stdout (fails with its stderr)."""
     command = ["java", "-XX:TieredStopAtLevel=1", *jvm, "-cp", f"{kafka_jars()}/*", main_class, *args]
     done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout)
@@ -38,10 +44,24 @@ def committed_keys(bootstrap: str, topics: list[str], count: int, timeout_s: flo
     consumer reads them with `--isolation-level read_committed`: up to `count` + 1 records
     (one more than expected, so a duplicate shows), or what came before 10 s went by without one."""
     out = run_tool(
-        CONSOLE_CONSUMER, "--bootstrap-server", bootstrap, "--include", "|".join(re.escape(t) for t in topics),
-        "--from-beginning", "--isolation-level", "read_committed", "--timeout-ms", "10000",
-        "--max-messages", str(count + 1), "--property", "print.key=true", "--property", "key.separator=\x1e",
-        timeout=timeout_s, jvm=("-Xmx256m", "-Dlog4j2.level=OFF"),  # its timeout is logged as an ERROR, on stdout
+        CONSOLE_CONSUMER,
+        "--bootstrap-server",
+        bootstrap,
+        "--include",
+        "|".join(re.escape(t) for t in topics),
+        "--from-beginning",
+        "--isolation-level",
+        "read_committed",
+        "--timeout-ms",
+        "10000",
+        "--max-messages",
+        str(count + 1),
+        "--property",
+        "print.key=true",
+        "--property",
+        "key.separator=\x1e",
+        timeout=timeout_s,
+        jvm=("-Xmx256m", "-Dlog4j2.level=OFF"),  # its timeout is logged as an ERROR, on stdout
     )
     keys: Counter[str] = Counter()
     for line in filter(None, out.split("\n")):  # not splitlines(): it splits at \x1d-\x1f too

@@ -33,17 +33,26 @@ class SecureKafka:
 
     def env(self) -> dict[str, str]:
         return {
-            **os.environ, "KAFKA_BROKERS": "1", "KAFKA_PORT": str(self.port), "KAFKA_CONTROLLER_PORT": str(self.controller_port),
-            "KAFKA_DATA_DIR": str(self.data_dir), "KAFKA_SECURITY": self.security, "KAFKA_AUTHORIZER": "1" if self.authorizer else "0",
+            **os.environ,
+            "KAFKA_BROKERS": "1",
+            "KAFKA_PORT": str(self.port),
+            "KAFKA_CONTROLLER_PORT": str(self.controller_port),
+            "KAFKA_DATA_DIR": str(self.data_dir),
+            "KAFKA_SECURITY": self.security,
+            "KAFKA_AUTHORIZER": "1" if self.authorizer else "0",
         }
 
     def run(self, command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(KAFKA_LOCAL), command], env=self.env(), capture_output=True, text=True, timeout=300, check=check)
+        return subprocess.run(
+            [str(KAFKA_LOCAL), command], env=self.env(), capture_output=True, text=True, timeout=300, check=check
+        )
 
-    def start(self) -> "SecureKafka":
+    def start(self) -> SecureKafka:
         result = self.run("start", check=False)
         log = self.data_dir / "kafka.log"
-        assert result.returncode == 0, result.stdout + result.stderr + (log.read_text(errors="replace")[-3000:] if log.exists() else "")
+        assert result.returncode == 0, (
+            result.stdout + result.stderr + (log.read_text(errors="replace")[-3000:] if log.exists() else "")
+        )
         return self
 
     def stop(self) -> None:
@@ -67,23 +76,45 @@ class SecureKafka:
                 context.load_cert_chain(str(security / "admin.pem"), str(security / "admin.key"))
             options["ssl_context"] = context
         if self.security.startswith("sasl"):
-            options.update(sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="admin", sasl_plain_password=self.secret("admin"))
+            options.update(
+                sasl_mechanism="SCRAM-SHA-512", sasl_plain_username="admin", sasl_plain_password=self.secret("admin")
+            )
         return options
 
     def kafka_tool(self, main_class: str, *args: str) -> subprocess.CompletedProcess[str]:
         """One of Kafka's command-line tools, as the super user admin (admin.properties)."""
-        command = ["java", "-XX:TieredStopAtLevel=1", "-cp", f"{kafka_jars()}/*", f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}", main_class,
-                   "--bootstrap-server", self.bootstrap, "--command-config", str(self.data_dir / "admin.properties"), *args]
+        command = [
+            "java",
+            "-XX:TieredStopAtLevel=1",
+            "-cp",
+            f"{kafka_jars()}/*",
+            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            main_class,
+            "--bootstrap-server",
+            self.bootstrap,
+            "--command-config",
+            str(self.data_dir / "admin.properties"),
+            *args,
+        ]
         return subprocess.run(command, capture_output=True, text=True, timeout=180)
 
     def apply_acls(self, worker: Worker, principal: str = "User:dlqapp", skip: str | None = None) -> list[str]:
         """Grant exactly what `faust -A dlqapp acls` prints for the worker's settings (but lines
         containing `skip`), with Kafka's AclCommand. Returns the lines applied."""
-        printed = subprocess.run([str(FAUST), "-A", "dlqapp", "acls", "--principal", principal], env=worker.env(), cwd=worker.tmp, capture_output=True, text=True, timeout=120)
+        printed = subprocess.run(
+            [str(FAUST), "-A", "dlqapp", "acls", "--principal", principal],
+            env=worker.env(),
+            cwd=worker.tmp,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert printed.returncode == 0, printed.stderr
         lines = [line for line in printed.stdout.splitlines() if line.strip() and not (skip and skip in line)]
         with ThreadPoolExecutor(4) as pool:
-            results = list(pool.map(lambda line: self.kafka_tool("org.apache.kafka.tools.AclCommand", *line.split()), lines))
+            results = list(
+                pool.map(lambda line: self.kafka_tool("org.apache.kafka.tools.AclCommand", *line.split()), lines)
+            )
         for line, result in zip(lines, results):
             assert result.returncode == 0, f"AclCommand {line}: {result.stderr[-2000:]}"
         return lines

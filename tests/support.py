@@ -15,9 +15,10 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tests.kafka_io import Record, all_keys_seen, keys_seen, produce, read_topic, request_bytes  # noqa: F401 (re-exported)
 
@@ -32,7 +33,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str], interval: float = 0.1) -> Any:
+def wait_until(
+    predicate: Callable[[], Any], timeout: float, what: str | Callable[[], str], interval: float = 0.1
+) -> Any:
     """Poll `predicate` until it returns something truthy; fail naming `what` on timeout
     (a callable `what` is asked then, so it can describe what was last seen)."""
     deadline = time.monotonic() + timeout
@@ -59,11 +62,18 @@ def unique_ids(prefix: str, count: int) -> list[str]:
 
 
 def http_json(
-    url: str, method: str = "GET", body: Any = None, timeout: float = 10, raw: bytes | None = None, headers: dict[str, str] | None = None
+    url: str,
+    method: str = "GET",
+    body: Any = None,
+    timeout: float = 10,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, Any]:
     """(status, decoded JSON body) of one request; `raw` sends bytes as they are instead of `body`."""
     data = raw if raw is not None else json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read() or b"null")
@@ -90,10 +100,20 @@ class LocalKafka:
         return f"127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "KAFKA_BROKERS": "1", "KAFKA_PORT": str(self.port), "KAFKA_CONTROLLER_PORT": str(free_port()), "KAFKA_DATA_DIR": str(self.data_dir)}
+        return {
+            **os.environ,
+            "KAFKA_BROKERS": "1",
+            "KAFKA_PORT": str(self.port),
+            "KAFKA_CONTROLLER_PORT": str(free_port()),
+            "KAFKA_DATA_DIR": str(self.data_dir),
+        }
 
-    def run(self, command: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(KAFKA_LOCAL), command], env=env or self.env(), capture_output=True, text=True, timeout=300, check=check)
+    def run(
+        self, command: str, env: dict[str, str] | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(KAFKA_LOCAL), command], env=env or self.env(), capture_output=True, text=True, timeout=300, check=check
+        )
 
 
 # -- workers ---------------------------------------------------------------------------
@@ -141,7 +161,7 @@ class Worker:
             **self.env_extra,
         }
 
-    def start(self, wait: bool = True) -> "Worker":
+    def start(self, wait: bool = True) -> Worker:
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [str(FAUST), "-A", "dlqapp", "worker", "-l", "info", "--web-port", str(self.web_port)],
@@ -246,9 +266,11 @@ class MockLLM:
     def api_url(self) -> str:
         return self.url + "/v1"
 
-    def start(self) -> "MockLLM":
+    def start(self) -> MockLLM:
         log = open(self.tmp / f"mock-llm-{self.port}.log", "ab")
-        self.process = subprocess.Popen([str(MOCK_LLM), "--port", str(self.port), *self.args], stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            [str(MOCK_LLM), "--port", str(self.port), *self.args], stdout=log, stderr=subprocess.STDOUT
+        )
         wait_until(lambda: self._up(), 30, "the mock LLM to listen")
         return self
 

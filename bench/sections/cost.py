@@ -30,11 +30,18 @@ Lineup = dict[str, tuple[Callable[[], Running], MockLLM]]
 
 def ratios(section: dict[str, Any], system: str, base: str) -> dict[str, Any]:
     """`system` / `base` in requests/s: of the medians, and per run (each run measured both in turn)."""
-    per_run = [a["requests_per_s"] / b["requests_per_s"] for a, b in zip(section[system]["runs"], section[base]["runs"])]
-    return {"of_medians": section[system]["requests_per_s"]["median"] / section[base]["requests_per_s"]["median"], "per_run": per_run}
+    per_run = [
+        a["requests_per_s"] / b["requests_per_s"] for a, b in zip(section[system]["runs"], section[base]["runs"])
+    ]
+    return {
+        "of_medians": section[system]["requests_per_s"]["median"] / section[base]["requests_per_s"]["median"],
+        "per_run": per_run,
+    }
 
 
-def cost_run(bench: Bench, start: Callable[[], Running], mock: MockLLM, count: int, profile: str | None = None) -> dict[str, float]:
+def cost_run(
+    bench: Bench, start: Callable[[], Running], mock: MockLLM, count: int, profile: str | None = None
+) -> dict[str, float]:
     """Start a system, hand it `count` requests at once, wait for every outcome: its
     requests/s, and the CPU seconds per 1,000 requests it and the mock used meanwhile.
     With `profile` (and --profile), py-spy records the system meanwhile (see `Profiler`)."""
@@ -55,11 +62,17 @@ def cost_run(bench: Bench, start: Callable[[], Running], mock: MockLLM, count: i
             profiler.stop()
         system.stop()
     results = [r for r in outcomes if r.topic == system.results[0]]
-    return {"requests_per_s": throughput_of(results), "cpu_s_per_1k": cpu * 1000 / count, "mock_cpu_s_per_1k": mock_cpu * 1000 / count,
-            "dead_lettered": len(outcomes) - len(results)}
+    return {
+        "requests_per_s": throughput_of(results),
+        "cpu_s_per_1k": cpu * 1000 / count,
+        "mock_cpu_s_per_1k": mock_cpu * 1000 / count,
+        "dead_lettered": len(outcomes) - len(results),
+    }
 
 
-def cost_run_repeated(bench: Bench, start: Callable[[], Running], mock: MockLLM, count: int, profile: str | None = None, attempts: int = 2) -> dict[str, float]:
+def cost_run_repeated(
+    bench: Bench, start: Callable[[], Running], mock: MockLLM, count: int, profile: str | None = None, attempts: int = 2
+) -> dict[str, float]:
     """`cost_run`, once more should the process die (reported, never hidden: `repeated`)."""
     for attempt in range(1, attempts + 1):
         try:
@@ -78,12 +91,23 @@ def side_by_side(bench: Bench, section: str, systems: Lineup, count: int, runs: 
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
     for run in range(runs):
         for name, (start, mock) in systems.items():
-            rows[name].append(cost_run_repeated(bench, start, mock, count, profile=f"{section}-{name}" if run == 0 else None))
+            rows[name].append(
+                cost_run_repeated(bench, start, mock, count, profile=f"{section}-{name}" if run == 0 else None)
+            )
             row = rows[name][-1]
-            print(f"  run {run + 1} {name}: {row['requests_per_s']:.1f} req/s, {row['cpu_s_per_1k']:.2f} CPU s/1k (mock {row['mock_cpu_s_per_1k']:.2f})", flush=True)
+            print(
+                f"  run {run + 1} {name}: {row['requests_per_s']:.1f} req/s, {row['cpu_s_per_1k']:.2f} CPU s/1k (mock {row['mock_cpu_s_per_1k']:.2f})",
+                flush=True,
+            )
     out: dict[str, Any] = {"requests": count}
     for name, measured in rows.items():
-        out[name] = {"runs": measured, **{figure: spread([row[figure] for row in measured]) for figure in ("requests_per_s", "cpu_s_per_1k", "mock_cpu_s_per_1k")}}
+        out[name] = {
+            "runs": measured,
+            **{
+                figure: spread([row[figure] for row in measured])
+                for figure in ("requests_per_s", "cpu_s_per_1k", "mock_cpu_s_per_1k")
+            },
+        }
     return out
 
 
@@ -98,12 +122,18 @@ def overhead(bench: Bench) -> dict[str, Any]:
     mock = MockLLM(bench.tmp, args=["--latency-ms", "0"]).start()
     failing = MockLLM(bench.tmp, args=["--latency-ms", "0", "--fail", "503=0.1", "--seed", "5"]).start()
     try:
-        out = side_by_side(bench, "overhead", {
-            "baseline_b_aiokafka": (lambda: bench.start_baseline_b(mock, CONCURRENCY), mock),
-            "baseline_c_faust": (lambda: bench.start_baseline_c(mock, CONCURRENCY), mock),
-            "dlqapp_0pct_failures": (lambda: bench.start_dlqapp(mock, CONCURRENCY), mock),
-            "dlqapp_10pct_failures": (lambda: bench.start_dlqapp(failing, CONCURRENCY), failing),
-        }, count, runs)
+        out = side_by_side(
+            bench,
+            "overhead",
+            {
+                "baseline_b_aiokafka": (lambda: bench.start_baseline_b(mock, CONCURRENCY), mock),
+                "baseline_c_faust": (lambda: bench.start_baseline_c(mock, CONCURRENCY), mock),
+                "dlqapp_0pct_failures": (lambda: bench.start_dlqapp(mock, CONCURRENCY), mock),
+                "dlqapp_10pct_failures": (lambda: bench.start_dlqapp(failing, CONCURRENCY), failing),
+            },
+            count,
+            runs,
+        )
     finally:
         mock.stop()
         failing.stop()
@@ -121,12 +151,20 @@ def llm_scale(bench: Bench) -> dict[str, Any]:
     of each with 4,096 calls in flight (`rss`)."""
     count, runs = (100, 1) if bench.quick else (12_000, 3)
     count, runs = bench.requests or count, bench.runs or runs
-    mock = MockLLM(bench.tmp, args=["--latency-ms", str(LLM_LATENCY_MS), "--jitter-ms", str(LLM_JITTER_MS), "--seed", "5"]).start()
+    mock = MockLLM(
+        bench.tmp, args=["--latency-ms", str(LLM_LATENCY_MS), "--jitter-ms", str(LLM_JITTER_MS), "--seed", "5"]
+    ).start()
     try:
-        out = side_by_side(bench, "llm_scale", {
-            "baseline_b_aiokafka": (lambda: bench.start_baseline_b(mock, LLM_CONCURRENCY), mock),
-            "dlqapp_0pct_failures": (lambda: bench.start_dlqapp(mock, LLM_CONCURRENCY), mock),
-        }, count, runs)
+        out = side_by_side(
+            bench,
+            "llm_scale",
+            {
+                "baseline_b_aiokafka": (lambda: bench.start_baseline_b(mock, LLM_CONCURRENCY), mock),
+                "dlqapp_0pct_failures": (lambda: bench.start_dlqapp(mock, LLM_CONCURRENCY), mock),
+            },
+            count,
+            runs,
+        )
     finally:
         mock.stop()
     ceiling = LLM_CONCURRENCY / (LLM_LATENCY_MS / 1000)
@@ -166,8 +204,10 @@ def rss_in_flight(bench: Bench, in_flight: int) -> dict[str, Any]:
     mock = MockLLM(bench.tmp, args=["--latency-ms", str(RSS_HOLD_MS)]).start()
     out: dict[str, Any] = {"in_flight": in_flight}
     try:
-        for name, start in (("baseline_b_aiokafka", lambda: bench.start_baseline_b(mock, in_flight)),
-                            ("dlqapp", lambda: bench.start_dlqapp(mock, in_flight, DLQ_INFERENCE_TIMEOUT="30m"))):
+        for name, start in (
+            ("baseline_b_aiokafka", lambda: bench.start_baseline_b(mock, in_flight)),
+            ("dlqapp", lambda: bench.start_dlqapp(mock, in_flight, DLQ_INFERENCE_TIMEOUT="30m")),
+        ):
             out[name] = _rss_of(bench, name, start(), mock, in_flight)
             print(f"  {name} with {in_flight} calls in flight: {json.dumps(out[name])}", flush=True)
     finally:

@@ -18,7 +18,10 @@ PACED_RATE, PACED_SECONDS = 200, 20
 
 
 def _lineup(bench: Bench, mock: MockLLM, concurrency: int) -> dict[str, Any]:
-    return {mode: (lambda mode=mode: bench.start_dlqapp(mock, concurrency, DLQ_PROCESSING_GUARANTEE=mode), mock) for mode in MODES}
+    return {
+        mode: (lambda mode=mode: bench.start_dlqapp(mock, concurrency, DLQ_PROCESSING_GUARANTEE=mode), mock)
+        for mode in MODES
+    }
 
 
 def _compare(bench: Bench, name: str, mock_args: list[str], concurrency: int, count: int, runs: int) -> dict[str, Any]:
@@ -38,7 +41,10 @@ def _paced(bench: Bench, mode: str, rate: int, seconds: int) -> dict[str, Any]:
         ids = unique_ids("g", rate * seconds)
         produce_paced(bench.bootstrap, system.input, requests_for(ids), rate)
         results = wait_results(bench.bootstrap, system.results[0], ids, timeout=300, alive=system.alive)
-        inputs = {r.key.decode(): r.timestamp for r in read_topic(bench.bootstrap, system.input, lambda rs: len(rs) >= len(ids), 60)}
+        inputs = {
+            r.key.decode(): r.timestamp
+            for r in read_topic(bench.bootstrap, system.input, lambda rs: len(rs) >= len(ids), 60)
+        }
         e2e = [r.timestamp - inputs[r.key.decode()] for r in results]
     finally:
         system.stop()
@@ -52,11 +58,27 @@ def guarantee_cost(bench: Bench) -> dict[str, Any]:
     count, runs = (100, 1) if quick else (10_000, 3)
     out: dict[str, Any] = {
         "latency_0ms": _compare(bench, "guarantee_0ms", ["--latency-ms", "0"], CONCURRENCY, count, runs),
-        "latency_100ms": _compare(bench, "guarantee_100ms", ["--latency-ms", "100", "--jitter-ms", "20", "--seed", "5"], CONCURRENCY, count, runs),
-        "llm_scale": _compare(bench, "guarantee_llm", ["--latency-ms", str(LLM_LATENCY_MS), "--jitter-ms", str(LLM_JITTER_MS), "--seed", "5"], LLM_CONCURRENCY, 100 if quick else 12_000, runs),
+        "latency_100ms": _compare(
+            bench,
+            "guarantee_100ms",
+            ["--latency-ms", "100", "--jitter-ms", "20", "--seed", "5"],
+            CONCURRENCY,
+            count,
+            runs,
+        ),
+        "llm_scale": _compare(
+            bench,
+            "guarantee_llm",
+            ["--latency-ms", str(LLM_LATENCY_MS), "--jitter-ms", str(LLM_JITTER_MS), "--seed", "5"],
+            LLM_CONCURRENCY,
+            100 if quick else 12_000,
+            runs,
+        ),
     }
     out["llm_scale"]["ceiling_per_s"] = LLM_CONCURRENCY / (LLM_LATENCY_MS / 1000)
-    out["llm_scale"]["exactly_once_to_ceiling"] = out["llm_scale"]["exactly_once"]["requests_per_s"]["median"] / out["llm_scale"]["ceiling_per_s"]
+    out["llm_scale"]["exactly_once_to_ceiling"] = (
+        out["llm_scale"]["exactly_once"]["requests_per_s"]["median"] / out["llm_scale"]["ceiling_per_s"]
+    )
     rate, seconds = (50, 2) if quick else (PACED_RATE, PACED_SECONDS)
     out["paced"] = {mode: _paced(bench, mode, rate, seconds) for mode in MODES}
     for mode, figures in out["paced"].items():

@@ -27,7 +27,9 @@ LATENESS_SCENARIOS = ("idle", "paced_under_flood", "burst", "under_flood")
 """Probes paced or all at once (a burst), each alone or while a flood of fresh input drains."""
 
 
-def probe_lateness(bootstrap: str, worker: Worker, probes: int, flood_size: int = 0, per_second: int | None = None) -> dict[str, list[float]]:
+def probe_lateness(
+    bootstrap: str, worker: Worker, probes: int, flood_size: int = 0, per_second: int | None = None
+) -> dict[str, list[float]]:
     """Lateness (attempt start − scheduled_time, ms) per tier of `probes` requests that fail
     three times (a retryable error of their own, not an outage): all at once (their retries fall due together), or `per_second`; optionally
     while `flood_size` fresh requests arrive."""
@@ -54,19 +56,29 @@ def probe_lateness(bootstrap: str, worker: Worker, probes: int, flood_size: int 
 def lateness_summary(per_tier: dict[str, list[float]]) -> dict[str, dict[str, float | None]]:
     """Per tier: count, p50, p99, max and min of the lateness samples."""
     return {
-        tier: {"n": len(v), "p50_ms": percentile(v, 0.5), "p99_ms": percentile(v, 0.99), "max_ms": max(v), "min_ms": min(v)}
+        tier: {
+            "n": len(v),
+            "p50_ms": percentile(v, 0.5),
+            "p99_ms": percentile(v, 0.99),
+            "max_ms": max(v),
+            "min_ms": min(v),
+        }
         for tier, v in sorted(per_tier.items())
     }
 
 
-def _lateness_run(bench: Bench, probes: int, flood_size: int, per_second: int | None) -> tuple[dict[str, Any], list[float]]:
+def _lateness_run(
+    bench: Bench, probes: int, flood_size: int, per_second: int | None
+) -> tuple[dict[str, Any], list[float]]:
     """One run on a fresh worker: its per-tier summary and worst loop lag, and every sample."""
     worker = bench.simulated_worker(latency_ms=LATENCY_MS)
     worker.start()
     try:
         with LoopLagSampler(worker) as lag:
             per_tier = probe_lateness(bench.bootstrap, worker, probes, flood_size, per_second)
-        return {"per_tier": lateness_summary(per_tier), "loop_lag_max_ms": lag.max_ms}, [x for v in per_tier.values() for x in v]
+        return {"per_tier": lateness_summary(per_tier), "loop_lag_max_ms": lag.max_ms}, [
+            x for v in per_tier.values() for x in v
+        ]
     finally:
         worker.kill()
 
@@ -109,7 +121,13 @@ def lateness(bench: Bench) -> dict[str, Any]:
         out[label + "_worst_tier_p99_ms"] = spread([max(t["p99_ms"] for t in r["per_tier"].values()) for r in per_run])
         out[label + "_runs"] = per_run
         out[label + "_samples"] = sorted(samples)
-    out["flood_to_idle_worst_tier_p99"] = out["under_flood_worst_tier_p99_ms"]["median"] / max(1.0, out["idle_worst_tier_p99_ms"]["median"])
-    out["paced_flood_to_idle_worst_tier_p99"] = out["paced_under_flood_worst_tier_p99_ms"]["median"] / max(1.0, out["idle_worst_tier_p99_ms"]["median"])
-    out["flood_to_burst_worst_tier_p99"] = out["under_flood_worst_tier_p99_ms"]["median"] / max(1.0, out["burst_worst_tier_p99_ms"]["median"])
+    out["flood_to_idle_worst_tier_p99"] = out["under_flood_worst_tier_p99_ms"]["median"] / max(
+        1.0, out["idle_worst_tier_p99_ms"]["median"]
+    )
+    out["paced_flood_to_idle_worst_tier_p99"] = out["paced_under_flood_worst_tier_p99_ms"]["median"] / max(
+        1.0, out["idle_worst_tier_p99_ms"]["median"]
+    )
+    out["flood_to_burst_worst_tier_p99"] = out["under_flood_worst_tier_p99_ms"]["median"] / max(
+        1.0, out["burst_worst_tier_p99_ms"]["median"]
+    )
     return out

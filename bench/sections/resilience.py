@@ -40,13 +40,29 @@ def _flow_setups(rpm: int) -> dict[str, dict[str, str]]:
 
 def _flow_once(bench: Bench, rpm: int, count: int, env: dict[str, str]) -> dict[str, Any]:
     """`count` requests at once to a fresh worker with `env`, against a fresh mock limited to `rpm`."""
-    mock = MockLLM(bench.tmp, args=["--latency-ms", str(FLOW_LATENCY_MS), "--jitter-ms", str(FLOW_LATENCY_MS // 5), "--limit-rpm", str(rpm), "--seed", "3"]).start()
+    mock = MockLLM(
+        bench.tmp,
+        args=[
+            "--latency-ms",
+            str(FLOW_LATENCY_MS),
+            "--jitter-ms",
+            str(FLOW_LATENCY_MS // 5),
+            "--limit-rpm",
+            str(rpm),
+            "--seed",
+            "3",
+        ],
+    ).start()
     worker = bench.dlqapp_worker(mock, DLQ_RETRY_DELAYS="1s,10s,1m", **env)
     try:
         worker.start()
         ids = unique_ids("fc", count)
         started = time.monotonic()
-        produce(bench.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, model=FLOW_MODEL)) for rid in ids])
+        produce(
+            bench.bootstrap,
+            worker.topic("input"),
+            [(rid.encode(), request_bytes(rid, model=FLOW_MODEL)) for rid in ids],
+        )
         outcomes = wait_results(bench.bootstrap, [worker.topic("results"), worker.topic("dlq")], ids, timeout=3600)
         elapsed = time.monotonic() - started
         stats = mock.stats()
@@ -88,7 +104,9 @@ def recovery(bench: Bench) -> dict[str, Any]:
     try:
         ids = unique_ids("park", parked)
         loading = time.monotonic()
-        produce_in_batches(bench.bootstrap, worker.topic("input"), requests_with_plan(ids, fail_times=1, error="server_error"))
+        produce_in_batches(
+            bench.bootstrap, worker.topic("input"), requests_with_plan(ids, fail_times=1, error="server_error")
+        )
         wait_until(lambda: parked_gauge(worker) >= parked, 1800, f"{parked} parked retries", interval=1.0)
         load_s = time.monotonic() - loading
         worker.kill()
@@ -101,7 +119,13 @@ def recovery(bench: Bench) -> dict[str, Any]:
         wait_results(bench.bootstrap, worker.topic("results"), [probe], timeout=300)
         processing_s = time.monotonic() - killed
         survived = worker.get("/retries/?limit=1")[1]["total"]
-        out = {"parked": parked, "load_s": round(load_s, 1), "kill_to_ready_s": round(ready_s, 1), "kill_to_processing_s": round(processing_s, 1), "parked_after_restart": survived}
+        out = {
+            "parked": parked,
+            "load_s": round(load_s, 1),
+            "kill_to_ready_s": round(ready_s, 1),
+            "kill_to_processing_s": round(processing_s, 1),
+            "parked_after_restart": survived,
+        }
         print(f"  recovery: {out}", flush=True)
         return out
     finally:

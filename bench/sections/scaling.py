@@ -73,8 +73,19 @@ def scale_out(bench: Bench) -> dict[str, Any]:
     step_s = 10 if bench.quick else SCALE_STEP_S
     rate = 30 if bench.quick else SCALE_RATE
     runs = [_scale_once(bench, step_s, rate) for _ in range(1 if bench.quick else SCALE_RUNS)]
-    steps = {label: {name: spread([run["steps"][label][name] for run in runs]) for name in runs[0]["steps"][label]} for label in runs[0]["steps"]}
-    out = {"rate_per_s": rate, "step_s": step_s, "partitions": SCALE_PARTITIONS, "requests": runs[0]["requests"], "runs": len(runs), "lost": sum(run["lost"] for run in runs), "steps": steps}
+    steps = {
+        label: {name: spread([run["steps"][label][name] for run in runs]) for name in runs[0]["steps"][label]}
+        for label in runs[0]["steps"]
+    }
+    out = {
+        "rate_per_s": rate,
+        "step_s": step_s,
+        "partitions": SCALE_PARTITIONS,
+        "requests": runs[0]["requests"],
+        "runs": len(runs),
+        "lost": sum(run["lost"] for run in runs),
+        "steps": steps,
+    }
     print(f"  scale_out: {out}", flush=True)
     return out
 
@@ -82,7 +93,15 @@ def scale_out(bench: Bench) -> dict[str, Any]:
 def _scale_requests(ids: list[str]) -> list[tuple[bytes, bytes]]:
     """The requests of one run: every tenth fails once (a retryable error of its own)."""
     failing = set(ids[::10])
-    return [(rid.encode(), request_bytes(rid, **({"metadata": {"simulate": {"fail_times": 1, "error": "unknown"}}} if rid in failing else {}))) for rid in ids]
+    return [
+        (
+            rid.encode(),
+            request_bytes(
+                rid, **({"metadata": {"simulate": {"fail_times": 1, "error": "unknown"}}} if rid in failing else {})
+            ),
+        )
+        for rid in ids
+    ]
 
 
 def _join(bench: Bench, first: Worker, workers: list[Worker], step_s: int, joins_ms: list[float]) -> None:
@@ -91,7 +110,14 @@ def _join(bench: Bench, first: Worker, workers: list[Worker], step_s: int, joins
         time.sleep(step_s)  # each step runs for a fixed time: the measurement itself
         joins_ms.append(time.time() * 1000)
         for _ in range(joining):
-            worker = Worker(bench.bootstrap, bench.tmp, app_id=first.app_id, prefix=first.prefix, name=unique("bw"), env_extra=first.env_extra)
+            worker = Worker(
+                bench.bootstrap,
+                bench.tmp,
+                app_id=first.app_id,
+                prefix=first.prefix,
+                name=unique("bw"),
+                env_extra=first.env_extra,
+            )
             worker.start(wait=False)
             workers.append(worker)
 
@@ -99,7 +125,11 @@ def _join(bench: Bench, first: Worker, workers: list[Worker], step_s: int, joins
 def _step_figures(outcomes: list[Record], sent: dict[str, int], low: float, high: float) -> dict[str, float]:
     """Figures of the outcomes written in [low, high) ms."""
     inside = sorted(r.timestamp for r in outcomes if low <= r.timestamp < high)
-    latency = [(r.timestamp - sent[r.key.decode()]) / 1000 for r in outcomes if low <= r.timestamp < high and r.key.decode() in sent]
+    latency = [
+        (r.timestamp - sent[r.key.decode()]) / 1000
+        for r in outcomes
+        if low <= r.timestamp < high and r.key.decode() in sent
+    ]
     gaps = [b - a for a, b in zip(inside, inside[1:])]
     retried = [r for r in outcomes if low <= r.timestamp < high and r.topic.endswith("results")]
     late = [a["at"] - a["scheduled"] for r in retried for a in (r.json.get("history") or [])[1:] if a.get("scheduled")]
@@ -120,20 +150,36 @@ def _scale_once(bench: Bench, step_s: int, rate: int) -> dict[str, Any]:
     workers = [first]
     first.start()
     ids = unique_ids("scale", rate * step_s * 3)
-    feeder = threading.Thread(target=produce_paced, args=(bench.bootstrap, first.topic("input"), _scale_requests(ids), rate), daemon=True)
+    feeder = threading.Thread(
+        target=produce_paced, args=(bench.bootstrap, first.topic("input"), _scale_requests(ids), rate), daemon=True
+    )
     try:
         started_ms = time.time() * 1000
         feeder.start()
         joins_ms: list[float] = []
         _join(bench, first, workers, step_s, joins_ms)
         feeder.join()
-        outcomes = wait_results(bench.bootstrap, [first.topic("results"), first.topic("dlq")], ids, timeout=600, partitions=SCALE_PARTITIONS)
-        sent = {r.key.decode(): r.timestamp for r in read_topic(bench.bootstrap, first.topic("input"), lambda got: len(got) >= len(ids), 120, partitions=SCALE_PARTITIONS)}
+        outcomes = wait_results(
+            bench.bootstrap, [first.topic("results"), first.topic("dlq")], ids, timeout=600, partitions=SCALE_PARTITIONS
+        )
+        sent = {
+            r.key.decode(): r.timestamp
+            for r in read_topic(
+                bench.bootstrap,
+                first.topic("input"),
+                lambda got: len(got) >= len(ids),
+                120,
+                partitions=SCALE_PARTITIONS,
+            )
+        }
     finally:
         for worker in workers:
             worker.stop()
     bounds = [started_ms, *joins_ms, max(r.timestamp for r in outcomes) + 1]
-    steps = {label: _step_figures(outcomes, sent, bounds[index], bounds[index + 1]) for index, label in enumerate(SCALE_STEPS)}
+    steps = {
+        label: _step_figures(outcomes, sent, bounds[index], bounds[index + 1])
+        for index, label in enumerate(SCALE_STEPS)
+    }
     lost = len(set(ids) - {r.key.decode() for r in outcomes})
     print(f"  scale_out run: lost {lost}, {steps}", flush=True)
     return {"requests": len(ids), "lost": lost, "steps": steps}

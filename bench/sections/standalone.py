@@ -22,9 +22,18 @@ def demo(bench: Bench) -> dict[str, Any]:
 
 def tls_cost(bench: Bench) -> dict[str, Any]:
     """dlqapp on plaintext beside SASL_SSL under the overhead and llm_scale loads (bench/tls_cost.py)."""
-    return run_tls_cost(bench.bootstrap, bench.tmp, runs=1 if bench.quick else (bench.runs or 3), requests=100 if bench.quick else bench.requests)
+    return run_tls_cost(
+        bench.bootstrap,
+        bench.tmp,
+        runs=1 if bench.quick else (bench.runs or 3),
+        requests=100 if bench.quick else bench.requests,
+    )
 
 
 def soak(bench: Bench) -> dict[str, Any]:
     """Steady state under a flaky provider with one outage (bench/soak.py); SOAK_S sets its length."""
-    return run_soak(bench.bootstrap, bench.tmp, SoakConfig(duration_s=SOAK_S if not bench.quick else 60, outage_s=20 if not bench.quick else 5))
+    return run_soak(
+        bench.bootstrap,
+        bench.tmp,
+        SoakConfig(duration_s=SOAK_S if not bench.quick else 60, outage_s=20 if not bench.quick else 5),
+    )

@@ -62,7 +62,11 @@ def _stats_cost_once(bench: Bench, worker: Worker, known_ids: list[str]) -> dict
         stats = lambda: worker.get("/dlq/stats/")[1]  # noqa: E731
         skipped_before = stats().get("duplicates_skipped", 0)
         produce(bench.bootstrap, worker.topic("input"), requests_for(known_ids))  # succeeded already: skipped
-        wait_until(lambda: stats().get("duplicates_skipped", 0) >= skipped_before + len(known_ids), 300, "the seeded ids skipped as duplicates")
+        wait_until(
+            lambda: stats().get("duplicates_skipped", 0) >= skipped_before + len(known_ids),
+            300,
+            "the seeded ids skipped as duplicates",
+        )
         row: dict[str, float] = {"start_s": round(start_s, 1)}
         for name, path in (("stats", "/dlq/stats/"), ("metrics", "/metrics")):
             times = _time_calls(worker.url + path)
@@ -89,7 +93,11 @@ def stats_cost(bench: Bench) -> dict[str, Any]:
             print(f"  stats cost run {run + 1} at {size:,}: {json.dumps(samples[size][-1])}", flush=True)
     out: dict[str, Any] = {}
     for size, rows in samples.items():
-        out[str(size)] = {"requests": size, "runs": rows, **{name: spread([row[name] for row in rows]) for name in rows[0]}}
+        out[str(size)] = {
+            "requests": size,
+            "runs": rows,
+            **{name: spread([row[name] for row in rows]) for name in rows[0]},
+        }
     small, large = (samples[n] for n in sizes)
     out["p99_ratio_large_to_small"] = spread([b["stats_p99_ms"] / a["stats_p99_ms"] for a, b in zip(small, large)])
     return out

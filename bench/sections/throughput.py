@@ -21,7 +21,9 @@ def throughput(bench: Bench) -> dict[str, Any]:
     n_fast = 200 if bench.quick else 6000
     systems: dict[str, Callable[[], list[Record]]] = {
         "baseline_a_sync": lambda: bench.run_baseline("baseline_sync.py", n_sync),
-        "baseline_b_aiokafka": lambda: bench.run_baseline("baseline_async.py", n_fast, ["--concurrency", str(CONCURRENCY)]),
+        "baseline_b_aiokafka": lambda: bench.run_baseline(
+            "baseline_async.py", n_fast, ["--concurrency", str(CONCURRENCY)]
+        ),
         "dlqapp_0pct_failures": lambda: bench.run_dlqapp(n_fast, bench.mock),
         "dlqapp_10pct_failures": lambda: bench.run_dlqapp(n_fast, bench.mock_failing),
     }
@@ -35,7 +37,9 @@ def throughput(bench: Bench) -> dict[str, Any]:
     dlqapp = out["dlqapp_0pct_failures"]["requests_per_s"]
     out["ratio_dlqapp_to_a"] = dlqapp / out["baseline_a_sync"]["requests_per_s"]
     out["ratio_dlqapp_to_b"] = dlqapp / out["baseline_b_aiokafka"]["requests_per_s"]
-    out["ratio_dlqapp_10pct_to_b"] = out["dlqapp_10pct_failures"]["requests_per_s"] / out["baseline_b_aiokafka"]["requests_per_s"]
+    out["ratio_dlqapp_10pct_to_b"] = (
+        out["dlqapp_10pct_failures"]["requests_per_s"] / out["baseline_b_aiokafka"]["requests_per_s"]
+    )
     return out
 
 
@@ -47,7 +51,16 @@ def _start_paced(bench: Bench, name: str, count: int) -> tuple[str, str, Callabl
         return worker.topic("input"), worker.topic("results"), worker.kill
     prefix = unique("lat") + "."
     settings = make_topics(bench.bootstrap, prefix)
-    args = baseline_command("baseline_async.py", bench.bootstrap, settings, bench.mock, prefix + "g", count, "--concurrency", str(CONCURRENCY))
+    args = baseline_command(
+        "baseline_async.py",
+        bench.bootstrap,
+        settings,
+        bench.mock,
+        prefix + "g",
+        count,
+        "--concurrency",
+        str(CONCURRENCY),
+    )
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return settings.input, settings.results, process.kill
 
@@ -62,10 +75,15 @@ def paced_latency(bench: Bench) -> dict[str, Any]:
             ids = unique_ids("p", rate * seconds)
             produce_paced(bench.bootstrap, input_topic, requests_for(ids), rate)
             results = wait_results(bench.bootstrap, results_topic, ids, timeout=300)
-            inputs = {r.key.decode(): r.timestamp for r in read_topic(bench.bootstrap, input_topic, lambda rs: len(rs) >= len(ids), 60)}
+            inputs = {
+                r.key.decode(): r.timestamp
+                for r in read_topic(bench.bootstrap, input_topic, lambda rs: len(rs) >= len(ids), 60)
+            }
             e2e = [r.timestamp - inputs[r.key.decode()] for r in results]
             out[name] = {"rate_per_s": rate, "e2e_p50_ms": percentile(e2e, 0.5), "e2e_p99_ms": percentile(e2e, 0.99)}
-            print(f"  {name} at {rate}/s: p50 {out[name]['e2e_p50_ms']} ms, p99 {out[name]['e2e_p99_ms']} ms", flush=True)
+            print(
+                f"  {name} at {rate}/s: p50 {out[name]['e2e_p50_ms']} ms, p99 {out[name]['e2e_p99_ms']} ms", flush=True
+            )
         finally:
             stop()
     return out

@@ -114,7 +114,11 @@ def _park(bench: Bench, worker: Worker, level: int, parked: int) -> float:
     until the gauge showed them. Then wait until it has caught up with its input."""
     loading = time.monotonic()
     ids = unique_ids(f"park{level}", level - parked)
-    produce_in_batches(bench.bootstrap, worker.topic("input"), requests_with_plan(ids, fail_times=1, error="rate_limited", retry_after=86_400))
+    produce_in_batches(
+        bench.bootstrap,
+        worker.topic("input"),
+        requests_with_plan(ids, fail_times=1, error="rate_limited", retry_after=86_400),
+    )
     wait_until(lambda: parked_gauge(worker) >= level, 3600, f"{level} parked retries", interval=2.0)
     load_s = time.monotonic() - loading
     # The tier agents still read the retries' tier messages: measure a settled worker.
@@ -163,7 +167,10 @@ def parked_scale(bench: Bench) -> dict[str, Any]:
             }
             out[f"{level:,} parked_samples"] = [x for v in per_tier.values() for x in v]
             previous_rss = memory["rss_bytes"]
-            print(f"  worker with {level} parked: {json.dumps({k: v for k, v in out[str(level)].items() if k != 'per_tier'})}", flush=True)
+            print(
+                f"  worker with {level} parked: {json.dumps({k: v for k, v in out[str(level)].items() if k != 'per_tier'})}",
+                flush=True,
+            )
         base = out[str(levels[0])]["lateness_p99_ms"]
         for level in levels:
             out[str(level)]["lateness_p99_ratio_to_first"] = out[str(level)]["lateness_p99_ms"] / base if base else None

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Mapping
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -71,7 +71,9 @@ class AccessPolicy:
         return bool(host_header) and parts.scheme in ("http", "https") and parts.netloc == host_header.strip().lower()
 
 
-def refusal(method: str, remote: str | None, headers: Mapping[str, str], policy: AccessPolicy) -> tuple[int, str] | None:
+def refusal(
+    method: str, remote: str | None, headers: Mapping[str, str], policy: AccessPolicy
+) -> tuple[int, str] | None:
     """Why a request is refused, as (status, message naming what to set), or None."""
     host = headers.get("Host")
     if not policy.host_allowed(host):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 from faust import web
@@ -55,7 +56,9 @@ class Cluster:
             return None
         target = URL(url).with_path(request.rel_url.path).with_query(request.rel_url.query)
         try:
-            async with self.app.http_client.request(request.method, target, headers=request.headers, timeout=aiohttp.ClientTimeout(total=ROUTE_TIMEOUT_S)) as response:
+            async with self.app.http_client.request(
+                request.method, target, headers=request.headers, timeout=aiohttp.ClientTimeout(total=ROUTE_TIMEOUT_S)
+            ) as response:
                 return view.text(await response.text(), content_type=response.content_type, status=response.status)
         except Exception as exc:  # the owner is unreachable (stopping, or mid-rebalance)
             raise ApiError(503, f"the worker owning {key!r} did not answer ({type(exc).__name__}); try again") from None
@@ -65,10 +68,15 @@ class Cluster:
         partition = self.owner(owner_id(command.request_id))
         try:
             return await asyncio.wait_for(
-                self.operator_agent.ask(value=command.to_dict(), key=command.request_id.encode(), partition=partition), ASK_TIMEOUT_S
+                self.operator_agent.ask(value=command.to_dict(), key=command.request_id.encode(), partition=partition),
+                ASK_TIMEOUT_S,
             )
-        except asyncio.TimeoutError:
-            return {"request_id": command.request_id, "status": ReplayStatus.ERROR, "reason": f"no answer within {ASK_TIMEOUT_S:.0f}s (is a rebalance running?)"}
+        except TimeoutError:
+            return {
+                "request_id": command.request_id,
+                "status": ReplayStatus.ERROR,
+                "reason": f"no answer within {ASK_TIMEOUT_S:.0f}s (is a rebalance running?)",
+            }
 
     def _is_self(self, url: str) -> bool:
         return url.rstrip("/") == str(self.app.conf.canonical_url).rstrip("/")
@@ -85,7 +93,9 @@ class Cluster:
         async def remote(host: str) -> None:
             url = f"{str(host).rstrip('/')}{path}"
             try:
-                async with self.app.http_client.get(url, params=params, timeout=aiohttp.ClientTimeout(total=FANOUT_TIMEOUT_S)) as response:
+                async with self.app.http_client.get(
+                    url, params=params, timeout=aiohttp.ClientTimeout(total=FANOUT_TIMEOUT_S)
+                ) as response:
                     response.raise_for_status()
                     answers.append(await response.json())
             except Exception as exc:  # one unreachable worker must not hide the others
@@ -94,7 +104,9 @@ class Cluster:
         await asyncio.gather(*(remote(h) for h in hosts))
         return answers, errors
 
-    async def merged(self, local: Callable[[], Any], path: str, params: Any, merge: Callable[[list[dict[str, Any]]], dict[str, Any]]) -> dict[str, Any]:
+    async def merged(
+        self, local: Callable[[], Any], path: str, params: Any, merge: Callable[[list[dict[str, Any]]], dict[str, Any]]
+    ) -> dict[str, Any]:
         """Every worker's answer to `path` merged by `merge`; `incomplete` names the workers that did not answer."""
         answers, errors = await self.fan_out(local, path, params)
         merged = merge(answers)

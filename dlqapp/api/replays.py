@@ -3,7 +3,8 @@ by filter, run at once, paced as a job, or only estimated (a dry run)."""
 
 from __future__ import annotations
 
-from typing import Any, Awaitable
+from collections.abc import Awaitable
+from typing import Any
 
 from dlqapp.api.cluster import Cluster
 from dlqapp.api.http import ApiError, force_of
@@ -25,7 +26,9 @@ FILTER_FIELDS = ("error_class", "model", "since", "until", "q")
 class Replays:
     """Replays on the workers owning the dead letters (commands through `Cluster.ask`)."""
 
-    def __init__(self, cluster: Cluster, topology: Topology, partitions: int, jobs: ReplayJobs, list_dead_letters: Any) -> None:
+    def __init__(
+        self, cluster: Cluster, topology: Topology, partitions: int, jobs: ReplayJobs, list_dead_letters: Any
+    ) -> None:
         self.cluster = cluster
         self.topology = topology
         self.partitions = partitions
@@ -69,10 +72,17 @@ class Replays:
 
     async def dry_run(self, body: dict[str, Any], keys: list[str]) -> dict[str, Any]:
         """What a bulk replay would send: exact count, sample ids, estimated prompt tokens."""
-        answer: dict[str, Any] = {"dry_run": True, "total": len(keys), "sample": keys[:DRY_RUN_SAMPLE], "estimate": ESTIMATE_METHOD}
+        answer: dict[str, Any] = {
+            "dry_run": True,
+            "total": len(keys),
+            "sample": keys[:DRY_RUN_SAMPLE],
+            "estimate": ESTIMATE_METHOD,
+        }
         if "keys" in body:
             sampled = keys[:ESTIMATE_KEYS_MAX]
-            parts, errors = await self.cluster.fan_out(lambda: self.local_estimate(sampled, None), "/dlq/_local_estimate/", [("key", k) for k in sampled])
+            parts, errors = await self.cluster.fan_out(
+                lambda: self.local_estimate(sampled, None), "/dlq/_local_estimate/", [("key", k) for k in sampled]
+            )
             counted = sum(p["entries"] for p in parts)
             tokens = sum(p["tokens"] for p in parts)
             if len(keys) > len(sampled) and counted:
@@ -80,7 +90,9 @@ class Replays:
                 answer["estimate"] += f", scaled from the first {len(sampled)} keys"
         else:
             flt = DlqFilter.from_params({k: v for k, v in body.items() if k in FILTER_FIELDS})
-            parts, errors = await self.cluster.fan_out(lambda: self.local_estimate(None, flt), "/dlq/_local_estimate/", flt.to_params())
+            parts, errors = await self.cluster.fan_out(
+                lambda: self.local_estimate(None, flt), "/dlq/_local_estimate/", flt.to_params()
+            )
             tokens = sum(p["tokens"] for p in parts)
         answer["estimated_prompt_tokens"] = tokens
         if errors:
@@ -93,7 +105,11 @@ class Replays:
         if keys is None:
             index = self.topology.dead_letters_by_time
             walks = [values_newest_first(index, partition) for partition in active_partitions(index)]
-            keys = [item.get("key") or item["request_id"] for item in newest_first(walks) if flt is None or flt.matches(item)]
+            keys = [
+                item.get("key") or item["request_id"]
+                for item in newest_first(walks)
+                if flt is None or flt.matches(item)
+            ]
         tokens = entries = 0
         for key in keys:
             found = find_dead_letter(table, key, self.partitions)

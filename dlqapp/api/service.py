@@ -7,10 +7,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-
 from dlqapp import __version__
-from dlqapp.api.http import ApiError
 from dlqapp.api.cluster import Cluster
+from dlqapp.api.http import ApiError
 from dlqapp.api.replays import Replays
 from dlqapp.core import states
 from dlqapp.core.states import RequestState, StateRecord
@@ -44,7 +43,9 @@ class Api:
         self.settings = parts.settings
         self.topology = parts.topology
         self.cluster = Cluster(app, parts.io.owner, operator_agent, parts.topology.dead_letters.name)
-        self.replays = Replays(self.cluster, parts.topology, parts.settings.partitions, parts.replay_jobs, self.list_dead_letters)
+        self.replays = Replays(
+            self.cluster, parts.topology, parts.settings.partitions, parts.replay_jobs, self.list_dead_letters
+        )
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -64,10 +65,17 @@ class Api:
     async def list_dead_letters(self, flt: DlqFilter, limit: int, offset: int) -> dict[str, Any]:
         """One page of the whole DLQ, newest first."""
         top = offset + limit
-        return await self.cluster.merged(lambda: self.local_dlq_page(flt, top), "/dlq/_local/", {**flt.to_params(), "top": str(top)}, lambda pages: merge_pages(pages, limit, offset))
+        return await self.cluster.merged(
+            lambda: self.local_dlq_page(flt, top),
+            "/dlq/_local/",
+            {**flt.to_params(), "top": str(top)},
+            lambda pages: merge_pages(pages, limit, offset),
+        )
 
     async def stats(self) -> dict[str, Any]:
-        return await self.cluster.merged(self.local_stats, "/dlq/_local_stats/", {}, lambda parts: merge_stats(parts, self.parts.clock()))
+        return await self.cluster.merged(
+            self.local_stats, "/dlq/_local_stats/", {}, lambda parts: merge_stats(parts, self.parts.clock())
+        )
 
     def dead_letter(self, request_id: str) -> dict[str, Any]:
         """One entry of this worker, with its ledger; ApiError 404 when there is none."""
@@ -104,7 +112,14 @@ class Api:
         for key in keys:
             envelope = parked.get(key)
             if envelope is not None:
-                state["parked"].append({"tier": parked.tier_of(envelope).label, "due_at": envelope.due_ms, "attempt": envelope.attempts + 1, "firing": self.parts.scheduler.is_firing(key)})
+                state["parked"].append(
+                    {
+                        "tier": parked.tier_of(envelope).label,
+                        "due_at": envelope.due_ms,
+                        "attempt": envelope.attempts + 1,
+                        "firing": self.parts.scheduler.is_firing(key),
+                    }
+                )
                 logs[states.RETRY_SCHEDULED] = envelope.history
         key = find_dead_letter(self.topology.dead_letters, request_id, self.settings.partitions)
         state["dead_letter"] = None
@@ -124,7 +139,9 @@ class Api:
             "app": "dlqapp",
             "version": __version__,
             "app_id": self.settings.app_id,
-            "ready": bool(app.assignor.assigned_actives()) and not app.rebalancing and not getattr(app, "in_recovery", False),
+            "ready": bool(app.assignor.assigned_actives())
+            and not app.rebalancing
+            and not getattr(app, "in_recovery", False),
             "url": str(app.conf.canonical_url),
             "assigned_partitions": len(app.assignor.assigned_actives()),
             "assignment": self._assignment(),
@@ -139,7 +156,11 @@ class Api:
     def flow(self) -> dict[str, Any]:
         """Flow control on this worker: the adaptive limit, waiters by priority, rate limits per model."""
         caller = self.parts.caller
-        return {**caller.limiter.snapshot(), "rate_limit_share": round(caller.gate.share, 4), "rate_limits": caller.gate.snapshot()}
+        return {
+            **caller.limiter.snapshot(),
+            "rate_limit_share": round(caller.gate.share, 4),
+            "rate_limits": caller.gate.snapshot(),
+        }
 
     def _assignment(self) -> dict[str, list[int]]:
         """Active partitions per topic on this worker (tables show as their changelog topics)."""
@@ -159,7 +180,12 @@ class Api:
     async def list_retries(self, flt: RetryFilter, limit: int, offset: int) -> dict[str, Any]:
         """One page of the parked retries of every worker, earliest due first."""
         top = offset + limit
-        return await self.cluster.merged(lambda: self.local_retries(flt, top), "/retries/_local/", {**flt.to_params(), "top": str(top)}, lambda pages: merge_retries(pages, limit, offset))
+        return await self.cluster.merged(
+            lambda: self.local_retries(flt, top),
+            "/retries/_local/",
+            {**flt.to_params(), "top": str(top)},
+            lambda pages: merge_retries(pages, limit, offset),
+        )
 
     # -- health -----------------------------------------------------------------------
 
@@ -187,5 +213,7 @@ class Api:
 
     async def health(self, lateness_window_ms: int | None = None) -> dict[str, Any]:
         params = {} if lateness_window_ms is None else {"window": f"{lateness_window_ms}ms"}
-        parts, errors = await self.cluster.fan_out(lambda: self.local_health(lateness_window_ms), "/health/_local/", params)
+        parts, errors = await self.cluster.fan_out(
+            lambda: self.local_health(lateness_window_ms), "/health/_local/", params
+        )
         return merge_health(parts, errors, self.parts.clock())

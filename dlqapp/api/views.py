@@ -64,7 +64,11 @@ def register_views(app: Any, api: Api) -> None:
     async def dlq_local_estimate(self: web.View, request: web.Request) -> web.Response:
         """Estimated prompt tokens of this worker's dead letters (`key=` repeated, or filters)."""
         keys = request.query.getall("key", [])
-        return self.json(api.replays.local_estimate(keys, None) if keys else api.replays.local_estimate(None, DlqFilter.from_params(request.query)))
+        return self.json(
+            api.replays.local_estimate(keys, None)
+            if keys
+            else api.replays.local_estimate(None, DlqFilter.from_params(request.query))
+        )
 
     @app.page("/dlq/reprocess/")
     class BulkReprocess(web.View):
@@ -90,7 +94,9 @@ def register_views(app: Any, api: Api) -> None:
 
         @handled
         async def post(self, request: web.Request, request_id: str) -> web.Response:
-            return command_response(self, await api.replays.replay(request_id, await read_json(request), actor_of(request)))
+            return command_response(
+                self, await api.replays.replay(request_id, await read_json(request), actor_of(request))
+            )
 
     @app.page("/dlq/{request_id}/")
     class DeadLetterView(web.View):
@@ -142,7 +148,9 @@ def register_views(app: Any, api: Api) -> None:
         @handled
         async def post(self, request: web.Request, request_id: str) -> web.Response:
             await read_json(request)
-            return command_response(self, await api.cluster.ask(Command(Action.DEAD_LETTER_NOW, request_id, actor_of(request))))
+            return command_response(
+                self, await api.cluster.ask(Command(Action.DEAD_LETTER_NOW, request_id, actor_of(request)))
+            )
 
     @app.page("/health/")
     @handled
@@ -155,7 +163,6 @@ def register_views(app: Any, api: Api) -> None:
     async def health_local(self: web.View, request: web.Request) -> web.Response:
         """This worker's share of the health panel (used by the fan-out)."""
         return self.json(api.local_health(lateness_window(request)))
-
 
     @app.page("/inference/calls/{request_id}/")
     async def backend_calls(self: web.View, request: web.Request, request_id: str) -> web.Response:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import getpass
 import json
 import socket
 import sys
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 from faust.cli import option
@@ -47,7 +47,9 @@ def fail(message: str, code: int) -> None:
     raise SystemExit(code)
 
 
-async def call(settings: Settings, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)) -> tuple[int, Any]:
+async def call(
+    settings: Settings, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)
+) -> tuple[int, Any]:
     """One HTTP call to the worker; CliError on an unreachable worker or an unexpected status."""
     url = settings.web_url.rstrip("/") + path
     headers = {"X-DLQ-Actor": f"cli:{getpass.getuser()}@{socket.gethostname()}", "Content-Type": "application/json"}
@@ -59,13 +61,27 @@ async def call(settings: Settings, method: str, path: str, body: Any = None, ok:
             async with session.request(method, url, data=data, headers=headers) as response:
                 data = await response.json(content_type=None)
                 status = response.status
-    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
-        raise CliError(f"cannot reach the dlqapp worker at {settings.web_url} ({type(exc).__name__}); set DLQ_WEB_URL", EXIT_UNREACHABLE) from None
+    except (TimeoutError, aiohttp.ClientConnectionError) as exc:
+        raise CliError(
+            f"cannot reach the dlqapp worker at {settings.web_url} ({type(exc).__name__}); set DLQ_WEB_URL",
+            EXIT_UNREACHABLE,
+        ) from None
     if status not in ok:
-        message = (data or {}).get("error") or (data or {}).get("reason") or (data or {}).get("status") or f"HTTP {status}"
+        message = (
+            (data or {}).get("error") or (data or {}).get("reason") or (data or {}).get("status") or f"HTTP {status}"
+        )
         if isinstance(data, dict) and data.get("reasons"):
             message += ": " + "; ".join(data["reasons"])
-        raise CliError(message, EXIT_NOT_FOUND if status in (404, 409) else EXIT_USAGE if status == 400 else EXIT_UNREACHABLE if status >= 500 else EXIT_USAGE)
+        raise CliError(
+            message,
+            EXIT_NOT_FOUND
+            if status in (404, 409)
+            else EXIT_USAGE
+            if status == 400
+            else EXIT_UNREACHABLE
+            if status >= 500
+            else EXIT_USAGE,
+        )
     return status, data
 
 

@@ -18,12 +18,19 @@ from dlqapp.settings import Settings
 @command(
     option("--count", type=int, default=100, show_default=True, help="How many requests."),
     option("--rate", type=float, default=None, help="At most this many per second (default: as fast as possible)."),
-    option("--fail-share", type=float, default=0.0, help="Share of requests told to fail every attempt (they reach the DLQ)."),
+    option(
+        "--fail-share",
+        type=float,
+        default=0.0,
+        help="Share of requests told to fail every attempt (they reach the DLQ).",
+    ),
     option("--invalid-share", type=float, default=0.0, help="Share of malformed payloads."),
     option("--prefix", default="gen", help="Request id prefix."),
     JSON,
 )
-async def generate(self: Any, count: int, rate: float | None, fail_share: float, invalid_share: float, prefix: str, as_json: bool) -> None:
+async def generate(
+    self: Any, count: int, rate: float | None, fail_share: float, invalid_share: float, prefix: str, as_json: bool
+) -> None:
     """Produce synthetic requests to the input topic."""
     settings: Settings = self.app.dlq_settings
     from aiokafka import AIOKafkaProducer
@@ -33,11 +40,17 @@ async def generate(self: Any, count: int, rate: float | None, fail_share: float,
     producer = AIOKafkaProducer(**settings.kafka_client(acks="all", linger_ms=5))
     try:
         await producer.start()
-    except Exception as exc:  # noqa: BLE001 - any start failure means Kafka is unreachable
-        fail(f"cannot reach Kafka at {settings.kafka_bootstrap} ({exc}); set DLQ_KAFKA_BOOTSTRAP and the DLQ_KAFKA_* security settings", EXIT_UNREACHABLE)
+    except Exception as exc:
+        fail(
+            f"cannot reach Kafka at {settings.kafka_bootstrap} ({exc}); set DLQ_KAFKA_BOOTSTRAP and the DLQ_KAFKA_* security settings",
+            EXIT_UNREACHABLE,
+        )
     if settings.input not in (await producer.client.fetch_all_metadata()).topics():
         await producer.stop()
-        fail(f"topic {settings.input} does not exist on Kafka at {settings.kafka_bootstrap}: start a worker first (it creates its topics), or check DLQ_TOPIC_PREFIX", EXIT_USAGE)
+        fail(
+            f"topic {settings.input} does not exist on Kafka at {settings.kafka_bootstrap}: start a worker first (it creates its topics), or check DLQ_TOPIC_PREFIX",
+            EXIT_USAGE,
+        )
     run_id = f"{prefix}-{now_ms()}"
     started = time.monotonic()
     pending = []
@@ -55,7 +68,11 @@ async def generate(self: Any, count: int, rate: float | None, fail_share: float,
     finally:
         await producer.stop()
     elapsed = time.monotonic() - started
-    emit({"produced": count, "topic": settings.input, "seconds": round(elapsed, 3), "prefix": run_id}, as_json, f"produced {count} requests to {settings.input} in {elapsed:.1f}s (ids {run_id}-*)")
+    emit(
+        {"produced": count, "topic": settings.input, "seconds": round(elapsed, 3), "prefix": run_id},
+        as_json,
+        f"produced {count} requests to {settings.input} in {elapsed:.1f}s (ids {run_id}-*)",
+    )
 
 
 @command(
@@ -98,7 +115,15 @@ async def acls(self: Any, principal: str, as_json: bool) -> None:
     if ":" not in principal or not principal.split(":", 1)[1]:
         fail(f"--principal {principal!r} is not a Kafka principal such as User:dlqapp", EXIT_USAGE)
     grants = required(self.app.dlq_settings)
-    data = [{"resource": g.resource, "name": g.name, "pattern": "prefixed" if g.prefixed else "literal", "operations": [op.name for op in g.operations]} for g in grants]
+    data = [
+        {
+            "resource": g.resource,
+            "name": g.name,
+            "pattern": "prefixed" if g.prefixed else "literal",
+            "operations": [op.name for op in g.operations],
+        }
+        for g in grants
+    ]
     emit(data, as_json, "\n".join(kafka_acls_lines(grants, principal)))
 
 
@@ -114,5 +139,8 @@ def synthetic_request(request_id: str, fail_share: float, invalid_share: float) 
         "metadata": {"source": "generate"},
     }
     if roll < invalid_share + fail_share:
-        body["metadata"]["simulate"] = {"fail_times": 99, "error": random.choice(["server_error", "timeout", "auth_error"])}
+        body["metadata"]["simulate"] = {
+            "fail_times": 99,
+            "error": random.choice(["server_error", "timeout", "auth_error"]),
+        }
     return request_id.encode(), json.dumps(body).encode()

@@ -23,7 +23,9 @@ from dlqapp.settings import Settings
     option("--q", "text", default=None, help="Only entries whose error contains this text."),
     JSON,
 )
-async def dlq_list(self: Any, limit: int, offset: int, error_class: str | None, model: str | None, text: str | None, as_json: bool) -> None:
+async def dlq_list(
+    self: Any, limit: int, offset: int, error_class: str | None, model: str | None, text: str | None, as_json: bool
+) -> None:
     """List dead letters, newest first (`--limit 10`: the last ten)."""
     settings: Settings = self.app.dlq_settings
 
@@ -31,8 +33,21 @@ async def dlq_list(self: Any, limit: int, offset: int, error_class: str | None, 
         params = {"limit": limit, "offset": offset, "error_class": error_class, "model": model, "q": text}
         query = "&".join(f"{k}={v}" for k, v in params.items() if v not in (None, ""))
         _, page = await call(settings, "GET", f"/dlq/?{query}")
-        rows = [[i["request_id"], i["error_class"], i.get("model") or "-", when(i.get("dead_at")), (i.get("final_error") or "")[:70]] for i in page["items"]]
-        emit(page, as_json, f"{table(rows, ['REQUEST', 'CLASS', 'MODEL', 'DEAD AT', 'ERROR'])}\n{len(rows)} of {page['total']} dead letters")
+        rows = [
+            [
+                i["request_id"],
+                i["error_class"],
+                i.get("model") or "-",
+                when(i.get("dead_at")),
+                (i.get("final_error") or "")[:70],
+            ]
+            for i in page["items"]
+        ]
+        emit(
+            page,
+            as_json,
+            f"{table(rows, ['REQUEST', 'CLASS', 'MODEL', 'DEAD AT', 'ERROR'])}\n{len(rows)} of {page['total']} dead letters",
+        )
 
     await run(go())
 
@@ -44,7 +59,10 @@ async def dlq_show(self: Any, request_id: str, as_json: bool) -> None:
 
     async def go() -> None:
         _, entry = await call(settings, "GET", f"/dlq/{request_id}/")
-        history = [[a["attempt"], when(a["at"]), a["topic"], a.get("error_class") or "-", (a.get("error") or "")[:60]] for a in entry.get("history", [])]
+        history = [
+            [a["attempt"], when(a["at"]), a["topic"], a.get("error_class") or "-", (a.get("error") or "")[:60]]
+            for a in entry.get("history", [])
+        ]
         human = "\n".join(
             [
                 f"request_id   {entry['request_id']}",
@@ -55,7 +73,9 @@ async def dlq_show(self: Any, request_id: str, as_json: bool) -> None:
                 f"dead at      {when(entry.get('dead_at'))}",
                 "",
                 "payload:",
-                json.dumps(entry.get("payload"), indent=2) if entry.get("payload") is not None else f"<{entry.get('payload_bytes')} bytes, base64 {entry.get('payload_b64')}>",
+                json.dumps(entry.get("payload"), indent=2)
+                if entry.get("payload") is not None
+                else f"<{entry.get('payload_bytes')} bytes, base64 {entry.get('payload_b64')}>",
                 "",
                 "attempts:",
                 table(history, ["#", "AT", "TOPIC", "CLASS", "ERROR"]) if history else "(none)",
@@ -73,12 +93,29 @@ async def dlq_show(self: Any, request_id: str, as_json: bool) -> None:
     option("--all", "everything", is_flag=True, default=False, help="Every dead letter matching the filters."),
     option("--error-class", default=None, help="With --all: only this error class."),
     option("--rate", type=float, default=None, help="With --all: at most this many replays per second."),
-    option("--force", is_flag=True, default=False, help="Replay even requests that have succeeded since (the model is called again)."),
-    option("--dry-run", is_flag=True, default=False, help="Replay nothing: show how many would be replayed, some of their ids and the estimated prompt tokens."),
+    option(
+        "--force",
+        is_flag=True,
+        default=False,
+        help="Replay even requests that have succeeded since (the model is called again).",
+    ),
+    option(
+        "--dry-run",
+        is_flag=True,
+        default=False,
+        help="Replay nothing: show how many would be replayed, some of their ids and the estimated prompt tokens.",
+    ),
     JSON,
 )
 async def dlq_reprocess(
-    self: Any, keys: tuple[str, ...], everything: bool, error_class: str | None, rate: float | None, force: bool, dry_run: bool, as_json: bool
+    self: Any,
+    keys: tuple[str, ...],
+    everything: bool,
+    error_class: str | None,
+    rate: float | None,
+    force: bool,
+    dry_run: bool,
+    as_json: bool,
 ) -> None:
     """Send dead letters back to `input` with a clean retry count."""
     settings: Settings = self.app.dlq_settings
@@ -87,7 +124,9 @@ async def dlq_reprocess(
         if bool(keys) == everything:
             raise CliError("give --key ID (one or more) or --all", EXIT_USAGE)
         if dry_run:
-            body: dict[str, Any] = {"keys": list(keys)} if keys else {"all": True, **({"error_class": error_class} if error_class else {})}
+            body: dict[str, Any] = (
+                {"keys": list(keys)} if keys else {"all": True, **({"error_class": error_class} if error_class else {})}
+            )
             _, answer = await call(settings, "POST", "/dlq/reprocess/", {**body, "dry_run": True})
             sample = ", ".join(answer["sample"]) or "-"
             human = f"would reprocess {answer['total']} dead letters (nothing was sent)\nsample: {sample}\nestimated prompt tokens: {answer['estimated_prompt_tokens']} ({answer['estimate']})"
@@ -98,11 +137,21 @@ async def dlq_reprocess(
         else:
             report = {status.value: [] for status in BULK_OUTCOMES}
             for n, key in enumerate(keys, 1):
-                _, answer = await call(settings, "POST", f"/dlq/{quote(key, safe='')}/reprocess/", {"force": True} if force else None, ok=(200, 404, 409, 400))
+                _, answer = await call(
+                    settings,
+                    "POST",
+                    f"/dlq/{quote(key, safe='')}/reprocess/",
+                    {"force": True} if force else None,
+                    ok=(200, 404, 409, 400),
+                )
                 report.setdefault(answer.get("status", "error"), report["error"]).append(key)
                 if not as_json and len(keys) > 1:
                     progress(n, len(keys), "reprocessing")
-        human = "\n".join(f"{outcome}: {len(ids)}" + (f"  ({', '.join(ids[:10])})" if ids else "") for outcome, ids in report.items() if ids or outcome == "reprocessed")
+        human = "\n".join(
+            f"{outcome}: {len(ids)}" + (f"  ({', '.join(ids[:10])})" if ids else "")
+            for outcome, ids in report.items()
+            if ids or outcome == "reprocessed"
+        )
         emit(report, as_json, human)
         if keys and not report["reprocessed"]:
             raise SystemExit(EXIT_NOT_FOUND)
@@ -110,7 +159,9 @@ async def dlq_reprocess(
     await run(go())
 
 
-async def _reprocess_all(settings: Settings, error_class: str | None, rate: float | None, force: bool, quiet: bool) -> dict[str, Any]:
+async def _reprocess_all(
+    settings: Settings, error_class: str | None, rate: float | None, force: bool, quiet: bool
+) -> dict[str, Any]:
     body: dict[str, Any] = {"all": True, "force": force}
     if error_class:
         body["error_class"] = error_class
@@ -149,14 +200,22 @@ async def dlq_stats(self: Any, as_json: bool) -> None:
 
     async def go() -> None:
         _, stats = await call(settings, "GET", "/dlq/stats/")
-        lines = [f"{k:<20}{stats[k]}" for k in ("received", "succeeded", "duplicates_skipped", "reprocessed", "dlq_size")]
-        for title, key in (("retried", "retried"), ("dead-lettered", "dead_lettered"), ("in the DLQ", "dlq_by_error_class")):
+        lines = [
+            f"{k:<20}{stats[k]}" for k in ("received", "succeeded", "duplicates_skipped", "reprocessed", "dlq_size")
+        ]
+        for title, key in (
+            ("retried", "retried"),
+            ("dead-lettered", "dead_lettered"),
+            ("in the DLQ", "dlq_by_error_class"),
+        ):
             lines.append(f"{title}:")
             lines.extend(f"  {name:<30}{n}" for name, n in sorted(stats[key].items()))
             if not stats[key]:
                 lines.append("  -")
         for url, flow in sorted(stats.get("flow", {}).items()):
-            lines.append(f"concurrency limit   {flow['concurrency_limit']} of {flow['concurrency_max']}, {flow['calls_in_flight']} calls in flight ({url})")
+            lines.append(
+                f"concurrency limit   {flow['concurrency_limit']} of {flow['concurrency_max']}, {flow['calls_in_flight']} calls in flight ({url})"
+            )
         emit(stats, as_json, "\n".join(lines))
 
     await run(go())
@@ -169,7 +228,9 @@ async def dlq_stats(self: Any, as_json: bool) -> None:
     option("--error-class", default=None, help="Only this error class."),
     JSON,
 )
-async def dlq_retries(self: Any, limit: int, offset: int, tier: str | None, error_class: str | None, as_json: bool) -> None:
+async def dlq_retries(
+    self: Any, limit: int, offset: int, tier: str | None, error_class: str | None, as_json: bool
+) -> None:
     """List parked retries of every worker, earliest due first."""
     settings: Settings = self.app.dlq_settings
 
@@ -178,9 +239,23 @@ async def dlq_retries(self: Any, limit: int, offset: int, tier: str | None, erro
         query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in params.items() if v not in (None, ""))
         _, page = await call(settings, "GET", f"/retries/?{query}")
         now = now_ms()
-        rows = [[i["request_id"], i["tier"], i["attempt"], f"{when(i['due_at'])} ({relative(i['due_at'] - now)})", i.get("error_class") or "-", (i.get("last_error") or "")[:60]] for i in page["items"]]
+        rows = [
+            [
+                i["request_id"],
+                i["tier"],
+                i["attempt"],
+                f"{when(i['due_at'])} ({relative(i['due_at'] - now)})",
+                i.get("error_class") or "-",
+                (i.get("last_error") or "")[:60],
+            ]
+            for i in page["items"]
+        ]
         tiers = ", ".join(f"{t}: {n}" for t, n in sorted(page["by_tier"].items())) or "-"
-        emit(page, as_json, f"{table(rows, ['REQUEST', 'TIER', 'ATTEMPT', 'DUE', 'CLASS', 'LAST ERROR'])}\n{len(rows)} of {page['total']} parked retries (by tier: {tiers})")
+        emit(
+            page,
+            as_json,
+            f"{table(rows, ['REQUEST', 'TIER', 'ATTEMPT', 'DUE', 'CLASS', 'LAST ERROR'])}\n{len(rows)} of {page['total']} parked retries (by tier: {tiers})",
+        )
 
     await run(go())
 
@@ -188,13 +263,28 @@ async def dlq_retries(self: Any, limit: int, offset: int, tier: str | None, erro
 def relative(ms: int) -> str:
     """`in 3m 5s` or `12s ago`."""
     seconds = abs(ms) // 1000
-    text = f"{seconds // 3600}h {seconds % 3600 // 60}m" if seconds >= 3600 else f"{seconds // 60}m {seconds % 60}s" if seconds >= 60 else f"{seconds}s"
+    text = (
+        f"{seconds // 3600}h {seconds % 3600 // 60}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m {seconds % 60}s"
+        if seconds >= 60
+        else f"{seconds}s"
+    )
     return f"in {text}" if ms >= 0 else f"{text} ago"
 
 
 async def _retry_action(settings: Settings, keys: tuple[str, ...], action: str, done: str, as_json: bool) -> None:
-    answers = [(await call(settings, "POST", f"/retries/{quote(key, safe='')}/{action}/", {}, ok=(200, 404, 409)))[1] for key in keys]
-    emit(answers, as_json, "\n".join(f"{a['request_id']}: {a['status']}" + (f" ({a['reason']})" if a.get("reason") else "") for a in answers))
+    answers = [
+        (await call(settings, "POST", f"/retries/{quote(key, safe='')}/{action}/", {}, ok=(200, 404, 409)))[1]
+        for key in keys
+    ]
+    emit(
+        answers,
+        as_json,
+        "\n".join(
+            f"{a['request_id']}: {a['status']}" + (f" ({a['reason']})" if a.get("reason") else "") for a in answers
+        ),
+    )
     if any(a["status"] != done for a in answers):
         raise SystemExit(EXIT_NOT_FOUND)
 
@@ -218,7 +308,10 @@ async def request_status(self: Any, request_id: str, as_json: bool) -> None:
 
     async def go() -> None:
         _, state = await call(settings, "GET", f"/requests/{request_id}/")
-        rows = [[when(h["at"]), h["state"], h.get("error_class") or "", h.get("tier") or ""] for h in state.get("history", [])]
+        rows = [
+            [when(h["at"]), h["state"], h.get("error_class") or "", h.get("tier") or ""]
+            for h in state.get("history", [])
+        ]
         emit(state, as_json, f"{request_id}: {state['state']}\n{table(rows, ['AT', 'STATE', 'CLASS', 'TIER'])}")
 
     await run(go())

@@ -48,8 +48,8 @@ import asyncio
 import math
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from dlqapp.core.errors import ErrorClass, Failure
 
@@ -134,7 +134,9 @@ class OutcomeWindow:
 class CircuitBreaker:
     """Closed → open → half-open → closed, driven by call outcomes and the clock."""
 
-    def __init__(self, config: BreakerConfig, clock: Callable[[], float] = time.monotonic, on_move: Move | None = None) -> None:
+    def __init__(
+        self, config: BreakerConfig, clock: Callable[[], float] = time.monotonic, on_move: Move | None = None
+    ) -> None:
         self.config = config
         self.clock = clock
         self._on_move = on_move

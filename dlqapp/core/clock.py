@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Callable
 
 Clock = Callable[[], int]
 """Returns the time in epoch milliseconds."""

@@ -42,7 +42,13 @@ class ReplayStatus(StrEnum):
     ERROR = "error"
 
 
-BULK_OUTCOMES = (ReplayStatus.REPROCESSED, ReplayStatus.NOT_FOUND, ReplayStatus.REFUSED, ReplayStatus.INVALID, ReplayStatus.ERROR)
+BULK_OUTCOMES = (
+    ReplayStatus.REPROCESSED,
+    ReplayStatus.NOT_FOUND,
+    ReplayStatus.REFUSED,
+    ReplayStatus.INVALID,
+    ReplayStatus.ERROR,
+)
 """The buckets of a bulk replay report, in order."""
 
 
@@ -64,7 +70,7 @@ class Command:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, raw: Any) -> "Command":
+    def from_dict(cls, raw: Any) -> Command:
         """A command from the commands topic; ValueError when it is not one."""
         if not isinstance(raw, dict):
             raise ValueError(f"a command must be a JSON object, not {type(raw).__name__}")

@@ -7,8 +7,9 @@ to `results` or `dlq`.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from dlqapp.core.clock import now_ms
 from dlqapp.core.headers import (
@@ -28,6 +29,8 @@ from dlqapp.core.headers import (
 )
 
 HISTORY_LIMIT = 50
+
+
 @dataclass
 class Attempt:
     """One entry of a request's attempt history."""
@@ -100,7 +103,9 @@ class Envelope:
         return [(k, str(v).encode()) for k, v in values.items() if v is not None]
 
     @classmethod
-    def fresh(cls, request_id: str, payload: bytes, headers: Mapping[str, str], written_ms: int, read_from: dict[str, Any]) -> "Envelope":
+    def fresh(
+        cls, request_id: str, payload: bytes, headers: Mapping[str, str], written_ms: int, read_from: dict[str, Any]
+    ) -> Envelope:
         """A request first seen: no attempts yet; its replay lineage and `source` header
         (where it first entered dlqapp) kept, else `read_from`."""
         return cls(
@@ -112,7 +117,7 @@ class Envelope:
         )
 
     @classmethod
-    def from_headers(cls, request_id: str, payload: bytes, headers: Mapping[str, str]) -> "Envelope":
+    def from_headers(cls, request_id: str, payload: bytes, headers: Mapping[str, str]) -> Envelope:
         """Rebuild an envelope from parsed headers written by `headers()`.
 
         Never raises: a malformed value is read as absent.
@@ -137,7 +142,7 @@ class Envelope:
         return json.dumps({k: v.decode() for k, v in meta.items()}).encode() + b"\n" + self.payload
 
     @classmethod
-    def from_bytes(cls, blob: bytes) -> "Envelope":
+    def from_bytes(cls, blob: bytes) -> Envelope:
         meta_raw, _, payload = blob.partition(b"\n")
         meta = json.loads(meta_raw)
         return cls.from_headers(meta[H_REQUEST_ID], payload, meta)

@@ -61,12 +61,14 @@ class Failure:
 class InferenceError(Exception):
     """Raised by a backend for a failure it has already classified."""
 
-    def __init__(self, error_class: ErrorClass, message: str, retry_after_ms: int | None = None, retryable: bool | None = None):
+    def __init__(
+        self, error_class: ErrorClass, message: str, retry_after_ms: int | None = None, retryable: bool | None = None
+    ):
         super().__init__(message)
         self.failure = Failure(error_class, message, retry_after_ms, retryable)
 
     @classmethod
-    def of(cls, failure: Failure) -> "InferenceError":
+    def of(cls, failure: Failure) -> InferenceError:
         return cls(failure.error_class, failure.message, failure.retry_after_ms, failure.retryable)
 
 

@@ -7,7 +7,8 @@ malformed value is read as absent, never raised.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 H_RETRY_COUNT = "retry_count"
 H_ATTEMPTS = "attempts"

@@ -39,6 +39,6 @@ class InFlight:
         waiter = self._idle_waiters.setdefault(request_id, asyncio.Event())
         try:
             await asyncio.wait_for(waiter.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return request_id not in self._ids

@@ -9,9 +9,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from dlqapp.core.backend import InferenceOutput
 from dlqapp.core.backoff import Backoff
 from dlqapp.core.errors import ErrorClass, Failure, is_retryable
-from dlqapp.core.backend import InferenceOutput
 
 
 @dataclass(frozen=True)
@@ -73,20 +73,20 @@ def expiry(policy: RetryPolicy, original_timestamp: int, now_ms: int) -> DeadLet
     """A `DeadLetter(expired)` when the request is older than the TTL, else None."""
     age = now_ms - original_timestamp
     if age > policy.max_age_ms:
-        return DeadLetter(
-            ErrorClass.EXPIRED, f"request is {age} ms old, over DLQ_MAX_AGE ({policy.max_age_ms} ms)"
-        )
+        return DeadLetter(ErrorClass.EXPIRED, f"request is {age} ms old, over DLQ_MAX_AGE ({policy.max_age_ms} ms)")
     return None
 
 
 def past_deadline(deadline_ms: int | None, now_ms: int) -> DeadLetter | None:
     """A `DeadLetter(expired)` when the request's own `deadline` has passed, else None."""
     if deadline_ms is not None and now_ms > deadline_ms:
-        return DeadLetter(ErrorClass.EXPIRED, f"deadline {deadline_ms} passed {now_ms - deadline_ms} ms ago; not called")
+        return DeadLetter(
+            ErrorClass.EXPIRED, f"deadline {deadline_ms} passed {now_ms - deadline_ms} ms ago; not called"
+        )
     return None
 
 
-def within_deadline(outcome: "Outcome", deadline_ms: int | None) -> "Outcome":
+def within_deadline(outcome: Outcome, deadline_ms: int | None) -> Outcome:
     """A retry that would fall due after the request's deadline is dead-lettered as `expired` now."""
     if isinstance(outcome, RetryAt) and deadline_ms is not None and outcome.due_ms > deadline_ms:
         return DeadLetter(
@@ -125,7 +125,9 @@ def decide(
     return RetryAt(tier, due, failure)
 
 
-def decide_after_fallback(model: str, failure: Failure | None, output: InferenceOutput | None, attempts: int) -> Succeeded | DeadLetter:
+def decide_after_fallback(
+    model: str, failure: Failure | None, output: InferenceOutput | None, attempts: int
+) -> Succeeded | DeadLetter:
     """The fallback attempt is the last one: its success is the result, its failure the DLQ."""
     if failure is None:
         assert output is not None

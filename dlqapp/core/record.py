@@ -7,8 +7,9 @@ downstream, and the payload's bytes are kept exactly as they came.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from dlqapp.core.headers import H_ORIGINAL_TIMESTAMP, header_int
 
@@ -30,7 +31,16 @@ class Record:
     when dlqapp re-sends it to the owning partition, or by a replay), else `timestamp_ms`."""
 
     @classmethod
-    def read(cls, topic: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None, payload: bytes | None, headers: Mapping[str, str]) -> "Record":
+    def read(
+        cls,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp_ms: int,
+        key: bytes | None,
+        payload: bytes | None,
+        headers: Mapping[str, str],
+    ) -> Record:
         """A record from a message's parts, `headers` already parsed to str → str."""
         written = header_int(headers, H_ORIGINAL_TIMESTAMP) or timestamp_ms
         return cls(topic, partition, offset, timestamp_ms, key, payload, headers, written)

@@ -16,6 +16,7 @@ MAX_DEADLINE_MS = 253_402_300_799_999
 """9999-12-31T23:59:59.999Z: a larger `deadline` is not epoch milliseconds."""
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
+
 # Header names (public contract: retry_count, scheduled_time, original_timestamp,
 # error_class, last_error, final_error).
 class InvalidRequest(ValueError):
@@ -96,9 +97,7 @@ def validate_request(data: dict[str, Any]) -> Request:
     problems: list[str] = []
     request_id = _valid_request_id(data.get("request_id"))
     if request_id is None:
-        problems.append(
-            f"request_id must be a non-empty UTF-8 string of at most {MAX_REQUEST_ID_CHARS} characters"
-        )
+        problems.append(f"request_id must be a non-empty UTF-8 string of at most {MAX_REQUEST_ID_CHARS} characters")
     messages, prompt = data.get("messages"), data.get("prompt")
     if messages is None and prompt is None:
         problems.append("either messages or prompt is required")
@@ -128,7 +127,9 @@ def _check_flow_fields(data: dict[str, Any]) -> list[str]:
     """`deadline` (epoch ms) and `priority`, both optional."""
     problems = []
     deadline = data.get("deadline")
-    if deadline is not None and not (isinstance(deadline, int) and not isinstance(deadline, bool) and 0 < deadline <= MAX_DEADLINE_MS):
+    if deadline is not None and not (
+        isinstance(deadline, int) and not isinstance(deadline, bool) and 0 < deadline <= MAX_DEADLINE_MS
+    ):
         problems.append("deadline must be a positive integer: epoch milliseconds")
     priority = data.get("priority")
     if priority is not None and priority not in PRIORITIES:

@@ -83,7 +83,12 @@ class StateRecord:
         return self.details.get(name)
 
     def as_dict(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {"request_id": self.request_id, "first_seen": self.first_seen, "duplicates": self.duplicates, "history": self.history}
+        doc: dict[str, Any] = {
+            "request_id": self.request_id,
+            "first_seen": self.first_seen,
+            "duplicates": self.duplicates,
+            "history": self.history,
+        }
         doc["state"] = self.state
         doc["updated_at"] = self.updated_at
         doc.update(self.details)
@@ -95,7 +100,7 @@ class StateRecord:
         return json.dumps(self.as_dict(), separators=(",", ":")).encode()
 
     @classmethod
-    def decode(cls, blob: bytes | None) -> "StateRecord | None":
+    def decode(cls, blob: bytes | None) -> StateRecord | None:
         """The record stored in `blob` (None for no blob); ValueError when it holds none."""
         if not blob:
             return None
@@ -114,7 +119,9 @@ class StateRecord:
         )
 
 
-def transition(previous: StateRecord | None, request_id: str, state: RequestState, at: int, **detail: Any) -> StateRecord:
+def transition(
+    previous: StateRecord | None, request_id: str, state: RequestState, at: int, **detail: Any
+) -> StateRecord:
     """The next stored state: `previous` moved to `state`, with the change appended to history."""
     if previous is None:
         current = StateRecord(request_id, state, first_seen=at, updated_at=at)

@@ -26,7 +26,7 @@ class Tier:
 def build_tiers(delays_ms: tuple[int, ...], topics: tuple[str, ...], prefix: str) -> tuple[Tier, ...]:
     """The tiers for `delays_ms`, published on `topics` (same order)."""
     return tuple(
-        Tier(index, delay, topic, topic[len(prefix):] if prefix and topic.startswith(prefix) else topic)
+        Tier(index, delay, topic, topic[len(prefix) :] if prefix and topic.startswith(prefix) else topic)
         for index, (delay, topic) in enumerate(zip(delays_ms, topics))
     )
 

@@ -29,7 +29,10 @@ def slack_message(counts: Counter[str], sample: list[str], window_s: float, app_
     by_class = ", ".join(f"{cls} {n}" for cls, n in counts.most_common())
     examples = f" (e.g. {', '.join(sample)})" if sample else ""
     text = f":rotating_light: {app_id}: {total} dead letter{'s' if total != 1 else ''} in the last {window_s:g}s: {by_class}{examples}"
-    return {"text": text, "dlqapp": {"app_id": app_id, "total": total, "by_error_class": dict(counts), "sample": sample}}
+    return {
+        "text": text,
+        "dlqapp": {"app_id": app_id, "total": total, "by_error_class": dict(counts), "sample": sample},
+    }
 
 
 class AlertBatcher:
@@ -75,7 +78,7 @@ class AlertBatcher:
                     if response.status < 300:
                         return True
                     problem = f"HTTP {response.status}"
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
             log_event(log, logging.WARNING, "alert_webhook_failed", attempt=attempt, problem=problem)
             if attempt < POST_ATTEMPTS:

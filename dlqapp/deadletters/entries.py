@@ -6,8 +6,9 @@ import base64
 import json
 import re
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from faust.tables import Table
 
@@ -107,7 +108,15 @@ class DeadLetterEntry:
     dlq: dict[str, int]
 
     @classmethod
-    def from_message(cls, key: str, payload: bytes, headers: Mapping[str, str], partition: int, offset: int, max_bytes: int | None = None) -> "DeadLetterEntry":
+    def from_message(
+        cls,
+        key: str,
+        payload: bytes,
+        headers: Mapping[str, str],
+        partition: int,
+        offset: int,
+        max_bytes: int | None = None,
+    ) -> DeadLetterEntry:
         """The entry of a `dlq` message (its key, payload and parsed headers)."""
         truncated = max_bytes is not None and len(payload) > max_bytes
         size = len(payload)
@@ -146,7 +155,7 @@ class DeadLetterEntry:
         return json.dumps(self.as_dict(), separators=(",", ":")).encode()
 
     @classmethod
-    def decode(cls, blob: bytes) -> "DeadLetterEntry":
+    def decode(cls, blob: bytes) -> DeadLetterEntry:
         """The entry stored in `blob`; ValueError when it holds none (Faust's offset record)."""
         doc = json.loads(blob)
         if not isinstance(doc, dict):
@@ -176,7 +185,19 @@ class DeadLetterEntry:
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(DeadLetterEntry))
-_SUMMARY_FIELDS = ("request_id", "key", "error_class", "final_error", "last_error", "model", "attempts", "retry_count", "replay_count", "first_seen", "dead_at")
+_SUMMARY_FIELDS = (
+    "request_id",
+    "key",
+    "error_class",
+    "final_error",
+    "last_error",
+    "model",
+    "attempts",
+    "retry_count",
+    "replay_count",
+    "first_seen",
+    "dead_at",
+)
 
 
 def _model_of(text: str | None) -> str | None:

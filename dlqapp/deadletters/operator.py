@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from faust import TopicT
 from faust.tables import Table
 
 from dlqapp.core import states
 from dlqapp.core.clock import Clock
+from dlqapp.core.commands import RETRY_ACTIONS, Action, Command, CommandHandler, ReplayStatus, check_edit
 from dlqapp.core.headers import (
     H_FIRST_SEEN,
     H_ORIGINAL_TIMESTAMP,
@@ -27,7 +29,6 @@ from dlqapp.core.headers import (
     H_REPLAYED_AT,
     H_REPLAYED_BY,
 )
-from dlqapp.core.commands import RETRY_ACTIONS, Action, Command, CommandHandler, ReplayStatus, check_edit
 from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_id
 from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.observability import metrics
@@ -40,6 +41,7 @@ from dlqapp.tables.retention import (
 )
 
 log = logging.getLogger("dlqapp.deadletters.operator")
+
 
 class Operator:
     """Carries out commands on the owning worker."""
@@ -79,7 +81,14 @@ class Operator:
             answer, record = await self.retries.execute(command, self.clock())
             if record is not None:
                 self._append_ledger(command.request_id, self.ledger_for(command.request_id), record)
-                log_event(log, logging.INFO, str(command.action), request_id=command.request_id, by=command.actor, tier=record.get("tier"))
+                log_event(
+                    log,
+                    logging.INFO,
+                    str(command.action),
+                    request_id=command.request_id,
+                    by=command.actor,
+                    tier=record.get("tier"),
+                )
             return answer
         key = find_dead_letter(self.dead_letters, command.request_id, self.io.partitions)
         if key is None:
@@ -124,14 +133,31 @@ class Operator:
         }
         # State first: the input agent may handle the replay the moment it is sent, and
         # its outcome (a quick success, a new retry) must not be overwritten by this.
-        record = {"action": Action.REPLAY, "at": at, "by": command.actor, "edited": command.payload is not None, "replay_of": dlq_position, "error_class": entry.error_class, "replay_count": replays + 1, "forced": command.force}
+        record = {
+            "action": Action.REPLAY,
+            "at": at,
+            "by": command.actor,
+            "edited": command.payload is not None,
+            "replay_of": dlq_position,
+            "error_class": entry.error_class,
+            "replay_count": replays + 1,
+            "forced": command.force,
+        }
         self._append_ledger(rid, ledger, record)
         self.io.set_state(rid, states.REPROCESSED, at, replay_count=replays + 1, replayed_by=command.actor)
         await self.io.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
         await self._remove(key)
         self.io.counters.add("reprocessed")
         metrics.replays.inc()
-        log_event(log, logging.INFO, "replayed", request_id=rid, by=command.actor, replay_count=replays + 1, edited=command.payload is not None)
+        log_event(
+            log,
+            logging.INFO,
+            "replayed",
+            request_id=rid,
+            by=command.actor,
+            replay_count=replays + 1,
+            edited=command.payload is not None,
+        )
         return {"request_id": key, "status": ReplayStatus.REPROCESSED, "replay_count": replays + 1}
 
     async def _discard(self, command: Command, entry: DeadLetterEntry) -> dict[str, Any]:
@@ -139,9 +165,15 @@ class Operator:
         rid = owner_id(key)
         at = self.clock()
         await self._remove(key)
-        self._append_ledger(rid, self.ledger_for(rid), {"action": Action.DISCARD, "at": at, "by": command.actor, "error_class": entry.error_class, "key": key})
+        self._append_ledger(
+            rid,
+            self.ledger_for(rid),
+            {"action": Action.DISCARD, "at": at, "by": command.actor, "error_class": entry.error_class, "key": key},
+        )
         state = self.io.load_state(rid)
-        if key == rid or state is None or state.get("dlq_key") == key:  # discarding an invalid copy leaves the request's state alone
+        if (
+            key == rid or state is None or state.get("dlq_key") == key
+        ):  # discarding an invalid copy leaves the request's state alone
             self.io.set_state(rid, states.DISCARDED, at, discarded_by=command.actor)
         metrics.discards.inc()
         log_event(log, logging.INFO, "discarded", request_id=rid, key=key, by=command.actor)
@@ -149,7 +181,10 @@ class Operator:
 
     def _expire(self, command: Command) -> dict[str, Any]:
         """Delete settled records the sweeper found old, unless they changed since."""
-        tables = {self.io.requests.name: (self.io.requests, request_last_change), self.ledger.name: (self.ledger, ledger_last_change)}
+        tables = {
+            self.io.requests.name: (self.io.requests, request_last_change),
+            self.ledger.name: (self.ledger, ledger_last_change),
+        }
         if command.table not in tables or not isinstance(command.expired, list):
             raise ValueError("expire needs a known table and a list of [key, last change] pairs")
         table, last_change = tables[command.table]
@@ -167,7 +202,9 @@ class Operator:
         """How the retention sweep hands expired keys to this agent on their partition."""
 
         async def send(table: str, partition: int, expired: list[tuple[str, int]]) -> None:
-            command = Command(Action.EXPIRE, expired[0][0], "retention", table=table, expired=[list(pair) for pair in expired])
+            command = Command(
+                Action.EXPIRE, expired[0][0], "retention", table=table, expired=[list(pair) for pair in expired]
+            )
             await commands.send(key=expired[0][0].encode(), value=command.to_dict(), partition=partition)
 
         return send

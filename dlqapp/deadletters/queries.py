@@ -11,8 +11,9 @@ from __future__ import annotations
 import heapq
 import json
 from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 from dlqapp.tables.counters import grouped
 
@@ -45,7 +46,7 @@ class DlqFilter:
     text: str | None = None
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> "DlqFilter":
+    def from_params(cls, params: Mapping[str, Any]) -> DlqFilter:
         """From query parameters or a JSON body (`error_class`, `model`, `since`, `until`, `q`)."""
         as_str = {k: (str(v) if v is not None else None) for k, v in params.items()}
         return cls(
@@ -62,7 +63,13 @@ class DlqFilter:
         return not (self.model or self.since is not None or self.until is not None or self.text)
 
     def to_params(self) -> dict[str, str]:
-        values = {"error_class": self.error_class, "model": self.model, "since": self.since, "until": self.until, "q": self.text}
+        values = {
+            "error_class": self.error_class,
+            "model": self.model,
+            "since": self.since,
+            "until": self.until,
+            "q": self.text,
+        }
         return {k: str(v) for k, v in values.items() if v is not None}
 
     def matches(self, entry: Mapping[str, Any]) -> bool:
@@ -89,7 +96,9 @@ def page_params(params: Mapping[str, str]) -> tuple[int, int]:
     return min(limit or 50, 1000), offset or 0
 
 
-def local_page(summaries_newest_first: Iterable[dict[str, Any]], flt: DlqFilter, top: int, by_class: Mapping[str, int]) -> dict[str, Any]:
+def local_page(
+    summaries_newest_first: Iterable[dict[str, Any]], flt: DlqFilter, top: int, by_class: Mapping[str, int]
+) -> dict[str, Any]:
     """Matching entries of this worker: total, newest `top` summaries, counts by class.
 
     With no filter but the error class, the total and counts come from the running
@@ -98,7 +107,11 @@ def local_page(summaries_newest_first: Iterable[dict[str, Any]], flt: DlqFilter,
     """
     items: list[dict[str, Any]] = []
     if flt.counted_by_class:
-        counts = {flt.error_class: by_class.get(flt.error_class, 0)} if flt.error_class else {k: v for k, v in by_class.items() if v > 0}
+        counts = (
+            {flt.error_class: by_class.get(flt.error_class, 0)}
+            if flt.error_class
+            else {k: v for k, v in by_class.items() if v > 0}
+        )
         for item in summaries_newest_first:
             if len(items) >= top:
                 break
@@ -119,13 +132,19 @@ def local_page(summaries_newest_first: Iterable[dict[str, Any]], flt: DlqFilter,
 def newest_first(walks: Iterable[Iterable[bytes]]) -> Iterator[dict[str, Any]]:
     """Summaries from several partitions' time indexes (each newest first), merged newest first."""
     decoded = [(json.loads(blob) for blob in walk) for walk in walks]
-    return heapq.merge(*decoded, key=lambda item: (item.get("dead_at") or 0, item.get("key") or item["request_id"]), reverse=True)
+    return heapq.merge(
+        *decoded, key=lambda item: (item.get("dead_at") or 0, item.get("key") or item["request_id"]), reverse=True
+    )
 
 
 def merge_pages(pages: Iterable[Mapping[str, Any]], limit: int, offset: int) -> dict[str, Any]:
     """One page, newest first, from every worker's local page."""
     pages = list(pages)
-    items = sorted((i for p in pages for i in p["items"]), key=lambda i: (i.get("dead_at") or 0, i.get("key") or i["request_id"]), reverse=True)
+    items = sorted(
+        (i for p in pages for i in p["items"]),
+        key=lambda i: (i.get("dead_at") or 0, i.get("key") or i["request_id"]),
+        reverse=True,
+    )
     counts: Counter[str] = Counter()
     for page in pages:
         counts.update(page.get("counts", {}))

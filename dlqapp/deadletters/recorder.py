@@ -18,10 +18,10 @@ from dlqapp.core.record import Record
 from dlqapp.core.requests import fallback_key
 from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.deadletters.entries import DeadLetterEntry, time_key
+from dlqapp.kafka.faust_tables import active_partitions, partition_db, scan_chunk
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.tables.counters import Counters
-from dlqapp.kafka.faust_tables import active_partitions, partition_db, scan_chunk
 
 log = logging.getLogger("dlqapp.deadletters.recorder")
 
@@ -88,7 +88,7 @@ class DeadLetterRecorder:
         by_time: Table,
         counters: Counters,
         log_path: str,
-        alerts: "AlertBatcher | None" = None,
+        alerts: AlertBatcher | None = None,
         max_payload_bytes: int | None = None,
         log_max_bytes: int = 64 * 1024 * 1024,
         log_backups: int = 5,
@@ -113,7 +113,9 @@ class DeadLetterRecorder:
         old = DeadLetterEntry.decode(previous) if previous is not None else None
         if old is not None and old.dlq == {"partition": record.partition, "offset": record.offset}:
             return  # redelivered after a crash: already recorded, logged and alerted
-        entry = DeadLetterEntry.from_message(request_id, record.payload, record.headers, record.partition, record.offset, self.max_payload_bytes)
+        entry = DeadLetterEntry.from_message(
+            request_id, record.payload, record.headers, record.partition, record.offset, self.max_payload_bytes
+        )
         if old is not None:
             self._unindex(key, old)
         self.table[key] = entry.encode()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from dlqapp.core.commands import BULK_OUTCOMES
 
@@ -14,6 +15,8 @@ ReplayOne = Callable[[str], Awaitable[dict[str, Any]]]
 BULK_CONCURRENCY = 16
 KEEP_FINISHED_S = 3600.0
 """A finished rate-limited replay's progress is kept this long, then forgotten."""
+
+
 def _empty_report() -> dict[str, list[str]]:
     return {status.value: [] for status in BULK_OUTCOMES}
 

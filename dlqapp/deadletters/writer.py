@@ -43,9 +43,18 @@ class DeadLetterWriter:
     async def write(self, outcome: DeadLetter, envelope: Envelope) -> None:
         """Dead-letter a request (its retries ended, it expired, or an operator said so)."""
         at = await self._send(outcome, envelope)
-        self.io.set_state(envelope.request_id, states.DEAD_LETTERED, at, attempts=envelope.attempts, error_class=outcome.error_class.value, final_error=outcome.reason)
+        self.io.set_state(
+            envelope.request_id,
+            states.DEAD_LETTERED,
+            at,
+            attempts=envelope.attempts,
+            error_class=outcome.error_class.value,
+            final_error=outcome.reason,
+        )
 
-    async def write_unprocessable(self, record: Record, error_class: ErrorClass, reason: str, request_id: str | None = None) -> None:
+    async def write_unprocessable(
+        self, record: Record, error_class: ErrorClass, reason: str, request_id: str | None = None
+    ) -> None:
         """Dead-letter a message dlqapp cannot handle (invalid, or `poison`: its handler failed).
 
         Its DLQ key is its own (`<request id>~<class>~<digest of its position>`), so it
@@ -61,27 +70,67 @@ class DeadLetterWriter:
         if request_id:
             key, owner = unprocessable_key(request_id, error_class.value, position), request_id
         else:
-            key = fallback_key(payload) if error_class is ErrorClass.INVALID_REQUEST else f"{error_class.value}-{position}"
+            key = (
+                fallback_key(payload)
+                if error_class is ErrorClass.INVALID_REQUEST
+                else f"{error_class.value}-{position}"
+            )
             owner = key
-        envelope = Envelope(request_id=request_id or key, payload=payload or b"", original_timestamp=record.timestamp_ms, source=record.source)
+        envelope = Envelope(
+            request_id=request_id or key,
+            payload=payload or b"",
+            original_timestamp=record.timestamp_ms,
+            source=record.source,
+        )
         envelope.last_error = reason
-        extra = {H_ORIGINAL_HEADERS: json.dumps(dict(record.headers), separators=(",", ":"))[:MAX_ORIGINAL_HEADERS_CHARS]}
+        extra = {
+            H_ORIGINAL_HEADERS: json.dumps(dict(record.headers), separators=(",", ":"))[:MAX_ORIGINAL_HEADERS_CHARS]
+        }
         if payload is None:
             extra[H_PAYLOAD_NULL] = "true"
         partition = self.io.owner(owner)
         await self._send(DeadLetter(error_class, reason), envelope, key=key, partition=partition, **extra)
-        if request_id and partition == record.partition and self.io.load_state(request_id) is None and request_id not in self.in_flight:
-            self.io.set_state(request_id, states.DEAD_LETTERED, self.clock(), error_class=error_class.value, final_error=reason[:500], dlq_key=key)
+        if (
+            request_id
+            and partition == record.partition
+            and self.io.load_state(request_id) is None
+            and request_id not in self.in_flight
+        ):
+            self.io.set_state(
+                request_id,
+                states.DEAD_LETTERED,
+                self.clock(),
+                error_class=error_class.value,
+                final_error=reason[:500],
+                dlq_key=key,
+            )
         elif not request_id:
             self.io.counters.add("received")  # no id to keep a state under, but it did arrive
-        log_event(log, logging.INFO, "unprocessable", request_id=request_id, key=key, error_class=error_class.value, reason=reason[:200])
+        log_event(
+            log,
+            logging.INFO,
+            "unprocessable",
+            request_id=request_id,
+            key=key,
+            error_class=error_class.value,
+            reason=reason[:200],
+        )
 
-    async def _send(self, outcome: DeadLetter, envelope: Envelope, key: str | None = None, partition: int | None = None, **extra: str) -> int:
+    async def _send(
+        self,
+        outcome: DeadLetter,
+        envelope: Envelope,
+        key: str | None = None,
+        partition: int | None = None,
+        **extra: str,
+    ) -> int:
         """The dead letter on `dlq`, confirmed; returns when it was written (epoch ms)."""
         at = self.clock()
         envelope.error_class = outcome.error_class.value
         envelope.last_error = envelope.last_error or outcome.reason
         # In the DLQ, retry_count is the number of retries made: attempts - 1.
-        headers = envelope.headers(final_error=outcome.reason, dead_at=at, retry_count=max(envelope.attempts - 1, 0), **extra)
+        headers = envelope.headers(
+            final_error=outcome.reason, dead_at=at, retry_count=max(envelope.attempts - 1, 0), **extra
+        )
         await self.io.send(self.dlq, key or envelope.request_id, envelope.payload, headers, partition=partition)
         return at

@@ -17,7 +17,6 @@ from aiohttp import web
 
 from dlqapp.flowcontrol.bucket import TokenBucket
 
-
 TIMEOUT = "timeout"
 
 
@@ -72,7 +71,7 @@ class MockState:
     calls: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     outage_status: int | None = None
-    limits: "ProviderLimits | None" = None
+    limits: ProviderLimits | None = None
     once: list[tuple[str, float]] = field(default_factory=list)
     always: list[tuple[str, float]] = field(default_factory=list)
 
@@ -113,8 +112,13 @@ class ProviderLimits:
         self.throttled.clear()
 
 
-def failure_response(status: int, error: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> web.Response:
-    body = {"error": error or ERROR_BODIES.get(status, {"type": "error", "code": str(status), "message": f"mock: HTTP {status}"})}
+def failure_response(
+    status: int, error: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+) -> web.Response:
+    body = {
+        "error": error
+        or ERROR_BODIES.get(status, {"type": "error", "code": str(status), "message": f"mock: HTTP {status}"})
+    }
     return web.json_response(body, status=status, headers=headers or {})
 
 
@@ -128,7 +132,11 @@ def completion(request_id: str, body: dict[str, Any]) -> dict[str, Any]:
         "created": int(time.time()),
         "model": body.get("model") or "mock-model",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split()), "total_tokens": len(prompt.split()) + len(text.split())},
+        "usage": {
+            "prompt_tokens": len(prompt.split()),
+            "completion_tokens": len(text.split()),
+            "total_tokens": len(prompt.split()) + len(text.split()),
+        },
     }
 
 
@@ -141,7 +149,11 @@ def over_limit(state: MockState, request_id: str, body: Any) -> web.Response | N
     if wait <= 0:
         return None
     headers = {"retry-after": str(max(1, math.ceil(wait))), "retry-after-ms": str(max(1, math.ceil(wait * 1000)))}
-    error = {"type": "rate_limit_error", "code": "rate_limit_exceeded", "message": f"mock: rate limit reached; try again in {wait * 1000:.0f} ms"}
+    error = {
+        "type": "rate_limit_error",
+        "code": "rate_limit_exceeded",
+        "message": f"mock: rate limit reached; try again in {wait * 1000:.0f} ms",
+    }
     return failure_response(429, error, headers)
 
 

@@ -42,14 +42,14 @@ from dlqapp.devtools.mock_behaviour import (
     MockState,
     Plan,
     ProviderLimits,
+    completion,
+    failure_response,
     outage_failure,
     over_limit,
+    parse_mix,
     planned_failure,
     random_failure,
     request_failure,
-    completion,
-    failure_response,
-    parse_mix,
 )
 
 log = logging.getLogger("dlqapp.devtools.mock_llm")
@@ -73,7 +73,12 @@ def build_app(state: MockState) -> web.Application:
             return throttled
         delay = max(0.0, state.latency_ms + (state.rng.random() * 2 - 1) * state.jitter_ms) / 1000
         await asyncio.sleep(delay)
-        failure = planned_failure(state, request_id) or outage_failure(state) or request_failure(state, request_id) or random_failure(state)
+        failure = (
+            planned_failure(state, request_id)
+            or outage_failure(state)
+            or request_failure(state, request_id)
+            or random_failure(state)
+        )
         if failure == TIMEOUT:
             state.outcomes[TIMEOUT] += 1
             await asyncio.sleep(HANG_S)  # the client's timeout ends the call
@@ -110,14 +115,16 @@ def build_app(state: MockState) -> web.Application:
     @routes.get("/_mock/stats")
     async def stats(request: web.Request) -> web.Response:
         limits = state.limits
-        return web.json_response({
-            "calls": sum(state.calls.values()),
-            "ids": len(state.calls),
-            "by_status": dict(state.outcomes),
-            "outage": state.outage_status is not None,
-            "throttled": sum(limits.throttled.values()) if limits else 0,
-            "throttled_by_model": dict(limits.throttled) if limits else {},
-        })
+        return web.json_response(
+            {
+                "calls": sum(state.calls.values()),
+                "ids": len(state.calls),
+                "by_status": dict(state.outcomes),
+                "outage": state.outage_status is not None,
+                "throttled": sum(limits.throttled.values()) if limits else 0,
+                "throttled_by_model": dict(limits.throttled) if limits else {},
+            }
+        )
 
     @routes.post("/_mock/outage")
     async def outage(request: web.Request) -> web.Response:
@@ -149,26 +156,55 @@ def _positive(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the mock server (console script `dlqapp-mock-llm`)."""
-    parser = argparse.ArgumentParser(prog="dlqapp-mock-llm", description="OpenAI-compatible mock model server for dlqapp.")
+    parser = argparse.ArgumentParser(
+        prog="dlqapp-mock-llm", description="OpenAI-compatible mock model server for dlqapp."
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--latency-ms", type=float, default=100.0, help="fixed latency per call")
     parser.add_argument("--jitter-ms", type=float, default=0.0, help="uniform ± jitter on the latency")
-    parser.add_argument("--fail", type=parse_mix, default=[], help="failure mix, e.g. 500=0.02,503=0.03,429=0.02,timeout=0.01,400=0.01")
-    parser.add_argument("--fail-once", type=parse_mix, default=[], help="shares of request ids whose first call fails, e.g. 503=0.2")
-    parser.add_argument("--fail-always", type=parse_mix, default=[], help="shares of request ids whose every call fails, e.g. 401=0.01")
+    parser.add_argument(
+        "--fail", type=parse_mix, default=[], help="failure mix, e.g. 500=0.02,503=0.03,429=0.02,timeout=0.01,400=0.01"
+    )
+    parser.add_argument(
+        "--fail-once", type=parse_mix, default=[], help="shares of request ids whose first call fails, e.g. 503=0.2"
+    )
+    parser.add_argument(
+        "--fail-always", type=parse_mix, default=[], help="shares of request ids whose every call fails, e.g. 401=0.01"
+    )
     parser.add_argument("--retry-after", type=float, default=1.0, help="retry-after seconds on random 429s")
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--limit-rpm", type=_positive, default=None, help="requests per minute per model; more are answered 429 with retry-after")
-    parser.add_argument("--limit-tpm", type=_positive, default=None, help="tokens (usage.total_tokens) per minute per model; more are answered 429")
+    parser.add_argument(
+        "--limit-rpm",
+        type=_positive,
+        default=None,
+        help="requests per minute per model; more are answered 429 with retry-after",
+    )
+    parser.add_argument(
+        "--limit-tpm",
+        type=_positive,
+        default=None,
+        help="tokens (usage.total_tokens) per minute per model; more are answered 429",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    state = MockState(args.latency_ms, args.jitter_ms, args.fail, args.retry_after, random.Random(args.seed), once=args.fail_once, always=args.fail_always)
+    state = MockState(
+        args.latency_ms,
+        args.jitter_ms,
+        args.fail,
+        args.retry_after,
+        random.Random(args.seed),
+        once=args.fail_once,
+        always=args.fail_always,
+    )
     if sum(share for _, share in [*args.fail_once, *args.fail_always]) > 1:
         parser.error("--fail-once and --fail-always shares add up to more than 1")
     if args.limit_rpm or args.limit_tpm:
         state.limits = ProviderLimits(args.limit_rpm, args.limit_tpm)
-    print(f"dlqapp-mock-llm on http://{args.host}:{args.port}/v1 (latency {args.latency_ms:g}±{args.jitter_ms:g} ms)", flush=True)
+    print(
+        f"dlqapp-mock-llm on http://{args.host}:{args.port}/v1 (latency {args.latency_ms:g}±{args.jitter_ms:g} ms)",
+        flush=True,
+    )
     _use_uvloop()
     web.run_app(build_app(state), host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=1.0)
 

@@ -18,7 +18,7 @@ Modelled on Netflix's concurrency-limits `AIMDLimit`, with TCP's pacing:
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from dlqapp.core.errors import ErrorClass, Failure
 
@@ -66,14 +66,20 @@ class AimdLimit:
     def is_slow(self, latency_s: float) -> bool:
         """A success slow enough to count as the backend pushing back."""
         average = self._average_s
-        return average is not None and latency_s > self.slow_factor * average and latency_s - average >= self.slow_margin_s
+        return (
+            average is not None and latency_s > self.slow_factor * average and latency_s - average >= self.slow_margin_s
+        )
 
     def on_sample(self, latency_s: float, dropped: bool, in_flight: int) -> int:
         """Record one call (`dropped`: refused or timed out); returns the new limit."""
         if not dropped and self.is_slow(latency_s):
             dropped = True
         if not dropped:
-            self._average_s = latency_s if self._average_s is None else self._average_s + AVERAGE_WEIGHT * (latency_s - self._average_s)
+            self._average_s = (
+                latency_s
+                if self._average_s is None
+                else self._average_s + AVERAGE_WEIGHT * (latency_s - self._average_s)
+            )
             if in_flight * 2 >= self._limit:
                 step = 1.0 if self._limit < self._threshold else 1 / max(self._limit, 1.0)
                 self._limit = min(float(self.ceiling), self._limit + step)

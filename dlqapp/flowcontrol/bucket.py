@@ -8,7 +8,7 @@ repaid by the refill before anything else may go.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 
 class TokenBucket:

@@ -34,7 +34,11 @@ def estimate_tokens(request: Request) -> int:
 
 def completion_budget(params: dict[str, Any]) -> int:
     """Completion tokens the request may use."""
-    budget = _positive_int(params.get("max_completion_tokens")) or _positive_int(params.get("max_tokens")) or DEFAULT_COMPLETION_TOKENS
+    budget = (
+        _positive_int(params.get("max_completion_tokens"))
+        or _positive_int(params.get("max_tokens"))
+        or DEFAULT_COMPLETION_TOKENS
+    )
     return budget * (_positive_int(params.get("n")) or 1)
 
 
@@ -45,7 +49,10 @@ def used_tokens(usage: dict[str, Any] | None) -> int | None:
     total = _non_negative_int(usage.get("total_tokens"))
     if total is not None:
         return total
-    prompt, completion = _non_negative_int(usage.get("prompt_tokens")), _non_negative_int(usage.get("completion_tokens"))
+    prompt, completion = (
+        _non_negative_int(usage.get("prompt_tokens")),
+        _non_negative_int(usage.get("completion_tokens")),
+    )
     return prompt + completion if prompt is not None and completion is not None else None
 
 
@@ -53,7 +60,9 @@ def _content_chars(content: Any) -> int:
     if isinstance(content, str):
         return len(content)
     if isinstance(content, list):
-        return sum(len(part["text"]) for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+        return sum(
+            len(part["text"]) for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
     return 0
 
 

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from dlqapp.flowcontrol.bucket import TokenBucket
 from dlqapp.flowcontrol.limits import ANY_MODEL, ModelLimit, RateLimits
@@ -109,7 +110,12 @@ class RateGate:
         return model or self.default_model
 
     async def acquire(
-        self, model: str | None, tokens: int, max_wait_s: float | None = None, priority: int = NORMAL, slot: Callable[[], Awaitable[Any]] | None = None
+        self,
+        model: str | None,
+        tokens: int,
+        max_wait_s: float | None = None,
+        priority: int = NORMAL,
+        slot: Callable[[], Awaitable[Any]] | None = None,
     ) -> Permit | None:
         """Wait for room for one call of `tokens` to `model`, then take a backend slot (`slot()`,
         which the caller holds for its call) and the capacity at once. None when `max_wait_s`

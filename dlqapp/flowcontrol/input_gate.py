@@ -21,7 +21,7 @@ breaker's probes (dlqapp.core.breaker), and retries must not be spent probing an
 from __future__ import annotations
 
 import asyncio
-from typing import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from dlqapp.core.clock import Clock
 
@@ -39,7 +39,9 @@ class InputGate:
     consumer; `wait_open()` holds the input agent.
     """
 
-    def __init__(self, breaker_closed: Callable[[], bool], clock: Clock, max_hold_ms: int = DEFAULT_MAX_HOLD_MS) -> None:
+    def __init__(
+        self, breaker_closed: Callable[[], bool], clock: Clock, max_hold_ms: int = DEFAULT_MAX_HOLD_MS
+    ) -> None:
         self._breaker_closed = breaker_closed
         self._clock = clock
         self._max_hold_ms = max_hold_ms

@@ -60,7 +60,7 @@ class SlotLimiter:
     def waiting(self, priority: int) -> int:
         return sum(1 for w in self._waiters[priority] if not w.future.done())
 
-    def slot(self, priority: int) -> "_Slot":
+    def slot(self, priority: int) -> _Slot:
         """Hold one slot for the duration of the `async with` block."""
         return _Slot(self, priority)
 

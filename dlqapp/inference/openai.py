@@ -6,15 +6,14 @@ the request id as `X-Request-ID`; the connection pool is sized to DLQ_CONCURRENC
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import aiohttp
 
+from dlqapp.core.backend import CallLog, InferenceOutput
 from dlqapp.core.errors import ErrorClass, InferenceError
 from dlqapp.core.requests import Request
-from dlqapp.core.backend import CallLog, InferenceOutput
 from dlqapp.inference.openai_errors import classify_response
 
 
@@ -39,7 +38,15 @@ class OpenAIBackend:
 
     name = "openai"
 
-    def __init__(self, base_url: str, api_key: str, timeout_ms: int, pool_size: int, default_model: str, call_log_size: int = 100_000) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        timeout_ms: int,
+        pool_size: int,
+        default_model: str,
+        call_log_size: int = 100_000,
+    ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.api_key = api_key
         self.timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
@@ -69,8 +76,10 @@ class OpenAIBackend:
                 body = await self._json(response)
                 if response.status >= 400:
                     raise InferenceError.of(classify_response(response.status, response.headers, body))
-        except asyncio.TimeoutError:
-            raise InferenceError(ErrorClass.TIMEOUT, f"no answer from {self.url} within {self.timeout.total:g}s") from None
+        except TimeoutError:
+            raise InferenceError(
+                ErrorClass.TIMEOUT, f"no answer from {self.url} within {self.timeout.total:g}s"
+            ) from None
         except aiohttp.ClientConnectionError as exc:
             raise InferenceError(ErrorClass.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}") from None
         return parse_completion(body, model)

@@ -18,8 +18,9 @@ import email.utils
 import math
 import re
 import time
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 from dlqapp.core.errors import ErrorClass, Failure
 
@@ -225,5 +226,7 @@ def classify_response(status: int, headers: Mapping[str, str], body: Any, now: f
     delay = None
     if error_class in (ErrorClass.RATE_LIMITED, ErrorClass.SERVER_ERROR) or retryable:
         delay = retry_after_ms(h, now, message if error_class is ErrorClass.RATE_LIMITED else "")
-    summary = f"HTTP {status}" + (f" {code.strip()}" if code.strip() else "") + (f": {message[:300]}" if message else "")
+    summary = (
+        f"HTTP {status}" + (f" {code.strip()}" if code.strip() else "") + (f": {message[:300]}" if message else "")
+    )
     return Failure(error_class, summary, delay, retryable)

@@ -14,9 +14,9 @@ import os
 import random
 from typing import Any
 
+from dlqapp.core.backend import CallLog, InferenceOutput
 from dlqapp.core.errors import ErrorClass, InferenceError
 from dlqapp.core.requests import Request
-from dlqapp.core.backend import CallLog, InferenceOutput
 
 CRASH_EXIT_CODE = 134
 
@@ -81,7 +81,9 @@ class SimulatedBackend:
             retry_after = directive.get("retry_after")
             retry_after_ms = int(float(retry_after) * 1000) if retry_after is not None else None
             raise InferenceError(
-                error_class, f"simulated {error_class.value} (attempt {attempt} of {fail_times} planned failures)", retry_after_ms
+                error_class,
+                f"simulated {error_class.value} (attempt {attempt} of {fail_times} planned failures)",
+                retry_after_ms,
             )
 
     def _fail_randomly(self) -> None:

@@ -128,7 +128,7 @@ class ConnectionCauses(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self.messages = [*self.messages[-9:], record.getMessage()]
 
-    def __enter__(self) -> "ConnectionCauses":
+    def __enter__(self) -> ConnectionCauses:
         logging.getLogger("aiokafka").addHandler(self)
         return self
 
@@ -144,7 +144,7 @@ def explain(causes: list[str], security: KafkaSecurity, bootstrap: str) -> str |
             f"Kafka at {bootstrap} refused the login of DLQ_KAFKA_SASL_USERNAME={security.username} with {security.mechanism}: "
             "check DLQ_KAFKA_SASL_PASSWORD (or the file DLQ_KAFKA_SASL_PASSWORD_FILE) and DLQ_KAFKA_SASL_MECHANISM"
         )
-    if "UnsupportedSaslMechanism" in text or "mechanism" in text.lower() and "not enabled" in text.lower():
+    if "UnsupportedSaslMechanism" in text or ("mechanism" in text.lower() and "not enabled" in text.lower()):
         return f"Kafka at {bootstrap} does not offer DLQ_KAFKA_SASL_MECHANISM={security.mechanism}: use one its listener enables"
     if "CERTIFICATE_VERIFY_FAILED" in text:
         if "hostname" in text.lower() or "IP address mismatch" in text:
@@ -152,10 +152,16 @@ def explain(causes: list[str], security: KafkaSecurity, bootstrap: str) -> str |
                 f"the certificate of Kafka at {bootstrap} does not name that host: connect by a name the certificate lists "
                 "(DLQ_KAFKA_BOOTSTRAP), or, only by choice, DLQ_KAFKA_SSL_CHECK_HOSTNAME=false"
             )
-        return f"the certificate of Kafka at {bootstrap} is not trusted: set DLQ_KAFKA_SSL_CAFILE to the CA that signed it"
+        return (
+            f"the certificate of Kafka at {bootstrap} is not trusted: set DLQ_KAFKA_SSL_CAFILE to the CA that signed it"
+        )
     if "WRONG_VERSION_NUMBER" in text or "record layer failure" in text or "UNEXPECTED_EOF" in text:
         return f"Kafka at {bootstrap} does not speak TLS on that port: check DLQ_KAFKA_SECURITY_PROTOCOL={security.protocol} and the port"
-    if "certificate required" in text.lower() or "TLSV13_ALERT_CERTIFICATE_REQUIRED" in text or "SSLV3_ALERT_BAD_CERTIFICATE" in text:
+    if (
+        "certificate required" in text.lower()
+        or "TLSV13_ALERT_CERTIFICATE_REQUIRED" in text
+        or "SSLV3_ALERT_BAD_CERTIFICATE" in text
+    ):
         return f"Kafka at {bootstrap} wants a client certificate: set DLQ_KAFKA_SSL_CERTFILE and DLQ_KAFKA_SSL_KEYFILE"
     if "closed" in text and ("Connection at" in text or "connection was closed" in text.lower()):
         return (
@@ -177,14 +183,18 @@ async def check_access(admin: AIOKafkaAdminClient, settings: Settings, topics: l
             _note(lacking, grants, "topic", topic["topic"], topic["topic_authorized_operations"])
     await _note_group(admin, settings, grants, lacking)
     if lacking:
-        named = "; ".join(f"{', '.join(op.name for op in sorted(ops))} on {_pattern(grant)}" for grant, ops in lacking.items())
+        named = "; ".join(
+            f"{', '.join(op.name for op in sorted(ops))} on {_pattern(grant)}" for grant, ops in lacking.items()
+        )
         raise KafkaAccessError(
             f"{principal_of(settings)} lacks ACLs on Kafka at {settings.kafka_bootstrap}: {named}. "
             f"`faust -A dlqapp acls --principal {principal_of(settings)}` prints every ACL this deployment needs, as kafka-acls arguments"
         )
 
 
-async def _note_group(admin: AIOKafkaAdminClient, settings: Settings, grants: list[Grant], lacking: dict[Grant, set[Operation]]) -> None:
+async def _note_group(
+    admin: AIOKafkaAdminClient, settings: Settings, grants: list[Grant], lacking: dict[Grant, set[Operation]]
+) -> None:
     group = settings.app_id
     try:
         node = await admin.find_coordinator(group)
@@ -199,7 +209,9 @@ async def _note_group(admin: AIOKafkaAdminClient, settings: Settings, grants: li
     _note(lacking, grants, "group", group, bits)
 
 
-def _note(lacking: dict[Grant, set[Operation]], grants: list[Grant], resource: str, name: str, bits: int | None) -> None:
+def _note(
+    lacking: dict[Grant, set[Operation]], grants: list[Grant], resource: str, name: str, bits: int | None
+) -> None:
     """Add what `name` lacks to the grant that covers it (everything it needs when `bits` is None: not even visible)."""
     if bits == OPERATIONS_UNKNOWN:
         return  # the broker did not say (no authorizer answers so): nothing to judge
@@ -219,4 +231,3 @@ def principal_of(settings: Settings) -> str:
     """The principal as the ACLs name it, when the settings say (SASL); else a placeholder."""
     security = settings.kafka_security
     return f"User:{security.username}" if security.uses_sasl else "User:<this client's principal>"
-

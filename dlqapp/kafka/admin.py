@@ -14,12 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
-from aiokafka.protocol.metadata import MetadataRequest
 from aiokafka.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
@@ -32,6 +32,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
     for_code,
 )
+from aiokafka.protocol.metadata import MetadataRequest
 
 from dlqapp.kafka.access import ConnectionCauses, KafkaAccessError, check_access, explain, principal_of
 from dlqapp.settings import Settings
@@ -91,7 +92,9 @@ async def ensure_topics(settings: Settings, internal: Mapping[str, InternalTopic
     `min.insync.replicas` is kept in line too. Returns the created names.
     """
     internal = dict(internal or {})
-    return await retry_while_transient(lambda: _ensure_once(settings, internal), lambda exc: log.warning("topics_check_retry error=%r", exc))
+    return await retry_while_transient(
+        lambda: _ensure_once(settings, internal), lambda exc: log.warning("topics_check_retry error=%r", exc)
+    )
 
 
 async def retry_while_transient(attempt: Callable[[], Awaitable[T]], on_retry: Callable[[KafkaError], object]) -> T:
@@ -125,13 +128,19 @@ async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -
         _check_replicas(settings, existing)
         await _check_dlq_compacted(admin, settings, existing)
         brokers = await _live_brokers(admin)
-        missing = [name for name in [*wanted, *changelogs] if name not in existing and not (name in internal and internal[name].ephemeral)]
+        missing = [
+            name
+            for name in [*wanted, *changelogs]
+            if name not in existing and not (name in internal and internal[name].ephemeral)
+        ]
         if missing:
             _check_brokers(settings, brokers, missing)
         elif len(brokers) < settings.replication_factor:
             log.warning(
                 "brokers_below_replication live=%d DLQ_REPLICATION_FACTOR=%d: writes need DLQ_MIN_INSYNC_REPLICAS=%d in-sync replicas",
-                len(brokers), settings.replication_factor, settings.min_insync_replicas,
+                len(brokers),
+                settings.replication_factor,
+                settings.min_insync_replicas,
             )
         await _align_min_insync(admin, settings, [n for n in existing if n in wanted or n in changelogs])
         created = [name for name in wanted if name not in existing]
@@ -140,10 +149,16 @@ async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -
         created_internal = [name for name in internal if name not in existing]
         for name in created_internal:
             topic = internal[name]
-            replicas = max(1, min(settings.replication_factor, len(brokers))) if topic.ephemeral else settings.replication_factor
+            replicas = (
+                max(1, min(settings.replication_factor, len(brokers)))
+                if topic.ephemeral
+                else settings.replication_factor
+            )
             min_isr = min(settings.min_insync_replicas, replicas)
             await _create(admin, settings, {name: {**topic.configs, MIN_ISR: str(min_isr)}}, topic.partitions, replicas)
-        await _wait_until_known(admin, {**{n: settings.partitions for n in wanted}, **{n: t.partitions for n, t in internal.items()}})
+        await _wait_until_known(
+            admin, {**{n: settings.partitions for n in wanted}, **{n: t.partitions for n, t in internal.items()}}
+        )
         if created or created_internal:
             await check_access(admin, settings, [*created, *created_internal])
         return [*created, *created_internal]
@@ -213,7 +228,8 @@ def _check_replicas(settings: Settings, existing: dict[str, TopicShape]) -> None
         log.warning(
             "topics_under_replicated DLQ_REPLICATION_FACTOR=%d topics=%s: existing topics keep their replicas; "
             "add replicas with kafka-reassign-partitions",
-            settings.replication_factor, ",".join(fewer),
+            settings.replication_factor,
+            ",".join(fewer),
         )
 
 
@@ -258,13 +274,23 @@ async def _align_min_insync(admin: AIOKafkaAdminClient, settings: Settings, name
         if current == wanted:
             continue
         if any(len(e) < 6 for e in entries):  # DescribeConfigs v0 has no config_source
-            log.warning("min_insync_unchanged topic=%s: the broker does not say which settings are the topic's own", name)
+            log.warning(
+                "min_insync_unchanged topic=%s: the broker does not say which settings are the topic's own", name
+            )
             continue
         own = {e[0]: e[1] for e in entries if e[3] == DYNAMIC_TOPIC_CONFIG and not e[4]}
-        (response,) = [r for r in await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, name, {**own, MIN_ISR: wanted})]) if r.resources]
+        (response,) = [
+            r
+            for r in await admin.alter_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, name, {**own, MIN_ISR: wanted})]
+            )
+            if r.resources
+        ]
         for error_code, error_message, *_ in response.resources:
             if error_code:
-                raise TopicMismatchError(f"could not set {MIN_ISR}={wanted} on topic {name}: {for_code(error_code).__name__} {error_message or ''}".strip())
+                raise TopicMismatchError(
+                    f"could not set {MIN_ISR}={wanted} on topic {name}: {for_code(error_code).__name__} {error_message or ''}".strip()
+                )
         log.info("min_insync_set topic=%s from=%s to=%s", name, current, wanted)
 
 
@@ -277,7 +303,7 @@ async def _wait_until_known(admin: AIOKafkaAdminClient, partitions: dict[str, in
         while True:
             try:
                 response = await admin._send_request_to_node(node, MetadataRequest(list(partitions)))
-            except (asyncio.TimeoutError, KafkaConnectionError, NodeNotReadyError) as exc:
+            except (TimeoutError, KafkaConnectionError, NodeNotReadyError) as exc:
                 # a broker killed a moment ago is listed until the controller fences it
                 log.debug("broker %s did not answer the topics check (%r); the others must know them", node, exc)
                 break
@@ -313,13 +339,19 @@ def _not_known(described: list[dict[str, Any]], partitions: dict[str, int]) -> s
     known = {
         d["topic"]
         for d in described
-        if d["error_code"] == 0 and len(d["partitions"]) >= partitions.get(d["topic"], 0) and all(p["leader"] >= 0 for p in d["partitions"])
+        if d["error_code"] == 0
+        and len(d["partitions"]) >= partitions.get(d["topic"], 0)
+        and all(p["leader"] >= 0 for p in d["partitions"])
     }
     return set(partitions) - known
 
 
 async def _create(
-    admin: AIOKafkaAdminClient, settings: Settings, configs: dict[str, dict[str, str]], partitions: int | None = None, replicas: int | None = None
+    admin: AIOKafkaAdminClient,
+    settings: Settings,
+    configs: dict[str, dict[str, str]],
+    partitions: int | None = None,
+    replicas: int | None = None,
 ) -> None:
     new = [
         NewTopic(name, partitions or settings.partitions, replicas or settings.replication_factor, topic_configs=config)

@@ -23,7 +23,7 @@ every record of a topic an agent acks, instead:
 from __future__ import annotations
 
 import enum
-from typing import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 
 
 class Verdict(enum.Enum):

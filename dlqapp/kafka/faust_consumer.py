@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from time import monotonic
-from typing import Any, Mapping
+from typing import Any
 
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TP
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
@@ -19,7 +20,6 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 
 from dlqapp.kafka.delivery_order import DeliveryOrder, Verdict
 from dlqapp.observability.logs import log_event
-
 
 _log = logging.getLogger("dlqapp.kafka.delivery")
 
@@ -42,7 +42,9 @@ class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
             consumer._isolation_level = "read_committed"  # read by AIOKafkaConsumer.start() too
         return consumer
 
-    async def _fetch_records(self, consumer: Any, active_partitions: Any, timeout: float | None = None, max_records: int | None = None) -> Any:
+    async def _fetch_records(
+        self, consumer: Any, active_partitions: Any, timeout: float | None = None, max_records: int | None = None
+    ) -> Any:
         """Faust's fetch, with the records of `first_topics` taken before any other.
 
         aiokafka's `Fetcher.fetched_records` fills a poll from the partitions in the order
@@ -59,13 +61,20 @@ class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
         if max_records is not None and taken >= max_records:
             return records
         # All partitions again: a due hint fetched while this waits must end the wait.
-        rest = await super()._fetch_records(consumer, active_partitions, timeout=0 if records else timeout, max_records=None if max_records is None else max_records - taken)
+        rest = await super()._fetch_records(
+            consumer,
+            active_partitions,
+            timeout=0 if records else timeout,
+            max_records=None if max_records is None else max_records - taken,
+        )
         for tp, batch in rest.items():
             records[tp] = records[tp] + batch if tp in records else batch
         return records
 
 
-def dlq_consumer_class(fetch_max_wait_ms: int, first_topics: frozenset[str] = frozenset(), read_committed: bool = False) -> type:
+def dlq_consumer_class(
+    fetch_max_wait_ms: int, first_topics: frozenset[str] = frozenset(), read_committed: bool = False
+) -> type:
     """Faust's aiokafka consumer with aiokafka's `fetch_max_wait_ms` set and records handed
     to the agents strictly in offset order (dlqapp.kafka.delivery_order).
 
@@ -86,7 +95,9 @@ def dlq_consumer_class(fetch_max_wait_ms: int, first_topics: frozenset[str] = fr
     and the partitions a rebalance revokes are forgotten (`on_partitions_revoked`).
     """
     thread_class = type(
-        "FetchWaitConsumerThread", (_FetchWaitConsumerThread,), {"fetch_max_wait_ms": fetch_max_wait_ms, "first_topics": first_topics, "read_committed": read_committed}
+        "FetchWaitConsumerThread",
+        (_FetchWaitConsumerThread,),
+        {"fetch_max_wait_ms": fetch_max_wait_ms, "first_topics": first_topics, "read_committed": read_committed},
     )
 
     committed_only = read_committed
@@ -185,7 +196,15 @@ class _OrderedConsumer(AIOKafkaConsumer):
     async def _rewind(self, tp: Any, offset: int, batch: int, **seen: int) -> None:
         """Seek `tp` back to the offset it should deliver next (`offset` showed it skipped records)."""
         expected = self.delivery_order.rewinding(tp, offset, batch)
-        log_event(_log, logging.DEBUG if self.read_committed else logging.INFO, "delivery_rewound", topic=tp.topic, partition=tp.partition, expected=expected, **seen)
+        log_event(
+            _log,
+            logging.DEBUG if self.read_committed else logging.INFO,
+            "delivery_rewound",
+            topic=tp.topic,
+            partition=tp.partition,
+            expected=expected,
+            **seen,
+        )
         await self._seek_all({tp: expected})
 
     async def _positions(self) -> dict[Any, int]:

@@ -11,7 +11,8 @@ Each helper names the private member it touches and why. Checked against faust-s
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from aiokafka.errors import KafkaError
 from faust.agents.replies import ReplyConsumer, ReqRepResponse
@@ -33,7 +34,9 @@ class PatientTransport(AIOKafkaTransport):
     with fresh metadata each time: once the dead broker is fenced it is no longer listed.
     """
 
-    async def _create_topic(self, owner: Any, client: Any, topic: str, partitions: int, replication: int, **kwargs: Any) -> None:
+    async def _create_topic(
+        self, owner: Any, client: Any, topic: str, partitions: int, replication: int, **kwargs: Any
+    ) -> None:
         def retrying(exc: KafkaError) -> None:
             log_event(_log, logging.WARNING, "topic_declare_retry", topic=topic, error=repr(exc))
             client.force_metadata_update()
@@ -125,7 +128,9 @@ def producer_send(app: Any) -> Any:
     """`send(topic, key, value, partition, headers)` on Faust's producer (`Producer.send`), for
     records dlqapp encodes itself: what `Topic.send` does, without its futures, channel and sensors."""
 
-    async def send(topic: str, key: bytes, value: bytes | None, partition: int, headers: list[tuple[str, bytes]]) -> Any:
+    async def send(
+        topic: str, key: bytes, value: bytes | None, partition: int, headers: list[tuple[str, bytes]]
+    ) -> Any:
         return await app.producer.send(topic, key, value, partition, None, headers)
 
     return send

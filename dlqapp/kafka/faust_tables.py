@@ -6,7 +6,8 @@ Each helper names the private member it touches and why. Checked against faust-s
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from rocksdict import ReadOptions
 

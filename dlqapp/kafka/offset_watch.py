@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from dlqapp.observability.logs import log_event
 
@@ -32,7 +32,13 @@ OnGap = Callable[[str, int], None]
 class OffsetWatch:
     """The last offset handed over per partition; notices when the next one skips ahead."""
 
-    def __init__(self, on_gap: OnGap, clock: Callable[[], float] = time.monotonic, log_every_s: float = 60.0, level: int = logging.WARNING) -> None:
+    def __init__(
+        self,
+        on_gap: OnGap,
+        clock: Callable[[], float] = time.monotonic,
+        log_every_s: float = 60.0,
+        level: int = logging.WARNING,
+    ) -> None:
         self._last: dict[tuple[str, int], int] = {}
         self._on_gap = on_gap
         self._clock = clock
@@ -57,7 +63,17 @@ class OffsetWatch:
         if now - self._logged_at.get(topic, float("-inf")) >= self._log_every_s:
             self._logged_at[topic] = now
             more = self._unlogged.pop(topic, 0)
-            log_event(log, self._level, "offset_gap", topic=topic, partition=partition, after=last, next=offset, skipped=skipped, holes_since_last_line=more or None)
+            log_event(
+                log,
+                self._level,
+                "offset_gap",
+                topic=topic,
+                partition=partition,
+                after=last,
+                next=offset,
+                skipped=skipped,
+                holes_since_last_line=more or None,
+            )
         else:
             self._unlogged[topic] = self._unlogged.get(topic, 0) + 1
         return skipped

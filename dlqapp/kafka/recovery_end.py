@@ -27,7 +27,11 @@ async def finish_recovered(app: Any) -> bool:
     if not recovery.in_recovery or not app.tables.changelog_queue.empty():
         return False
     highwaters, offsets = recovery.active_highwaters, recovery.active_offsets
-    waiting = [tp for tp, high in highwaters.items() if high is not None and high >= 0 and (offsets.get(tp) is None or offsets[tp] < high)]
+    waiting = [
+        tp
+        for tp, high in highwaters.items()
+        if high is not None and high >= 0 and (offsets.get(tp) is None or offsets[tp] < high)
+    ]
     if not waiting:
         return False
     for tp in waiting:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 log = logging.getLogger("dlqapp.kafka.transactions")
 
@@ -53,7 +54,14 @@ class TransactionalProducer(Protocol):
 
     async def commit_transaction(self) -> None: ...
 
-    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int | None = None, headers: Any = None) -> Awaitable[Any]: ...
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: Any = None,
+    ) -> Awaitable[Any]: ...
 
 
 class StepGate:
@@ -119,7 +127,9 @@ class PartitionTransaction:
         await self.producer.begin_transaction()
         self._commit = asyncio.get_running_loop().create_future()
 
-    async def send(self, topic: str, key: bytes | None, value: bytes | None, partition: int, headers: Any) -> Awaitable[Any]:
+    async def send(
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int, headers: Any
+    ) -> Awaitable[Any]:
         """Hand one record to the open transaction (the caller is inside the gate)."""
         if self._closed:
             raise NotOwned(f"partition {self.partition} was handed back; its transaction is closed")
@@ -127,7 +137,9 @@ class PartitionTransaction:
             pending = await self.producer.send(topic, value, key=key, partition=partition, headers=headers)
         except Exception as exc:  # e.g. the producer lost its transaction: fatal, not the record's fault
             self.spoil(f"a send to {topic} failed")
-            raise TransactionFailed(f"partition {self.partition}: a send to {topic} failed: {type(exc).__name__}: {exc}") from exc
+            raise TransactionFailed(
+                f"partition {self.partition}: a send to {topic} failed: {type(exc).__name__}: {exc}"
+            ) from exc
         self._sends.append(pending)
         return pending
 
@@ -164,12 +176,20 @@ class PartitionTransaction:
         self._sends = []
         try:
             if self._spoiled is not None:
-                raise TransactionFailed(f"partition {self.partition}: {self._spoiled}; its transaction is not committed")
+                raise TransactionFailed(
+                    f"partition {self.partition}: {self._spoiled}; its transaction is not committed"
+                )
             # aiokafka commits even when a send of the transaction failed: check each first
             await asyncio.wait_for(asyncio.gather(*sends), self.timeout_s)
             await asyncio.wait_for(self.producer.commit_transaction(), self.timeout_s)
         except BaseException as exc:
-            failure = exc if isinstance(exc, TransactionFailed) else TransactionFailed(f"partition {self.partition}: transaction not committed: {type(exc).__name__}: {exc}")
+            failure = (
+                exc
+                if isinstance(exc, TransactionFailed)
+                else TransactionFailed(
+                    f"partition {self.partition}: transaction not committed: {type(exc).__name__}: {exc}"
+                )
+            )
             self._closed = True
             if done is not None and not done.done():
                 done.set_exception(failure)
@@ -182,7 +202,9 @@ class PartitionTransaction:
             await self._begin()
         except Exception as exc:  # fenced between two transactions: nothing more may be sent
             self._closed = True
-            raise TransactionFailed(f"partition {self.partition}: the next transaction could not begin: {type(exc).__name__}: {exc}") from exc
+            raise TransactionFailed(
+                f"partition {self.partition}: the next transaction could not begin: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def close(self) -> None:
         """Commit what is open and stop the producer (the partition was handed back, or the worker stops).
@@ -231,7 +253,11 @@ class Transactions:
 
         Must finish before the partitions' changelogs are read: the fencing aborts what a
         previous owner left open, so recovery reads only committed writes."""
-        new = {p: PartitionTransaction(p, self.new_producer(self.transactional_id(p)), self.timeout_s) for p in partitions if p not in self._open}
+        new = {
+            p: PartitionTransaction(p, self.new_producer(self.transactional_id(p)), self.timeout_s)
+            for p in partitions
+            if p not in self._open
+        }
         if not new:
             return
         results = await asyncio.gather(*(t.start() for t in new.values()), return_exceptions=True)
@@ -243,7 +269,9 @@ class Transactions:
             hint = ""
             if "Authorization" in type(exc).__name__:
                 hint = f"; grant WRITE and DESCRIBE on the transactional ids {self.app_id}- (prefixed): `faust -A dlqapp acls` prints the grants"
-            raise TransactionFailed(f"transactional producer of partition {partition} ({self.transactional_id(partition)}) did not start: {type(exc).__name__}: {exc}{hint}") from exc
+            raise TransactionFailed(
+                f"transactional producer of partition {partition} ({self.transactional_id(partition)}) did not start: {type(exc).__name__}: {exc}{hint}"
+            ) from exc
 
     async def revoke(self, partitions: set[int]) -> None:
         """Commit and close the transactions of partition numbers handed back."""
@@ -251,7 +279,9 @@ class Transactions:
         results = await asyncio.gather(*(t.close() for t in closing), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            raise TransactionFailed(f"a transaction of a partition handed back was not committed: {failed[0]}") from failed[0]
+            raise TransactionFailed(
+                f"a transaction of a partition handed back was not committed: {failed[0]}"
+            ) from failed[0]
 
     async def commit_all(self) -> int:
         """Commit every open transaction that holds outputs; returns how many committed."""

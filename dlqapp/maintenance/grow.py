@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
@@ -90,12 +90,16 @@ async def grow(settings: Settings, to: int) -> GrowReport:
         committed = await admin.list_consumer_group_offsets(settings.app_id)
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(**settings.kafka_client(acks="all", enable_idempotence=True, max_request_size=settings.max_message_bytes))
+    producer = AIOKafkaProducer(
+        **settings.kafka_client(acks="all", enable_idempotence=True, max_request_size=settings.max_message_bytes)
+    )
     await producer.start()
     try:
         for name, table in tables.items():
             if name in counts and table in OWNER_OF_KEY:
-                report.entries_moved[table] = await _move_entries(settings, producer, name, OWNER_OF_KEY[table], before, to)
+                report.entries_moved[table] = await _move_entries(
+                    settings, producer, name, OWNER_OF_KEY[table], before, to
+                )
         for topic in [*settings.retry_topics, settings.due, settings.dlq, settings.commands]:
             report.records_moved[topic] = await _move_unconsumed(settings, producer, topic, committed, before, to)
         await producer.flush()
@@ -109,7 +113,9 @@ async def _refuse_while_running(admin: AIOKafkaAdminClient, group: str) -> None:
         for entry in response.groups:  # (error_code, group, state, protocol_type, protocol, members, ...)
             members = entry[5]
             if members:
-                raise GrowRefused(f"the consumer group {group} has {len(members)} live member(s): stop every worker of DLQ_APP_ID={group} first")
+                raise GrowRefused(
+                    f"the consumer group {group} has {len(members)} live member(s): stop every worker of DLQ_APP_ID={group} first"
+                )
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
@@ -130,7 +136,9 @@ async def _read(settings: Settings, topic: str, partition: int, start: int | Non
     """Every record of one partition from `start` (default: its beginning) to its end now."""
     tp = TopicPartition(topic, partition)
     consumer = AIOKafkaConsumer(
-        **settings.kafka_client(enable_auto_commit=False, auto_offset_reset="earliest", max_partition_fetch_bytes=settings.max_message_bytes)
+        **settings.kafka_client(
+            enable_auto_commit=False, auto_offset_reset="earliest", max_partition_fetch_bytes=settings.max_message_bytes
+        )
     )
     await consumer.start()
     try:
@@ -147,7 +155,9 @@ async def _read(settings: Settings, topic: str, partition: int, start: int | Non
         await consumer.stop()
 
 
-async def _move_entries(settings: Settings, producer: AIOKafkaProducer, topic: str, owner: Callable[[bytes], str], before: int, to: int) -> int:
+async def _move_entries(
+    settings: Settings, producer: AIOKafkaProducer, topic: str, owner: Callable[[bytes], str], before: int, to: int
+) -> int:
     """Move the live entries of one changelog whose owner partition changed; returns how many."""
     moved = 0
     for partition in range(before):
@@ -166,7 +176,9 @@ async def _move_entries(settings: Settings, producer: AIOKafkaProducer, topic: s
     return moved
 
 
-async def _move_unconsumed(settings: Settings, producer: AIOKafkaProducer, topic: str, committed: dict, before: int, to: int) -> int:
+async def _move_unconsumed(
+    settings: Settings, producer: AIOKafkaProducer, topic: str, committed: dict, before: int, to: int
+) -> int:
     """Re-send the records after the group's committed offset to their owners' partitions
     (the ones that stay are re-sent to their own), then commit past the originals."""
     moved = 0
@@ -174,10 +186,19 @@ async def _move_unconsumed(settings: Settings, producer: AIOKafkaProducer, topic
     for partition in range(before):
         tp = TopicPartition(topic, partition)
         done = committed.get(tp)
-        records = await _read(settings, topic, partition, start=done.offset if done is not None and done.offset >= 0 else None)
+        records = await _read(
+            settings, topic, partition, start=done.offset if done is not None and done.offset >= 0 else None
+        )
         for record in records:
             target = owner_partition(owner_id(record.key.decode("utf-8", "replace")), to) if record.key else partition
-            await producer.send(topic, key=record.key, value=record.value, headers=list(record.headers or ()), partition=target, timestamp_ms=record.timestamp)
+            await producer.send(
+                topic,
+                key=record.key,
+                value=record.value,
+                headers=list(record.headers or ()),
+                partition=target,
+                timestamp_ms=record.timestamp,
+            )
         moved += len(records)
         if records:
             ends[tp] = records[-1].offset + 1

@@ -10,7 +10,8 @@ monitor counts in plain integers and hands them to Prometheus when it scrapes.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from faust.sensors.monitor import Monitor
 from prometheus_client import REGISTRY
@@ -33,13 +34,13 @@ class CountingMonitor(Monitor):
         self.messages_received_by_topic[tp.topic] += 1
         self.tp_read_offsets[tp] = offset
 
-    def on_stream_event_in(self, tp: Any, offset: int, stream: Any, event: Any) -> Optional[dict]:
+    def on_stream_event_in(self, tp: Any, offset: int, stream: Any, event: Any) -> dict | None:
         self.events_total += 1
         self.events_active += 1
         self.stream_inbound_time[tp] = self.time()  # Faust's slow-stream check reads it
         return None
 
-    def on_stream_event_out(self, tp: Any, offset: int, stream: Any, event: Any, state: Optional[dict] = None) -> None:
+    def on_stream_event_out(self, tp: Any, offset: int, stream: Any, event: Any, state: dict | None = None) -> None:
         self.events_active -= 1
 
     def on_message_out(self, tp: Any, offset: int, message: Any) -> None:
@@ -73,18 +74,30 @@ class FaustCollector(Collector):
         m = self.monitor
         yield _counter("messages_received", "Records handed to the streams.", m.messages_received_total)
         yield _gauge("active_messages", "Records handed to the streams and not yet acked.", m.messages_active)
-        per_topic = CounterMetricFamily(f"{PREFIX}_messages_received_per_topic", "Records handed to the streams, by topic.", labels=["topic"])
+        per_topic = CounterMetricFamily(
+            f"{PREFIX}_messages_received_per_topic", "Records handed to the streams, by topic.", labels=["topic"]
+        )
         for topic, count in sorted(m.messages_received_by_topic.items()):
             per_topic.add_metric([topic], count)
         yield per_topic
-        yield _offsets("messages_received_per_topics_partition", "Offset of the last record read, by topic and partition.", m.tp_read_offsets)
+        yield _offsets(
+            "messages_received_per_topics_partition",
+            "Offset of the last record read, by topic and partition.",
+            m.tp_read_offsets,
+        )
         yield _counter("total_events", "Events the streams took.", m.events_total)
         yield _gauge("total_active_events", "Events the streams took and have not finished.", m.events_active)
-        yield _counter("total_sent_messages", "Records sent through Faust's topics (dlqapp sends results and table changes on the producer directly).", m.messages_sent)
+        yield _counter(
+            "total_sent_messages",
+            "Records sent through Faust's topics (dlqapp sends results and table changes on the producer directly).",
+            m.messages_sent,
+        )
         yield _counter("total_error_messages_sent", "Sends through Faust's topics that failed.", m.send_errors)
         yield _counter("total_rebalances", "Rebalances this worker took part in.", m.rebalances or 0)
         yield _offsets("topic_partition_end_offset", "Log end offset, by topic and partition.", m.tp_end_offsets)
-        yield _offsets("topic_partition_offset_commited", "Committed offset, by topic and partition.", m.tp_committed_offsets)
+        yield _offsets(
+            "topic_partition_offset_commited", "Committed offset, by topic and partition.", m.tp_committed_offsets
+        )
 
 
 def _counter(name: str, documentation: str, value: float) -> CounterMetricFamily:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter, deque
-from typing import Any, Iterable, Mapping
-
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 MINUTES = 15
 MINUTE_MS = 60_000
@@ -110,7 +110,10 @@ def merge_health(workers: list[dict[str, Any]], unreachable: list[str], now_ms: 
                 next_due[tier] = due
     lateness = [w["retry_lateness_p99_s"] for w in workers if w.get("retry_lateness_p99_s") is not None]
     alerts = [{"worker": w["url"], "message": message} for w in workers for message in w["alerts"]]
-    alerts += [{"worker": where.split(": ", 1)[0], "message": "worker did not answer: " + where.split(": ", 1)[-1]} for where in unreachable]
+    alerts += [
+        {"worker": where.split(": ", 1)[0], "message": "worker did not answer: " + where.split(": ", 1)[-1]}
+        for where in unreachable
+    ]
     total = {
         "series": merge_series(w.get("series", []) for w in workers),
         "in_flight": sum(w.get("in_flight", 0) for w in workers),
@@ -121,8 +124,20 @@ def merge_health(workers: list[dict[str, Any]], unreachable: list[str], now_ms: 
         "retry_lateness_p99_s": max(lateness) if lateness else None,
         "event_loop_lag_s": max((w.get("event_loop_lag_s") or 0.0 for w in workers), default=0.0),
     }
-    status = "stalled" if any("breaker" in a["message"] or "did not answer" in a["message"] for a in alerts) else "degraded" if alerts else "ok"
-    return {"status": status, "now": now_ms, "alerts": alerts, "total": total, "workers": sorted(workers, key=lambda w: w["url"])}
+    status = (
+        "stalled"
+        if any("breaker" in a["message"] or "did not answer" in a["message"] for a in alerts)
+        else "degraded"
+        if alerts
+        else "ok"
+    )
+    return {
+        "status": status,
+        "now": now_ms,
+        "alerts": alerts,
+        "total": total,
+        "workers": sorted(workers, key=lambda w: w["url"]),
+    }
 
 
 def _age(ms: float) -> str:

@@ -53,7 +53,12 @@ class LatenessWindow:
         """Per tier: count, p50, p99 and max lateness in ms over the last `window_ms`
         (at most, and by default, the whole window kept)."""
         return {
-            tier: {"count": len(values), "p50_ms": quantile(values, 0.5), "p99_ms": quantile(values, 0.99), "max_ms": values[-1]}
+            tier: {
+                "count": len(values),
+                "p50_ms": quantile(values, 0.5),
+                "p99_ms": quantile(values, 0.99),
+                "max_ms": values[-1],
+            }
             for tier, values in sorted(self._recent(now_ms, window_ms).items())
         }
 

@@ -7,7 +7,8 @@ Tier labels are topic names without DLQ_TOPIC_PREFIX (`input`, `retry-1s`, `fall
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import prometheus_client
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
@@ -19,6 +20,7 @@ prometheus_client.disable_created_metrics()  # no `_created` series next to ever
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
+
 
 class _CachedLabels:
     """`labels(...)` answered from a dict after the first call (prometheus_client validates
@@ -45,21 +47,52 @@ class _Histogram(_CachedLabels, Histogram):
     pass
 
 
-requests = _Counter("dlqapp_requests_total", "Requests by final outcome: succeeded, dead_lettered, duplicate_skipped.", ["outcome"])
+requests = _Counter(
+    "dlqapp_requests_total", "Requests by final outcome: succeeded, dead_lettered, duplicate_skipped.", ["outcome"]
+)
 attempts = _Counter("dlqapp_attempts_total", "Backend attempts by tier (input, retry tiers, fallback).", ["tier"])
 dead_letters = _Counter("dlqapp_dead_letters_total", "Dead letters recorded, by error class.", ["error_class"])
-duplicates = Counter("dlqapp_duplicates_skipped_total", "Copies of a request that were skipped (already succeeded or in progress).")
+duplicates = Counter(
+    "dlqapp_duplicates_skipped_total", "Copies of a request that were skipped (already succeeded or in progress)."
+)
 replays = Counter("dlqapp_replays_total", "Dead letters sent back to input by an operator.")
 discards = Counter("dlqapp_discards_total", "Dead letters discarded by an operator.")
-offset_gaps = _Counter("dlqapp_consumer_offset_gaps_total", "Holes in the offsets a worker was handed, by topic: records skipped without being handled (transaction markers also leave one).", ["topic"])
-held = Counter("dlqapp_held_during_outage_total", "Backend-wide failures not counted as attempts because the breaker was open.")
-backend_latency = _Histogram("dlqapp_backend_call_duration_seconds", "Backend call latency by outcome (ok or error class).", ["outcome"], buckets=LATENCY_BUCKETS)
+offset_gaps = _Counter(
+    "dlqapp_consumer_offset_gaps_total",
+    "Holes in the offsets a worker was handed, by topic: records skipped without being handled (transaction markers also leave one).",
+    ["topic"],
+)
+held = Counter(
+    "dlqapp_held_during_outage_total", "Backend-wide failures not counted as attempts because the breaker was open."
+)
+backend_latency = _Histogram(
+    "dlqapp_backend_call_duration_seconds",
+    "Backend call latency by outcome (ok or error class).",
+    ["outcome"],
+    buckets=LATENCY_BUCKETS,
+)
 end_to_end = Histogram("dlqapp_end_to_end_latency_seconds", "From first receipt to the result.", buckets=E2E_BUCKETS)
-loop_lag = Gauge("dlqapp_event_loop_lag_seconds", "How late the event loop ran a 250 ms timer, worst of the last second: work that hogs the loop delays every retry.")
-concurrency_limit = Gauge("dlqapp_concurrency_limit", "Backend calls allowed in flight now: the adaptive limit, between DLQ_CONCURRENCY_FLOOR and DLQ_CONCURRENCY.")
+loop_lag = Gauge(
+    "dlqapp_event_loop_lag_seconds",
+    "How late the event loop ran a 250 ms timer, worst of the last second: work that hogs the loop delays every retry.",
+)
+concurrency_limit = Gauge(
+    "dlqapp_concurrency_limit",
+    "Backend calls allowed in flight now: the adaptive limit, between DLQ_CONCURRENCY_FLOOR and DLQ_CONCURRENCY.",
+)
 calls_in_flight = Gauge("dlqapp_backend_calls_in_flight", "Backend calls in flight now.")
-rate_wait = Histogram("dlqapp_rate_limit_wait_seconds", "Time a call waited for DLQ_RATE_LIMITS capacity, by model (`*`: a model the setting does not name).", ["model"], buckets=LATENESS_BUCKETS + (30, 60))
-lateness = _Histogram("dlqapp_retry_lateness_seconds", "Actual attempt time minus scheduled_time, by tier.", ["tier"], buckets=LATENESS_BUCKETS)
+rate_wait = Histogram(
+    "dlqapp_rate_limit_wait_seconds",
+    "Time a call waited for DLQ_RATE_LIMITS capacity, by model (`*`: a model the setting does not name).",
+    ["model"],
+    buckets=LATENESS_BUCKETS + (30, 60),
+)
+lateness = _Histogram(
+    "dlqapp_retry_lateness_seconds",
+    "Actual attempt time minus scheduled_time, by tier.",
+    ["tier"],
+    buckets=LATENESS_BUCKETS,
+)
 
 
 class StateCollector(Collector):
@@ -83,20 +116,30 @@ class StateCollector(Collector):
         entries = GaugeMetricFamily("dlqapp_dlq_entries", "DLQ entries on the partitions this worker owns.")
         entries.add_metric([], self.dlq_entries())
         yield entries
-        parked = GaugeMetricFamily("dlqapp_parked_retries", "Retries waiting for their due time on this worker, by tier.", labels=["tier"])
+        parked = GaugeMetricFamily(
+            "dlqapp_parked_retries", "Retries waiting for their due time on this worker, by tier.", labels=["tier"]
+        )
         for tier, count in sorted(self.parked_by_tier().items()):
             parked.add_metric([tier], count)
         yield parked
-        lag = GaugeMetricFamily("dlqapp_consumer_lag", "Messages not yet handled (log end minus the oldest offset read but not acked, else the next to read), per topic and partition.", labels=["topic", "partition"])
+        lag = GaugeMetricFamily(
+            "dlqapp_consumer_lag",
+            "Messages not yet handled (log end minus the oldest offset read but not acked, else the next to read), per topic and partition.",
+            labels=["topic", "partition"],
+        )
         for topic, partition, value in self.consumer_lag():
             lag.add_metric([topic, str(partition)], value)
         yield lag
-        breaker = GaugeMetricFamily("dlqapp_breaker_state", "1 for the circuit breaker's current state.", labels=["state"])
+        breaker = GaugeMetricFamily(
+            "dlqapp_breaker_state", "1 for the circuit breaker's current state.", labels=["state"]
+        )
         current = self.breaker_state()
         for state in ("closed", "open", "half_open"):
             breaker.add_metric([state], 1.0 if state == current else 0.0)
         yield breaker
-        moves = CounterMetricFamily("dlqapp_breaker_transitions", "Circuit breaker transitions, e.g. closed->open.", labels=["transition"])
+        moves = CounterMetricFamily(
+            "dlqapp_breaker_transitions", "Circuit breaker transitions, e.g. closed->open.", labels=["transition"]
+        )
         for move, count in sorted(self.breaker_moves().items()):
             moves.add_metric([move], count)
         yield moves

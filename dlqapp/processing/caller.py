@@ -64,7 +64,15 @@ class BackendCaller:
         self._timeout_s = timeout_ms / 1000
 
     async def call(
-        self, request: Request, number: int, topic: str, label: str, due_ms: int | None, priority: int, model: str | None = None, not_before: int | None = None
+        self,
+        request: Request,
+        number: int,
+        topic: str,
+        label: str,
+        due_ms: int | None,
+        priority: int,
+        model: str | None = None,
+        not_before: int | None = None,
     ) -> tuple[Attempt, InferenceOutput | None, Failure | None]:
         """One attempt through the breaker and the priority limiter.
 
@@ -78,16 +86,22 @@ class BackendCaller:
             rank = number - 1 + int(held)
             await self.breaker.wait_allowed(request.request_id, rank)
             try:
-                started, output, failure = await self._call_with_capacity(request, number, label, due_ms, priority, model, not_before)
+                started, output, failure = await self._call_with_capacity(
+                    request, number, label, due_ms, priority, model, not_before
+                )
             except BaseException:  # cancelled, or past its deadline: the breaker must get its probe back
                 self.breaker.abandon(request.request_id)
                 raise
-            metrics.backend_latency.labels(failure.error_class.value if failure else "ok").observe((self.clock() - started) / 1000)
+            metrics.backend_latency.labels(failure.error_class.value if failure else "ok").observe(
+                (self.clock() - started) / 1000
+            )
             if not self.breaker.record(failure, request.request_id, rank):
                 break
             held = True
             metrics.held.inc()
-            log_event(log, logging.DEBUG, "held_during_outage", request_id=request.request_id, topic=topic, attempt=number)
+            log_event(
+                log, logging.DEBUG, "held_during_outage", request_id=request.request_id, topic=topic, attempt=number
+            )
         metrics.attempts.labels(label).inc()
         record = Attempt(
             attempt=number,
@@ -101,7 +115,14 @@ class BackendCaller:
         return record, output, failure
 
     async def _call_with_capacity(
-        self, request: Request, number: int, label: str, due_ms: int | None, priority: int, model: str | None, not_before: int | None
+        self,
+        request: Request,
+        number: int,
+        label: str,
+        due_ms: int | None,
+        priority: int,
+        model: str | None,
+        not_before: int | None,
     ) -> tuple[int, InferenceOutput | None, Failure | None]:
         """The call once the model's rate gate (when limited) and a backend slot allow it."""
         target = model or request.model
@@ -109,13 +130,31 @@ class BackendCaller:
             async with self.limiter.slot(priority):
                 return await self._call_in_slot(request, number, label, due_ms, model, not_before, UNLIMITED)
         async with AsyncExitStack() as slot:  # the backend slot, taken by the gate once the model has room
-            permit = await self.gate.acquire(target, estimate_tokens(request), self._time_left_s(request), priority, lambda: slot.enter_async_context(self.limiter.slot(priority)))
+            permit = await self.gate.acquire(
+                target,
+                estimate_tokens(request),
+                self._time_left_s(request),
+                priority,
+                lambda: slot.enter_async_context(self.limiter.slot(priority)),
+            )
             if permit is None:
-                raise DeadlinePassed(DeadLetter(ErrorClass.EXPIRED, f"deadline {request.deadline} passed while waiting for rate capacity; not called"))
+                raise DeadlinePassed(
+                    DeadLetter(
+                        ErrorClass.EXPIRED,
+                        f"deadline {request.deadline} passed while waiting for rate capacity; not called",
+                    )
+                )
             return await self._call_in_slot(request, number, label, due_ms, model, not_before, permit)
 
     async def _call_in_slot(
-        self, request: Request, number: int, label: str, due_ms: int | None, model: str | None, not_before: int | None, permit: Permit
+        self,
+        request: Request,
+        number: int,
+        label: str,
+        due_ms: int | None,
+        model: str | None,
+        not_before: int | None,
+        permit: Permit,
     ) -> tuple[int, InferenceOutput | None, Failure | None]:
         """The call itself, holding a backend slot: (when it started, output, failure)."""
         if not_before is not None:
@@ -134,13 +173,29 @@ class BackendCaller:
         metrics.lateness.labels(label).observe(max(0, started - due_ms) / 1000)
         self.lateness.add(label, started - due_ms, started)
         if started - due_ms > LATE_WARNING_MS:
-            log_event(log, logging.WARNING, "retry_late", request_id=request.request_id, tier=label, attempt=number, late_ms=started - due_ms, due=due_ms)
+            log_event(
+                log,
+                logging.WARNING,
+                "retry_late",
+                request_id=request.request_id,
+                tier=label,
+                attempt=number,
+                late_ms=started - due_ms,
+                due=due_ms,
+            )
 
     def _time_left_s(self, request: Request) -> float | None:
         """How long the request may still wait for capacity (None: no deadline)."""
         return None if request.deadline is None else max(0.0, (request.deadline - self.clock()) / 1000)
 
-    def after_call(self, model: str | None, permit: Permit, output: InferenceOutput | None, failure: Failure | None, latency_s: float) -> None:
+    def after_call(
+        self,
+        model: str | None,
+        permit: Permit,
+        output: InferenceOutput | None,
+        failure: Failure | None,
+        latency_s: float,
+    ) -> None:
         """Feed flow control: the real token usage, a 429's Retry-After, adaptive concurrency."""
         if output is not None:
             permit.settle(used_tokens(output.usage))
@@ -150,7 +205,9 @@ class BackendCaller:
                 self.gate.pause(model, failure.retry_after_ms / 1000)
         self.limiter.record(latency_s, pushed_back(failure, latency_s, self._timeout_s, self.limiter.is_slow))
 
-    async def call_backend(self, request: Request, attempt: int, model: str | None = None) -> tuple[InferenceOutput | None, Failure | None]:
+    async def call_backend(
+        self, request: Request, attempt: int, model: str | None = None
+    ) -> tuple[InferenceOutput | None, Failure | None]:
         """One backend call, bounded by DLQ_INFERENCE_TIMEOUT; never raises."""
         try:
             async with asyncio.timeout(self._timeout_s):

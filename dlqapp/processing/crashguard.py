@@ -26,8 +26,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 from dlqapp.observability.logs import log_event
 
@@ -91,7 +92,13 @@ class CrashGuard:
             self._margin = margin
             self._previous_highs = {tp: int(offset) for tp, offset in previous.get("highs", {}).items()}
             self._careful_until = {tp: offset + margin for tp, offset in self._previous_highs.items()}
-            log_event(log, logging.WARNING, "unclean_stop_detected", careful_partitions=len(self._careful_until), suspects=json.dumps(self._crashes))
+            log_event(
+                log,
+                logging.WARNING,
+                "unclean_stop_detected",
+                careful_partitions=len(self._careful_until),
+                suspects=json.dumps(self._crashes),
+            )
         self._write(clean=False)
 
     def close(self) -> None:
@@ -162,7 +169,10 @@ class CrashGuard:
     def _write(self, clean: bool) -> None:
         state = {
             "clean": clean or self._closed,
-            "highs": {**self._previous_highs, **{f"{topic}:{partition}": offset for (topic, partition), offset in self._highs.items()}},
+            "highs": {
+                **self._previous_highs,
+                **{f"{topic}:{partition}": offset for (topic, partition), offset in self._highs.items()},
+            },
             "current": list(self._current) if self._current else None,
             "crashes": self._crashes,
             "margin": self._margin,

@@ -16,7 +16,8 @@ import asyncio
 import contextvars
 import logging
 from collections import deque
-from typing import Any, Awaitable, Callable, Hashable, Protocol
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Any, Protocol
 
 from dlqapp.kafka.transactions import NotOwned, TransactionFailed
 from dlqapp.processing.crashguard import CrashGuard, PoisonMessage
@@ -109,7 +110,13 @@ class InFlightWindow:
             self._slots.release()
         self._forget(event)
 
-    def _start(self, partition: Hashable, event: Ackable, handler: Callable[[], Awaitable[None]], context: contextvars.Context | None) -> None:
+    def _start(
+        self,
+        partition: Hashable,
+        event: Ackable,
+        handler: Callable[[], Awaitable[None]],
+        context: contextvars.Context | None,
+    ) -> None:
         entry = [event, False]
         self._pending.setdefault(partition, deque()).append(entry)
         task = asyncio.create_task(self._run(partition, entry, handler), context=context)
@@ -132,7 +139,9 @@ class InFlightWindow:
             self._forget(entry[0])
             return
         except BaseException as exc:  # routing failed too (or, exactly_once, the step's transaction): never ack, stop
-            if not isinstance(exc, TransactionFailed):  # that one every step of the transaction sees: the restart says it
+            if not isinstance(
+                exc, TransactionFailed
+            ):  # that one every step of the transaction sees: the restart says it
                 log.exception("handler failed and its event could not be routed; the worker stops")
             self._on_fatal(exc)
             return
@@ -149,7 +158,9 @@ class InFlightWindow:
         message = event.message
         position = (message.topic, message.partition, message.offset)
         if self._guard.is_poison(position):
-            raise PoisonMessage(f"the worker died {self._guard.crashes(position)} times in a row while handling this message (DLQ_POISON_AFTER_CRASHES)")
+            raise PoisonMessage(
+                f"the worker died {self._guard.crashes(position)} times in a row while handling this message (DLQ_POISON_AFTER_CRASHES)"
+            )
         self._guard.seen(position)
         if self._guard.needs_care(position):
             async with self._guard.careful(position):
@@ -320,7 +331,12 @@ class InFlightWindows:
         return feed
 
     def new(
-        self, on_error: OnError, on_fatal: Callable[[BaseException], None], forget: Callable[[Any], None], guard: CrashGuard | None, limit: int | None = None
+        self,
+        on_error: OnError,
+        on_fatal: Callable[[BaseException], None],
+        forget: Callable[[Any], None],
+        guard: CrashGuard | None,
+        limit: int | None = None,
     ) -> InFlightWindow:
         """A window of `limit` handlers (default: the windows' limit)."""
         window = InFlightWindow(limit or self.limit, on_error=on_error, on_fatal=on_fatal, forget=forget, guard=guard)
@@ -346,4 +362,3 @@ class InFlightWindows:
         """A new assignment has begun: the windows take events again."""
         for window in self._windows:
             window.reopen()
-

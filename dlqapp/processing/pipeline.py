@@ -87,7 +87,9 @@ class Pipeline:
         try:
             request = parse_request(record.payload, self.max_payload_bytes)
         except InvalidRequest as exc:
-            await self.dead_letters.write_unprocessable(record, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", exc.request_id)
+            await self.dead_letters.write_unprocessable(
+                record, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", exc.request_id
+            )
             return
         request_id = request.request_id
         if not self.io.owns(record, request_id):
@@ -112,7 +114,9 @@ class Pipeline:
             # in flight by the table, not here: the attempt died with its worker or its
             # partition (a rebalance, a fenced transaction), and nothing else will end it
             return False
-        elif previous.state not in states.SETTLED_FOR_DEDUP and not (written_ms is not None and written_ms <= previous.first_seen):
+        elif previous.state not in states.SETTLED_FOR_DEDUP and not (
+            written_ms is not None and written_ms <= previous.first_seen
+        ):
             return False
         self.io.store_state(request_id, states.count_duplicate(previous, self.clock(), source))
         self.io.counters.add("duplicates_skipped")
@@ -131,14 +135,24 @@ class Pipeline:
 
     # -- one attempt ------------------------------------------------------------------
 
-    async def attempt(self, envelope: Envelope, request: Request, topic: str, tier: Tier | None, priority: int, not_before: int | None = None) -> None:
+    async def attempt(
+        self,
+        envelope: Envelope,
+        request: Request,
+        topic: str,
+        tier: Tier | None,
+        priority: int,
+        not_before: int | None = None,
+    ) -> None:
         """Attempt the request (unless expired), once more on the fallback if due, and carry out the outcome.
 
         `topic` is where the attempt came from (for the history); `tier` the retry tier, None
         for input; `not_before` (epoch ms) a time the call must not start before, its backend
         slot held meanwhile (a due retry taking its slot ahead of its due time).
         """
-        expired = expiry(self.policy, envelope.original_timestamp, self.clock()) or past_deadline(request.deadline, self.clock())
+        expired = expiry(self.policy, envelope.original_timestamp, self.clock()) or past_deadline(
+            request.deadline, self.clock()
+        )
         if expired is not None:
             await self.carry_out(expired, envelope, request, None)
             return
@@ -147,11 +161,17 @@ class Pipeline:
             number = envelope.attempts + 1
             label = tier.label if tier else INPUT_LABEL
             try:
-                record, output, failure = await self.caller.call(request, number, topic, label, envelope.due_ms, priority, not_before=not_before)
-                outcome = within_deadline(decide(self.policy, number, failure, output, self.clock(), self._rng), request.deadline)
+                record, output, failure = await self.caller.call(
+                    request, number, topic, label, envelope.due_ms, priority, not_before=not_before
+                )
+                outcome = within_deadline(
+                    decide(self.policy, number, failure, output, self.clock(), self._rng), request.deadline
+                )
                 if isinstance(outcome, TryFallback):
                     envelope.record(record)
-                    record, output, failure = await self.caller.call(request, number + 1, f"fallback:{outcome.model}", FALLBACK_LABEL, None, priority, outcome.model)
+                    record, output, failure = await self.caller.call(
+                        request, number + 1, f"fallback:{outcome.model}", FALLBACK_LABEL, None, priority, outcome.model
+                    )
                     outcome = decide_after_fallback(outcome.model, failure, output, number + 1)
             except DeadlinePassed as passed:  # while waiting for capacity, the breaker or a slot
                 await self.carry_out(passed.outcome, envelope, request, None)
@@ -163,7 +183,13 @@ class Pipeline:
 
     # -- outcomes ---------------------------------------------------------------------
 
-    async def carry_out(self, outcome: Succeeded | RetryAt | DeadLetter, envelope: Envelope, request: Request | None, record: Attempt | None) -> None:
+    async def carry_out(
+        self,
+        outcome: Succeeded | RetryAt | DeadLetter,
+        envelope: Envelope,
+        request: Request | None,
+        record: Attempt | None,
+    ) -> None:
         """Send the outcome to its topic, wait for the broker, then record the state."""
         if record is not None:
             envelope.record(record)
@@ -192,7 +218,21 @@ class Pipeline:
             history=envelope.history,
         )
         await self.io.send(self.results, envelope.request_id, result.to_bytes(), as_header_pairs(envelope.lineage))
-        self.io.set_state(envelope.request_id, states.SUCCEEDED, at, attempts=envelope.attempts, model=output.model, attempt_log=envelope.history)
+        self.io.set_state(
+            envelope.request_id,
+            states.SUCCEEDED,
+            at,
+            attempts=envelope.attempts,
+            model=output.model,
+            attempt_log=envelope.history,
+        )
         metrics.requests.labels("succeeded").inc()
         metrics.end_to_end.observe(max(0, at - envelope.original_timestamp) / 1000)
-        log_event(log, logging.DEBUG, "succeeded", request_id=envelope.request_id, attempt=envelope.attempts, model=output.model)
+        log_event(
+            log,
+            logging.DEBUG,
+            "succeeded",
+            request_id=envelope.request_id,
+            attempt=envelope.attempts,
+            model=output.model,
+        )

@@ -27,7 +27,6 @@ from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.tables.partition_io import PartitionIO
 
 
-
 def error_class_of(value: str | None) -> ErrorClass:
     try:
         return ErrorClass(value or "unknown")
@@ -38,7 +37,14 @@ def error_class_of(value: str | None) -> ErrorClass:
 class RetryActions:
     """Carries out `run_now` and `dead_letter_now` commands on the owning worker."""
 
-    def __init__(self, parked: ParkedRetries, scheduler: RetryScheduler, dead_letters: DeadLetterWriter, in_flight: InFlight, io: PartitionIO) -> None:
+    def __init__(
+        self,
+        parked: ParkedRetries,
+        scheduler: RetryScheduler,
+        dead_letters: DeadLetterWriter,
+        in_flight: InFlight,
+        io: PartitionIO,
+    ) -> None:
         self.parked = parked
         self.scheduler = scheduler
         self.dead_letters = dead_letters
@@ -52,10 +58,18 @@ class RetryActions:
         state = self.io.load_state(rid)
         keys = await self.parked.keys_of(rid, partition, state.due if state is not None else None)
         if not keys:
-            return {"request_id": rid, "status": ReplayStatus.NOT_FOUND, "reason": f"no parked retry for {rid!r} (it may have run already)"}, None
+            return {
+                "request_id": rid,
+                "status": ReplayStatus.NOT_FOUND,
+                "reason": f"no parked retry for {rid!r} (it may have run already)",
+            }, None
         key = keys[0]
         if rid in self.in_flight or self.scheduler.is_firing(key):
-            return {"request_id": rid, "status": ReplayStatus.REFUSED, "reason": f"{rid} is being attempted right now"}, None
+            return {
+                "request_id": rid,
+                "status": ReplayStatus.REFUSED,
+                "reason": f"{rid} is being attempted right now",
+            }, None
         if command.action is Action.RUN_NOW:
             return await self._run_now(command, key, partition, at)
         return await self._dead_letter_now(command, keys, at)
@@ -67,7 +81,15 @@ class RetryActions:
         due_ms, _ = decode_parked_key(key)
         tier = self.parked.tier_of(envelope).label
         await self.scheduler.fire_now(key, partition)
-        record = {"action": Action.RUN_NOW, "at": at, "by": command.actor, "tier": tier, "due_at": due_ms, "attempt": envelope.attempts + 1, "error_class": envelope.error_class}
+        record = {
+            "action": Action.RUN_NOW,
+            "at": at,
+            "by": command.actor,
+            "tier": tier,
+            "due_at": due_ms,
+            "attempt": envelope.attempts + 1,
+            "error_class": envelope.error_class,
+        }
         return {"request_id": command.request_id, "status": ReplayStatus.FIRED, "tier": tier, "due_at": due_ms}, record
 
     async def _dead_letter_now(self, command: Command, keys: list[bytes], at: int) -> Answer:
@@ -90,5 +112,17 @@ class RetryActions:
                 self.scheduler.fired.pop(stale, None)
         finally:
             running.difference_update(keys)
-        record = {"action": Action.DEAD_LETTER_NOW, "at": at, "by": command.actor, "tier": tier.label, "due_at": due_ms, "error_class": error_class.value}
-        return {"request_id": command.request_id, "status": ReplayStatus.DEAD_LETTERED, "tier": tier.label, "error_class": error_class.value}, record
+        record = {
+            "action": Action.DEAD_LETTER_NOW,
+            "at": at,
+            "by": command.actor,
+            "tier": tier.label,
+            "due_at": due_ms,
+            "error_class": error_class.value,
+        }
+        return {
+            "request_id": command.request_id,
+            "status": ReplayStatus.DEAD_LETTERED,
+            "tier": tier.label,
+            "error_class": error_class.value,
+        }, record

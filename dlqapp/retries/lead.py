@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 MIN_LEAD_MS = 250
 """Never less: an idle hand-over takes a few milliseconds, but a stall of the machine (a

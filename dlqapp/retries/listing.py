@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from dlqapp.core.envelope import Envelope
 from dlqapp.deadletters.queries import BadQuery
@@ -29,7 +30,7 @@ class RetryFilter:
     error_class: str | None = None
 
     @classmethod
-    def from_params(cls, params: Mapping[str, Any]) -> "RetryFilter":
+    def from_params(cls, params: Mapping[str, Any]) -> RetryFilter:
         tier, error_class = params.get("tier"), params.get("error_class")
         for name, value in (("tier", tier), ("error_class", error_class)):
             if value is not None and not isinstance(value, str):
@@ -111,7 +112,12 @@ async def _unfiltered(parked: ParkedRetries, firing: Any, top: int) -> dict[str,
         envelope = parked.get(key)
         if envelope is not None:
             items.append(item_of(key, envelope, parked.tier_of(envelope).label, firing(key, request_id)))
-    return {"total": total, "items": items, "by_tier": {k: v for k, v in parked.by_tier_label().items() if v}, "by_error_class": {}}
+    return {
+        "total": total,
+        "items": items,
+        "by_tier": {k: v for k, v in parked.by_tier_label().items() if v},
+        "by_error_class": {},
+    }
 
 
 def merge_retries(pages: Iterable[Mapping[str, Any]], limit: int, offset: int) -> dict[str, Any]:
@@ -123,4 +129,9 @@ def merge_retries(pages: Iterable[Mapping[str, Any]], limit: int, offset: int) -
     for page in pages:
         by_tier.update(page.get("by_tier", {}))
         by_class.update(page.get("by_error_class", {}))
-    return {"total": sum(p["total"] for p in pages), "items": items[offset : offset + limit], "by_tier": dict(by_tier), "by_error_class": dict(by_class)}
+    return {
+        "total": sum(p["total"] for p in pages),
+        "items": items[offset : offset + limit],
+        "by_tier": dict(by_tier),
+        "by_error_class": dict(by_class),
+    }

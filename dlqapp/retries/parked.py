@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from faust.tables import Table
 
 from dlqapp.core.envelope import Envelope
 from dlqapp.core.tiers import Tier, tier_after
+from dlqapp.kafka.faust_tables import active_partitions, is_offset_record, partition_db, scan_chunk
 from dlqapp.retries.keys import decode_parked_key, parked_key
 from dlqapp.retries.scan import SCAN_CHUNK, ScanStarts, head_of_parked
-from dlqapp.kafka.faust_tables import active_partitions, is_offset_record, partition_db, scan_chunk
 
 
 class ParkedRetries:
@@ -100,7 +101,9 @@ class ParkedRetries:
                 after = chunk[-1][0]
                 await asyncio.sleep(0)
 
-    async def keys_of(self, request_id: str, partition: int, hint_due_ms: int | None = None, walk: bool = True) -> list[bytes]:
+    async def keys_of(
+        self, request_id: str, partition: int, hint_due_ms: int | None = None, walk: bool = True
+    ) -> list[bytes]:
         """Parked keys of `request_id` on `partition` (an owned one), earliest first.
 
         `hint_due_ms` (the due time the request's state recorded) finds the usual single
@@ -118,7 +121,11 @@ class ParkedRetries:
         after: bytes | None = None
         while True:
             chunk = scan_chunk(db, after, SCAN_CHUNK, False)
-            found += [key for key, _ in chunk if not is_offset_record(self.table, key) and decode_parked_key(key)[1] == request_id]
+            found += [
+                key
+                for key, _ in chunk
+                if not is_offset_record(self.table, key) and decode_parked_key(key)[1] == request_id
+            ]
             if len(chunk) < SCAN_CHUNK:
                 return found
             after = chunk[-1][0]

@@ -26,7 +26,9 @@ log = logging.getLogger("dlqapp.retries.parking")
 class RetryParking:
     """Parks a decided retry on its tier until its due time."""
 
-    def __init__(self, io: PartitionIO, parked: ParkedRetries, tiers: tuple[tuple[Tier, TopicT], ...], clock: Clock) -> None:
+    def __init__(
+        self, io: PartitionIO, parked: ParkedRetries, tiers: tuple[tuple[Tier, TopicT], ...], clock: Clock
+    ) -> None:
         self.io = io
         self.parked = parked
         self.tiers = tiers
@@ -48,4 +50,13 @@ class RetryParking:
             error_class=failure.error_class.value,
             last_error=failure.message,
         )
-        log_event(log, logging.DEBUG, "retry_scheduled", request_id=envelope.request_id, attempt=envelope.attempts, tier=tier.label, due=outcome.due_ms, error_class=failure.error_class.value)
+        log_event(
+            log,
+            logging.DEBUG,
+            "retry_scheduled",
+            request_id=envelope.request_id,
+            attempt=envelope.attempts,
+            tier=tier.label,
+            due=outcome.due_ms,
+            error_class=failure.error_class.value,
+        )

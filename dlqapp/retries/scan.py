@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from rocksdict import ReadOptions
 
@@ -50,7 +50,9 @@ class ScanStarts:
         self._starts.clear()
 
 
-def scan_due(db: object, now: int, start: bytes | None, fired: dict[bytes, int], batch: int) -> tuple[list[bytes], bytes]:
+def scan_due(
+    db: object, now: int, start: bytes | None, fired: dict[bytes, int], batch: int
+) -> tuple[list[bytes], bytes]:
     """One timer scan of a partition's parked retries (a synchronous RocksDB walk).
 
     Returns the keys due at `now` that were not fired (or were fired more than

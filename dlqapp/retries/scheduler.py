@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-
-from typing import Awaitable, Protocol
+from collections.abc import Awaitable
+from typing import Protocol
 
 from faust import TopicT
 
 from dlqapp.core import states
-from dlqapp.core.states import StateRecord
 from dlqapp.core.clock import Clock, sleep_until
 from dlqapp.core.envelope import Envelope
 from dlqapp.core.errors import ErrorClass
@@ -30,16 +29,17 @@ from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import DeadLetter
 from dlqapp.core.record import Record
 from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, Request, parse_request
+from dlqapp.core.states import StateRecord
 from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.writer import DeadLetterWriter
+from dlqapp.flowcontrol.input_gate import InputGate
+from dlqapp.flowcontrol.slots import DUE
 from dlqapp.observability.logs import log_event
 from dlqapp.retries.due_hop import DueHop, is_run_now
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scan import REFIRE_AFTER_MS, next_due_after, scan_due
-from dlqapp.flowcontrol.slots import DUE
-from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.tables.partition_io import PartitionIO
 
 log = logging.getLogger("dlqapp.retries.scheduler")
@@ -52,10 +52,19 @@ asked for one only when due waited for the next call to end (up to a call's late
 PREVIOUS_ATTEMPT_WAIT_S = 30.0
 """How long a handed-over retry waits for the request's previous attempt to finish its step."""
 
+
 class Attempt(Protocol):
     """Attempts a request and carries out the outcome (`dlqapp.processing.pipeline.Pipeline.attempt`)."""
 
-    def __call__(self, envelope: Envelope, request: Request, topic: str, tier: Tier | None, priority: int, not_before: int | None = None) -> Awaitable[None]: ...
+    def __call__(
+        self,
+        envelope: Envelope,
+        request: Request,
+        topic: str,
+        tier: Tier | None,
+        priority: int,
+        not_before: int | None = None,
+    ) -> Awaitable[None]: ...
 
 
 class RetryScheduler:
@@ -213,7 +222,14 @@ class RetryScheduler:
             if superseded is None:
                 await self._attempt(envelope, tier, not_before=due)
             else:
-                log_event(log, logging.INFO, "retry_skipped", request_id=request_id, attempt=envelope.attempts + 1, reason=superseded)
+                log_event(
+                    log,
+                    logging.INFO,
+                    "retry_skipped",
+                    request_id=request_id,
+                    attempt=envelope.attempts + 1,
+                    reason=superseded,
+                )
             self.parked.delete(key, tier)
             self.fired.pop(key, None)
         finally:

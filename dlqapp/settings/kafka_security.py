@@ -80,26 +80,54 @@ class KafkaSecurity:
             raise SecurityError(f"DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol!r} is not one of {', '.join(PROTOCOLS)}")
         if self.uses_sasl:
             if not self.mechanism:
-                raise SecurityError(f"DLQ_KAFKA_SASL_MECHANISM is required with DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} (one of {', '.join(MECHANISMS)})")
+                raise SecurityError(
+                    f"DLQ_KAFKA_SASL_MECHANISM is required with DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} (one of {', '.join(MECHANISMS)})"
+                )
             if self.mechanism not in MECHANISMS:
-                raise SecurityError(f"DLQ_KAFKA_SASL_MECHANISM={self.mechanism!r} is not one of {', '.join(MECHANISMS)}")
+                raise SecurityError(
+                    f"DLQ_KAFKA_SASL_MECHANISM={self.mechanism!r} is not one of {', '.join(MECHANISMS)}"
+                )
             if not self.username:
-                raise SecurityError(f"DLQ_KAFKA_SASL_USERNAME is required with DLQ_KAFKA_SASL_MECHANISM={self.mechanism}")
+                raise SecurityError(
+                    f"DLQ_KAFKA_SASL_USERNAME is required with DLQ_KAFKA_SASL_MECHANISM={self.mechanism}"
+                )
             if self.password and self.password_file:
                 raise SecurityError("set DLQ_KAFKA_SASL_PASSWORD or DLQ_KAFKA_SASL_PASSWORD_FILE, not both")
             if not self.password and not self.password_file:
-                raise SecurityError(f"DLQ_KAFKA_SASL_PASSWORD or DLQ_KAFKA_SASL_PASSWORD_FILE is required with DLQ_KAFKA_SASL_MECHANISM={self.mechanism}")
+                raise SecurityError(
+                    f"DLQ_KAFKA_SASL_PASSWORD or DLQ_KAFKA_SASL_PASSWORD_FILE is required with DLQ_KAFKA_SASL_MECHANISM={self.mechanism}"
+                )
         else:
-            for name, value in (("DLQ_KAFKA_SASL_MECHANISM", self.mechanism), ("DLQ_KAFKA_SASL_USERNAME", self.username), ("DLQ_KAFKA_SASL_PASSWORD", self.password), ("DLQ_KAFKA_SASL_PASSWORD_FILE", self.password_file)):
+            for name, value in (
+                ("DLQ_KAFKA_SASL_MECHANISM", self.mechanism),
+                ("DLQ_KAFKA_SASL_USERNAME", self.username),
+                ("DLQ_KAFKA_SASL_PASSWORD", self.password),
+                ("DLQ_KAFKA_SASL_PASSWORD_FILE", self.password_file),
+            ):
                 if value:
-                    raise SecurityError(f"{name} is set but DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} uses no SASL: set it to SASL_SSL or SASL_PLAINTEXT")
+                    raise SecurityError(
+                        f"{name} is set but DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} uses no SASL: set it to SASL_SSL or SASL_PLAINTEXT"
+                    )
         if not self.uses_tls:
-            for name, value in (("DLQ_KAFKA_SSL_CAFILE", self.cafile), ("DLQ_KAFKA_SSL_CERTFILE", self.certfile), ("DLQ_KAFKA_SSL_KEYFILE", self.keyfile)):
+            for name, value in (
+                ("DLQ_KAFKA_SSL_CAFILE", self.cafile),
+                ("DLQ_KAFKA_SSL_CERTFILE", self.certfile),
+                ("DLQ_KAFKA_SSL_KEYFILE", self.keyfile),
+            ):
                 if value:
-                    raise SecurityError(f"{name} is set but DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} uses no TLS: set it to SSL or SASL_SSL")
+                    raise SecurityError(
+                        f"{name} is set but DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} uses no TLS: set it to SSL or SASL_SSL"
+                    )
         if bool(self.certfile) != bool(self.keyfile):
-            raise SecurityError("DLQ_KAFKA_SSL_CERTFILE and DLQ_KAFKA_SSL_KEYFILE go together (a client certificate and its private key)")
-        for name, path in (("DLQ_KAFKA_SASL_PASSWORD_FILE", self.password_file), ("DLQ_KAFKA_SSL_CAFILE", self.cafile), ("DLQ_KAFKA_SSL_CERTFILE", self.certfile), ("DLQ_KAFKA_SSL_KEYFILE", self.keyfile)):
+            raise SecurityError(
+                "DLQ_KAFKA_SSL_CERTFILE and DLQ_KAFKA_SSL_KEYFILE go together (a client certificate and its private key)"
+            )
+        for name, path in (
+            ("DLQ_KAFKA_SASL_PASSWORD_FILE", self.password_file),
+            ("DLQ_KAFKA_SSL_CAFILE", self.cafile),
+            ("DLQ_KAFKA_SSL_CERTFILE", self.certfile),
+            ("DLQ_KAFKA_SSL_KEYFILE", self.keyfile),
+        ):
             if path and not Path(path).is_file():
                 raise SecurityError(f"{name}={path}: no such file")
         if self.uses_sasl and self.password_file and not self.sasl_password:
@@ -131,7 +159,9 @@ class KafkaSecurity:
             try:
                 context.load_cert_chain(self.certfile, self.keyfile)
             except (OSError, ssl.SSLError) as exc:
-                raise SecurityError(f"DLQ_KAFKA_SSL_CERTFILE={self.certfile} / DLQ_KAFKA_SSL_KEYFILE={self.keyfile}: not a PEM certificate and its key ({exc})") from None
+                raise SecurityError(
+                    f"DLQ_KAFKA_SSL_CERTFILE={self.certfile} / DLQ_KAFKA_SSL_KEYFILE={self.keyfile}: not a PEM certificate and its key ({exc})"
+                ) from None
         if not self.check_hostname:
             context.check_hostname = False
         return context
@@ -142,7 +172,9 @@ class KafkaSecurity:
         if self.uses_tls:
             options["ssl_context"] = self.ssl_context
         if self.uses_sasl:
-            options.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username, sasl_plain_password=self.sasl_password)
+            options.update(
+                sasl_mechanism=self.mechanism, sasl_plain_username=self.username, sasl_plain_password=self.sasl_password
+            )
         return options
 
     def faust_credentials(self) -> Any:
@@ -150,7 +182,12 @@ class KafkaSecurity:
         import faust
 
         if self.uses_sasl:
-            return faust.SASLCredentials(username=self.username, password=self.sasl_password, ssl_context=self.ssl_context, mechanism=self.mechanism)
+            return faust.SASLCredentials(
+                username=self.username,
+                password=self.sasl_password,
+                ssl_context=self.ssl_context,
+                mechanism=self.mechanism,
+            )
         if self.uses_tls:
             return faust.SSLCredentials(self.ssl_context)
         return None

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from dlqapp.core.errors import ErrorClass
-
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
@@ -116,7 +115,9 @@ MIN_TOKEN_CHARS = 16
 def _admin_token(text: str) -> str:
     token = text.strip()
     if token and len(token) < MIN_TOKEN_CHARS:
-        raise ValueError(f"is {len(token)} characters; use at least {MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 16`), or leave it empty for loopback-only mutations")
+        raise ValueError(
+            f"is {len(token)} characters; use at least {MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 16`), or leave it empty for loopback-only mutations"
+        )
     return token
 
 

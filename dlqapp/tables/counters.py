@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from typing import Any, Awaitable, Callable, Iterable
-
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from faust import current_event
 
@@ -147,4 +147,4 @@ def _decode(blob: bytes | None) -> Counter[str]:
 def grouped(total: Counter[str], prefix: str) -> dict[str, int]:
     """`{label: n}` of the counters named `<prefix>|<label>` (zeroes left out)."""
     start = prefix + "|"
-    return {name[len(start):]: n for name, n in total.items() if name.startswith(start) and n}
+    return {name[len(start) :]: n for name, n in total.items() if name.startswith(start) and n}

@@ -25,8 +25,9 @@ import asyncio
 import contextvars
 import logging
 from collections import Counter
+from collections.abc import Callable
 from time import monotonic
-from typing import Any, Callable
+from typing import Any
 
 import faust
 from faust import current_event
@@ -60,7 +61,7 @@ class _Step:
     """What one stream step wrote: changelog records still to send, and Faust's own sends;
     under exactly-once, the partition transaction it is inside and whether it sent into it."""
 
-    __slots__ = ("records", "futures", "partition", "transaction", "sent", "after_sent")
+    __slots__ = ("after_sent", "futures", "partition", "records", "sent", "transaction")
 
     def __init__(self, partition: int | None) -> None:
         self.records: dict[tuple[ConfirmedTable, int, bytes], bytes | None] = {}
@@ -229,7 +230,7 @@ class changelog_barrier:
     is what resolves at the commit (None: nothing to wait for), so a caller handling events
     one at a time need not wait a commit interval per event (it acks each one then)."""
 
-    __slots__ = ("_step", "_token", "_partition", "_wait", "committed")
+    __slots__ = ("_partition", "_step", "_token", "_wait", "committed")
 
     def __init__(self, wait_for_commit: bool = True) -> None:
         self._wait = wait_for_commit
@@ -277,7 +278,10 @@ class changelog_barrier:
 async def _confirm(step: _Step) -> None:
     while step.records or step.futures:
         records, step.records = step.records, {}
-        sent = [(table, partition, await _send(table, key, value, partition)) for (table, partition, key), value in records.items()]
+        sent = [
+            (table, partition, await _send(table, key, value, partition))
+            for (table, partition, key), value in records.items()
+        ]
         futures, step.futures = step.futures, []
         await asyncio.gather(*futures, *(future for _, _, future in sent))
         for table, partition, future in sent:
@@ -301,7 +305,10 @@ async def _commit_step(step: _Step, failed: bool) -> asyncio.Future[None] | None
         if failed and step.sent:
             transaction.spoil(f"a step of partition {step.partition} failed after it sent outputs")
         records, step.records = step.records, {}
-        sent = [(table, partition, await transaction.send(table.changelog_topic_name, key, value, partition, None)) for (table, partition, key), value in records.items()]
+        sent = [
+            (table, partition, await transaction.send(table.changelog_topic_name, key, value, partition, None))
+            for (table, partition, key), value in records.items()
+        ]
         step.sent = step.sent or bool(sent)
         if step.sent and not failed:
             committed = transaction.committed()

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from faust import TopicT
 from faust.tables import Table
@@ -18,8 +19,8 @@ from faust.tables import Table
 from dlqapp.core import states
 from dlqapp.core.clock import Clock
 from dlqapp.core.headers import H_ORIGINAL_TIMESTAMP, H_SOURCE
-from dlqapp.core.record import Record
 from dlqapp.core.partitioning import owner_partition
+from dlqapp.core.record import Record
 from dlqapp.core.states import RequestState, StateRecord
 from dlqapp.observability.logs import log_event
 from dlqapp.tables.counters import Counters
@@ -49,11 +50,20 @@ class PartitionIO:
         """Whether `record` sits on the partition that owns `request_id`."""
         return record.partition == self.owner(request_id)
 
-    async def send(self, topic: TopicT, key: str, value: bytes | None, headers: list[tuple[str, bytes]], partition: int | None = None) -> None:
+    async def send(
+        self,
+        topic: TopicT,
+        key: str,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        partition: int | None = None,
+    ) -> None:
         """Send to `key`'s owner partition (or `partition`) and wait until the broker confirms.
 
         A None value is a tombstone (used on the compacted `dlq` topic)."""
-        pending = await self._send(topic.get_topic_name(), key.encode(), value, self.owner(key) if partition is None else partition, headers)
+        pending = await self._send(
+            topic.get_topic_name(), key.encode(), value, self.owner(key) if partition is None else partition, headers
+        )
         await pending
 
     async def forward(self, record: Record, topic: TopicT, request_id: str) -> None:

@@ -14,8 +14,9 @@ is that old and whose request is no longer in the DLQ.
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from dlqapp.core import states
 from dlqapp.core.states import StateRecord

@@ -14,8 +14,8 @@ from faust import TopicT
 from faust.serializers import codecs
 from faust.tables import Table
 
-from dlqapp.core.tiers import Tier
 from dlqapp.core.commands import UNDECODABLE
+from dlqapp.core.tiers import Tier
 from dlqapp.settings import Settings
 from dlqapp.tables.rocksdb_memory import MEMTABLE_BUDGET, SHARED_CACHE
 
@@ -86,7 +86,10 @@ def declare(app: faust.App, settings: Settings) -> Topology:
             help=help,
             key_type=bytes,
             value_type=bytes,
-            extra_topic_configs={"max.message.bytes": str(settings.max_message_bytes), "min.insync.replicas": str(settings.min_insync_replicas)},
+            extra_topic_configs={
+                "max.message.bytes": str(settings.max_message_bytes),
+                "min.insync.replicas": str(settings.min_insync_replicas),
+            },
             options=_rocksdb_options(settings),
         )
 
@@ -101,11 +104,17 @@ def declare(app: faust.App, settings: Settings) -> Topology:
             partitions=settings.partitions,
             schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer=TOLERANT_JSON),
         ),
-        parked_retries=table("parked-retries", "Retries waiting for their due time: key = due_ms (u64 BE) ‖ request id."),
+        parked_retries=table(
+            "parked-retries", "Retries waiting for their due time: key = due_ms (u64 BE) ‖ request id."
+        ),
         requests=table("requests", "Each request's settled state and bounded history."),
         dead_letters=table("dead-letters", "DLQ entries keyed by request id."),
-        dead_letters_by_time=table("dead-letters-by-time", "DLQ list index: key = dead_at (u64 BE) ‖ DLQ key, value = the entry's summary."),
-        replay_ledger=table("replay-ledger", "Operator actions per request id: who replayed or discarded what, and when."),
+        dead_letters_by_time=table(
+            "dead-letters-by-time", "DLQ list index: key = dead_at (u64 BE) ‖ DLQ key, value = the entry's summary."
+        ),
+        replay_ledger=table(
+            "replay-ledger", "Operator actions per request id: who replayed or discarded what, and when."
+        ),
         stats=table("stats", "Running counts, one blob per partition (dlqapp.tables.counters)."),
     )
 

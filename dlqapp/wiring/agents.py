@@ -13,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from aiokafka.errors import KafkaError
 from faust import EventT, StreamT
@@ -22,15 +23,15 @@ from faust.types import AgentT
 
 from dlqapp.core.errors import ErrorClass
 from dlqapp.core.record import Record
+from dlqapp.kafka.consumer_state import crash, forget_unacked
 from dlqapp.kafka.records import record_of
+from dlqapp.kafka.transactions import TransactionFailed
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
-from dlqapp.kafka.transactions import TransactionFailed
 from dlqapp.tables.durability import after_commit, changelog_barrier, write_to_changelog
+from dlqapp.tables.topology import TierTopic
 from dlqapp.wiring.faust_app import fail_transactions
 from dlqapp.wiring.restart import after_grace
-from dlqapp.kafka.consumer_state import crash, forget_unacked
-from dlqapp.tables.topology import TierTopic
 
 log = logging.getLogger("dlqapp.wiring.agents")
 
@@ -72,7 +73,9 @@ class WorkerLifecycle:
         else:
             self.parts.crash_guard.close()
         if released:
-            log_event(log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown")
+            log_event(
+                log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown"
+            )
 
     def assigned(self) -> None:
         """A new assignment begins: the windows closed by a rebalance's release take events again."""
@@ -81,7 +84,9 @@ class WorkerLifecycle:
     async def _write_counts(self) -> None:
         stats = self.parts.topology.stats
         try:
-            await self.parts.counters.write_unwritten(lambda key, blob, partition: write_to_changelog(stats, key, blob, partition))
+            await self.parts.counters.write_unwritten(
+                lambda key, blob, partition: write_to_changelog(stats, key, blob, partition)
+            )
         except Exception as exc:  # the broker is gone: the counts of the last moment are lost, as in a crash
             log_event(log, logging.WARNING, "counts_not_written", error=repr(exc))
 
@@ -134,10 +139,24 @@ class _Handlers:
         if isinstance(exc, PoisonMessage) and self.parts.pipeline.already_succeeded(record):
             # In progress at every crash only because it is first in line after each restart
             # (its result was written, its offset not yet committed): nothing to dead-letter.
-            log_event(log, logging.INFO, "poison_skipped", topic=where[0], partition=where[1], offset=where[2], reason="its request already succeeded")
+            log_event(
+                log,
+                logging.INFO,
+                "poison_skipped",
+                topic=where[0],
+                partition=where[1],
+                offset=where[2],
+                reason="its request already succeeded",
+            )
             return
-        log.error("handler failed on %s[%s]@%s; dead-lettering it as poison", *where, exc_info=None if isinstance(exc, PoisonMessage) else exc)
-        await self.parts.dead_letters.write_unprocessable(record, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000])
+        log.error(
+            "handler failed on %s[%s]@%s; dead-lettering it as poison",
+            *where,
+            exc_info=None if isinstance(exc, PoisonMessage) else exc,
+        )
+        await self.parts.dead_letters.write_unprocessable(
+            record, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000]
+        )
 
     def record(self, event: EventT) -> Record:
         """The door: `event` read once into a `Record` (dlqapp.kafka.records)."""
@@ -149,7 +168,9 @@ class _Handlers:
         self.parts.offsets.seen(message.topic, message.partition, message.offset)
 
     def window(self, limit: int | None = None) -> Any:
-        return self.parts.windows.new(self.poison, self.fatal, lambda event: forget_unacked(self.app, event), self.parts.crash_guard, limit)
+        return self.parts.windows.new(
+            self.poison, self.fatal, lambda event: forget_unacked(self.app, event), self.parts.crash_guard, limit
+        )
 
     async def each_event(self, stream: StreamT, handle: Callable[[EventT], Awaitable[None]]) -> None:
         """Handle events one at a time; a failing one is dead-lettered as poison, never fatal.
@@ -180,10 +201,16 @@ class _Handlers:
             """Fresh requests: many in flight at once, acked in offset order; none started
             while due retries are on their way (dlqapp.flowcontrol.input_gate)."""
             window = self.window()
-            feed = self.parts.windows.feed(window, gate, closed_limit=self.app.conf.stream_buffer_maxsize + 4 * self.app.conf.broker_max_poll_records)
+            feed = self.parts.windows.feed(
+                window,
+                gate,
+                closed_limit=self.app.conf.stream_buffer_maxsize + 4 * self.app.conf.broker_max_poll_records,
+            )
             gate.pause_fetching_when(feed.backlogged)
             pump = asyncio.create_task(feed.run())
-            pump.add_done_callback(lambda task: task.cancelled() or task.exception() is None or self.fatal(task.exception()))
+            pump.add_done_callback(
+                lambda task: task.cancelled() or task.exception() is None or self.fatal(task.exception())
+            )
             try:
                 async for event in stream.noack().events():
                     self.watch(event)
@@ -215,7 +242,11 @@ class _Handlers:
             async for event in stream.noack().events():
                 self.watch(event)
                 record = self.record(event)
-                await window.submit(record.partition, event, lambda record=record: scheduler.park(record, tier_topic.tier, tier_topic.topic))
+                await window.submit(
+                    record.partition,
+                    event,
+                    lambda record=record: scheduler.park(record, tier_topic.tier, tier_topic.topic),
+                )
 
         park.__doc__ = f"Parks retries of tier {tier_topic.tier.label} until their due time."
         return park
@@ -242,8 +273,14 @@ class _Handlers:
                 except ValueError as exc:  # not a command: dead-letter it (it was not an operator's)
                     event = stream.current_event
                     if event is not None:
-                        async with changelog_barrier():  # a stream step of its own: its send joins the partition's transaction
-                            await dead_letters.write_unprocessable(self.record(event), ErrorClass.INVALID_REQUEST, f"invalid operator command: {exc}"[:1000])
+                        async with (
+                            changelog_barrier()
+                        ):  # a stream step of its own: its send joins the partition's transaction
+                            await dead_letters.write_unprocessable(
+                                self.record(event),
+                                ErrorClass.INVALID_REQUEST,
+                                f"invalid operator command: {exc}"[:1000],
+                            )
                     yield {"status": "invalid", "reason": str(exc)}
                 except Exception as exc:  # answer the asker instead of leaving it to time out
                     log.exception("operator command failed: %r", command)

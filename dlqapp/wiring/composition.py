@@ -12,8 +12,8 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from aiokafka import AIOKafkaProducer
 
@@ -29,13 +29,22 @@ from dlqapp.deadletters.replays import ReplayJobs
 from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.flowcontrol.aimd import AimdLimit
 from dlqapp.flowcontrol.gate import RateGate, metric_label
+from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import InferenceBackend, create_backend
+from dlqapp.kafka.consumer_state import consumer_lag
+from dlqapp.kafka.faust_producer import producer_send
+from dlqapp.kafka.offset_watch import OffsetWatch
+from dlqapp.kafka.transactions import ProducerFactory, Transactions
 from dlqapp.observability import metrics
 from dlqapp.observability.faust_monitor import install_counting_monitor
-from dlqapp.observability.logs import log_breaker_move
 from dlqapp.observability.health import MinuteRates
 from dlqapp.observability.lateness import LatenessWindow
+from dlqapp.observability.logs import log_breaker_move
+from dlqapp.processing.caller import BackendCaller
+from dlqapp.processing.crashguard import CrashGuard
+from dlqapp.processing.flow import InFlightWindows
+from dlqapp.processing.pipeline import Pipeline
 from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.due_hop import DueHop
 from dlqapp.retries.lead import DueLead
@@ -43,25 +52,17 @@ from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.parking import RetryParking
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.settings import Settings
-from dlqapp.wiring.faust_app import DlqApp, create_app, fail_transactions, install_event_loop, load_settings
 from dlqapp.tables.counters import Counters
-from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.tables.durability import at_end_of_step, open_steps, send_in_step, use_transactions
-from dlqapp.kafka.consumer_state import consumer_lag
-from dlqapp.kafka.transactions import ProducerFactory, Transactions
-from dlqapp.kafka.faust_producer import producer_send
-from dlqapp.processing.flow import InFlightWindows
-from dlqapp.flowcontrol.input_gate import InputGate
-from dlqapp.kafka.offset_watch import OffsetWatch
 from dlqapp.tables.partition_io import PartitionIO, Send
-from dlqapp.processing.caller import BackendCaller
-from dlqapp.processing.pipeline import Pipeline
 from dlqapp.tables.retention import (
     Sweeper,
     SweptTable,
     ledger_last_change,
     request_last_change,
 )
+from dlqapp.tables.topology import Topology, declare, register_codecs
+from dlqapp.wiring.faust_app import DlqApp, create_app, fail_transactions, install_event_loop, load_settings
 from dlqapp.wiring.services import (
     AlertWebhook,
     CrashJournal,
@@ -71,7 +72,6 @@ from dlqapp.wiring.services import (
     RetryTimer,
     TransactionCommits,
 )
-from dlqapp.tables.topology import Topology, declare, register_codecs
 
 
 @dataclass
@@ -156,7 +156,9 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
     """Every component of a worker, wired from the settings."""
     clock, backend = outside.clock, outside.backend
     rates = MinuteRates()
-    counters = Counters(topology.stats, open_steps, lambda name, amount: rates.add(name, amount, clock()), outside.step_partition)
+    counters = Counters(
+        topology.stats, open_steps, lambda name, amount: rates.add(name, amount, clock()), outside.step_partition
+    )
     io = PartitionIO(settings.partitions, topology.requests, counters, clock, outside.send)
     parked = ParkedRetries(topology.parked_retries, settings.tiers)
     policy = RetryPolicy(
@@ -202,9 +204,20 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         clock=clock,
         lead=DueLead(settings.due_lead_max_ms),
     )
-    alerts = AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id) if settings.alert_webhook_url else None
+    alerts = (
+        AlertBatcher(settings.alert_webhook_url, settings.alert_window_ms, settings.app_id)
+        if settings.alert_webhook_url
+        else None
+    )
     recorder = DeadLetterRecorder(
-        topology.dead_letters, topology.dead_letters_by_time, counters, settings.dead_letter_log, alerts, settings.max_payload_bytes, settings.dlq_log_max_bytes, settings.dlq_log_backups
+        topology.dead_letters,
+        topology.dead_letters_by_time,
+        counters,
+        settings.dead_letter_log,
+        alerts,
+        settings.max_payload_bytes,
+        settings.dlq_log_max_bytes,
+        settings.dlq_log_backups,
     )
     operator = Operator(
         io,
@@ -220,12 +233,18 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
     sweeper = Sweeper(
         [
             SweptTable(topology.requests, request_last_change),
-            SweptTable(topology.replay_ledger, ledger_last_change, keep=lambda key: topology.dead_letters.get(key) is not None),
+            SweptTable(
+                topology.replay_ledger, ledger_last_change, keep=lambda key: topology.dead_letters.get(key) is not None
+            ),
         ],
         settings.state_retention_ms,
         expire=operator.send_expired(topology.commands),
     )
-    transactions = Transactions(settings.app_id, outside.new_producer, settings.transaction_timeout_ms / 1000) if outside.new_producer else None
+    transactions = (
+        Transactions(settings.app_id, outside.new_producer, settings.transaction_timeout_ms / 1000)
+        if outside.new_producer
+        else None
+    )
     return Components(
         settings=settings,
         transactions=transactions,
@@ -249,7 +268,10 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         replay_jobs=ReplayJobs(),
         oldest_dead_letter=OldestDeadLetter(topology.dead_letters),
         rates=rates,
-        offsets=OffsetWatch(lambda topic, skipped: metrics.offset_gaps.labels(topic).inc(), level=logging.DEBUG if settings.exactly_once else logging.WARNING),
+        offsets=OffsetWatch(
+            lambda topic, skipped: metrics.offset_gaps.labels(topic).inc(),
+            level=logging.DEBUG if settings.exactly_once else logging.WARNING,
+        ),
     )
 
 
@@ -262,14 +284,23 @@ def window_limit(settings: Settings) -> int:
 
 def slot_limiter(settings: Settings) -> SlotLimiter:
     """Backend slots by priority, under the adaptive limit unless DLQ_ADAPTIVE_CONCURRENCY=false."""
-    adaptive = AimdLimit(settings.concurrency_floor, settings.concurrency, time.monotonic) if settings.adaptive_concurrency else None
+    adaptive = (
+        AimdLimit(settings.concurrency_floor, settings.concurrency, time.monotonic)
+        if settings.adaptive_concurrency
+        else None
+    )
     return SlotLimiter(settings.concurrency, adaptive)
 
 
 def rate_gate(settings: Settings, share: Callable[[], float]) -> RateGate:
     """Per-model waiting for DLQ_RATE_LIMITS capacity, at this worker's share."""
     limits = settings.rate_limits
-    return RateGate(limits, settings.default_model, share, on_wait=lambda model, s: metrics.rate_wait.labels(metric_label(limits, model)).observe(s))
+    return RateGate(
+        limits,
+        settings.default_model,
+        share,
+        on_wait=lambda model, s: metrics.rate_wait.labels(metric_label(limits, model)).observe(s),
+    )
 
 
 def input_share(app: DlqApp, settings: Settings) -> float:
@@ -312,7 +343,9 @@ def _register_services(app: DlqApp, parts: Components) -> None:
     if parts.alerts is not None:
         app.service(AlertWebhook(parts.alerts))
     if parts.transactions is not None:
-        app.service(TransactionCommits(parts.transactions, settings.commit_interval_ms, lambda exc: fail_transactions(app, exc)))
+        app.service(
+            TransactionCommits(parts.transactions, settings.commit_interval_ms, lambda exc: fail_transactions(app, exc))
+        )
 
 
 def _register_metrics(app: DlqApp, parts: Components) -> None:

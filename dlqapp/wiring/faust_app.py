@@ -21,14 +21,20 @@ from mode.utils.objects import cached_property
 from mode.utils.times import want_seconds
 
 from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
+from dlqapp.kafka.access import KafkaAccessError
+from dlqapp.kafka.admin import InternalTopic, TopicMismatchError, ensure_topics
+from dlqapp.kafka.faust_consumer import dlq_consumer_class
+from dlqapp.kafka.faust_producer import (
+    PatientTransport,
+    SingleChannelReplyConsumer,
+    keep_in_metadata,
+    producer_client,
+    widen_changelog_buffer,
+)
+from dlqapp.kafka.recovery_end import end_recoveries
 from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.tables.durability import ConfirmedTable
-from dlqapp.kafka.faust_consumer import dlq_consumer_class
-from dlqapp.kafka.faust_producer import PatientTransport, SingleChannelReplyConsumer, keep_in_metadata, producer_client, widen_changelog_buffer
-from dlqapp.kafka.access import KafkaAccessError
-from dlqapp.kafka.recovery_end import end_recoveries
-from dlqapp.kafka.admin import InternalTopic, TopicMismatchError, ensure_topics
 from dlqapp.wiring.restart import restart_after_stop
 
 log = logging.getLogger(__name__)
@@ -112,7 +118,13 @@ class DlqApp(faust.App):
         internal = self.internal_topics()
         security = self.dlq_settings.kafka_security
         if security.uses_tls and not security.check_hostname:
-            log_event(log, logging.WARNING, "kafka_hostname_unchecked", setting="DLQ_KAFKA_SSL_CHECK_HOSTNAME=false", risk="any certificate the CA signed is accepted for any broker")
+            log_event(
+                log,
+                logging.WARNING,
+                "kafka_hostname_unchecked",
+                setting="DLQ_KAFKA_SSL_CHECK_HOSTNAME=false",
+                risk="any certificate the CA signed is accepted for any broker",
+            )
         try:
             created = await ensure_topics(self.dlq_settings, internal)
         except (TopicMismatchError, KafkaAccessError) as exc:
@@ -120,7 +132,15 @@ class DlqApp(faust.App):
             print(f"dlqapp: refusing to start: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(3) from None
         checked = len(self.dlq_settings.all_topics()) + len(internal)
-        log_event(log, logging.INFO, "topics_ready", checked=checked, created=len(created), seconds=round(time.monotonic() - started, 2), kafka=self.dlq_settings.kafka_security.describe())
+        log_event(
+            log,
+            logging.INFO,
+            "topics_ready",
+            checked=checked,
+            created=len(created),
+            seconds=round(time.monotonic() - started, 2),
+            kafka=self.dlq_settings.kafka_security.describe(),
+        )
 
     async def on_started(self) -> None:
         await super().on_started()
@@ -135,17 +155,25 @@ class DlqApp(faust.App):
         """The topics Faust declares itself, as Faust would declare them: the tables'
         changelogs (compacted), the leader topic and this worker's reply topic."""
         topics = {
-            table.changelog_topic_name: InternalTopic(table.partitions or self.conf.topic_partitions, {"cleanup.policy": "compact"})
+            table.changelog_topic_name: InternalTopic(
+                table.partitions or self.conf.topic_partitions, {"cleanup.policy": "compact"}
+            )
             for table in self.tables.values()
         }
         topics[f"{self.conf.id}-__assignor-__leader"] = InternalTopic(1, {})
         reply_ms = int(want_seconds(self.conf.reply_expires) * 1000)
-        topics[self.conf.reply_to] = InternalTopic(1, {"cleanup.policy": "delete", "retention.ms": str(reply_ms)}, ephemeral=True)
+        topics[self.conf.reply_to] = InternalTopic(
+            1, {"cleanup.policy": "delete", "retention.ms": str(reply_ms)}, ephemeral=True
+        )
         return topics
 
     def written_topics(self) -> list[str]:
         """Every topic this worker's producer writes to, but other workers' reply topics."""
-        return [*self.dlq_settings.all_topics(), *(table.changelog_topic_name for table in self.tables.values()), self.conf.reply_to]
+        return [
+            *self.dlq_settings.all_topics(),
+            *(table.changelog_topic_name for table in self.tables.values()),
+            self.conf.reply_to,
+        ]
 
     async def on_stop(self) -> None:
         # Before Faust's consumer waits for every event to be acked: events held by the
@@ -172,9 +200,19 @@ class DlqApp(faust.App):
         await self._open_transactions({tp.partition for tp in assigned if tp.topic == self.dlq_settings.input})
         await super()._on_partitions_assigned(assigned, generation_id)
         owned = sorted({tp.partition for tp in assigned if tp.topic == self.dlq_settings.input})
-        log_event(log, logging.INFO, "partitions_assigned", generation=generation_id, partitions=len(owned), of=self.dlq_settings.partitions)
+        log_event(
+            log,
+            logging.INFO,
+            "partitions_assigned",
+            generation=generation_id,
+            partitions=len(owned),
+            of=self.dlq_settings.partitions,
+        )
         recovery = self.tables.recovery
-        self._recovery_start = (time.monotonic(), {tp: -1 if offset is None else offset for tp, offset in recovery.active_offsets.items()})
+        self._recovery_start = (
+            time.monotonic(),
+            {tp: -1 if offset is None else offset for tp, offset in recovery.active_offsets.items()},
+        )
 
     def transaction_partitions(self) -> set[int]:
         transactions = getattr(self.parts, "transactions", None)
@@ -224,7 +262,9 @@ class DlqApp(faust.App):
     def _new_consumer(self) -> Any:
         # faust_consumer: the fetch wait Faust fixes at 1.5 s, due hints first, records in offset order; see dlq_consumer_class.
         settings = self.dlq_settings
-        consumer_class = dlq_consumer_class(settings.fetch_max_wait_ms, frozenset({settings.due}), read_committed=settings.exactly_once)
+        consumer_class = dlq_consumer_class(
+            settings.fetch_max_wait_ms, frozenset({settings.due}), read_committed=settings.exactly_once
+        )
         return consumer_class(
             self.transport,
             callback=self.topics.on_message,
@@ -275,7 +315,12 @@ def access_policy(settings: Settings) -> AccessPolicy:
     hosts = {settings.web_host.lower(), socket.gethostname().lower(), socket.getfqdn().lower(), *settings.allowed_hosts}
     if settings.web_advertised_url:
         hosts.add(host_name(urlsplit(settings.web_advertised_url).netloc))
-    return AccessPolicy(token=settings.admin_token, max_body_bytes=settings.max_body_bytes, hosts=frozenset(hosts), origins=frozenset(settings.allowed_origins))
+    return AccessPolicy(
+        token=settings.admin_token,
+        max_body_bytes=settings.max_body_bytes,
+        hosts=frozenset(hosts),
+        origins=frozenset(settings.allowed_origins),
+    )
 
 
 def create_app(settings: Settings) -> DlqApp:
@@ -315,4 +360,3 @@ def create_app(settings: Settings) -> DlqApp:
         app.conf.canonical_url = settings.web_advertised_url
     app.dlq_settings = settings
     return app
-

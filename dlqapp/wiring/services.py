@@ -10,18 +10,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from mode import Service
 
 from dlqapp.core.clock import Clock
 from dlqapp.deadletters.alerts import AlertBatcher
-from dlqapp.observability import metrics
-from dlqapp.retries.scheduler import RetryScheduler
-from dlqapp.processing.crashguard import CrashGuard
+from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.kafka.consumer_state import set_topic_paused
 from dlqapp.kafka.transactions import Transactions
-from dlqapp.flowcontrol.input_gate import InputGate
+from dlqapp.observability import metrics
+from dlqapp.processing.crashguard import CrashGuard
+from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.tables.retention import Sweeper
 
 log = logging.getLogger("dlqapp.wiring.services")
@@ -191,7 +192,9 @@ class TransactionCommits(Service):
     rebalances included (the steps a rebalance drains wait for their commit); a failed
     commit stops the worker (`on_failure`)."""
 
-    def __init__(self, transactions: Transactions, interval_ms: int, on_failure: Callable[[BaseException], None], **kwargs: Any) -> None:
+    def __init__(
+        self, transactions: Transactions, interval_ms: int, on_failure: Callable[[BaseException], None], **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.transactions = transactions
         self.interval_s = interval_ms / 1000

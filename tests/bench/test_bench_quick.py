@@ -45,7 +45,10 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
     assert results["recovery"]["parked_after_restart"] == results["recovery"]["parked"]
     cost = results["stats_cost"]["1000"]
     assert cost["stats_p99_ms"]["median"] > 0 and cost["metrics_p99_ms"]["median"] > 0 and cost["rss_mib"]["median"] > 0
-    for section, systems in (("overhead", ("baseline_b_aiokafka", "baseline_c_faust", "dlqapp_0pct_failures", "dlqapp_10pct_failures")), ("llm_scale", ("baseline_b_aiokafka", "dlqapp_0pct_failures"))):
+    for section, systems in (
+        ("overhead", ("baseline_b_aiokafka", "baseline_c_faust", "dlqapp_0pct_failures", "dlqapp_10pct_failures")),
+        ("llm_scale", ("baseline_b_aiokafka", "dlqapp_0pct_failures")),
+    ):
         cost = results[section]
         for system in systems:
             assert len(cost[system]["runs"]) == 1
@@ -55,10 +58,15 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
             assert cost[system]["mock_cpu_s_per_1k"]["median"] >= 0
         assert cost["ratio_dlqapp_to_b"]["of_medians"] > 0 and len(cost["ratio_dlqapp_to_b"]["per_run"]) == 1
     assert results["overhead"]["ratio_10pct_to_0pct"]["of_medians"] > 0
-    assert results["overhead"]["ratio_dlqapp_to_c"]["of_medians"] > 0 and results["overhead"]["ratio_c_to_b"]["of_medians"] > 0
+    assert (
+        results["overhead"]["ratio_dlqapp_to_c"]["of_medians"] > 0
+        and results["overhead"]["ratio_c_to_b"]["of_medians"] > 0
+    )
     assert results["llm_scale"]["ceiling_per_s"] == 512 and results["llm_scale"]["ratio_dlqapp_to_ceiling"] > 0
     partitions = results["partitions"]
-    assert set(partitions) == {"3", "12"} and all(p["rss_mib"]["median"] > 0 and p["start_to_ready_s"]["median"] > 0 for p in partitions.values())
+    assert set(partitions) == {"3", "12"} and all(
+        p["rss_mib"]["median"] > 0 and p["start_to_ready_s"]["median"] > 0 for p in partitions.values()
+    )
     rss = results["llm_scale"]["rss"]
     for system in ("baseline_b_aiokafka", "dlqapp"):
         assert rss[system]["rss_mib"] >= rss[system]["idle_rss_mib"] > 0

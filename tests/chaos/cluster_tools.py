@@ -34,7 +34,9 @@ class SteadyLoad(threading.Thread):
             self.error = exc
 
     async def _produce(self) -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=5, request_timeout_ms=120_000)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, acks="all", linger_ms=5, request_timeout_ms=120_000
+        )
         await producer.start()
         try:
             began = time.monotonic()

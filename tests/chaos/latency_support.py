@@ -128,7 +128,11 @@ def trace_ids(bootstrap: str, app_id: str, ids: list[str]) -> list[str]:
             committed = await admin.list_consumer_group_offsets(app_id)
         finally:
             await admin.close()
-        lines = [f"committed {tp.topic}[{tp.partition}]={meta.offset}" for tp, meta in sorted(committed.items()) if "input" in tp.topic or "due" in tp.topic]
+        lines = [
+            f"committed {tp.topic}[{tp.partition}]={meta.offset}"
+            for tp, meta in sorted(committed.items())
+            if "input" in tp.topic or "due" in tp.topic
+        ]
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
         await consumer.start()
         try:
@@ -144,12 +148,21 @@ def trace_ids(bootstrap: str, app_id: str, ids: list[str]) -> list[str]:
                     for m in messages:
                         blob = (m.key or b"") + b"|" + (m.value or b"")[:2000]
                         if any(w in blob for w in wanted):
-                            headers = {k: v.decode("utf-8", "replace")[:40] for k, v in (m.headers or []) if k in ("attempts", "retry_count", "scheduled_time", "error_class")}
+                            headers = {
+                                k: v.decode("utf-8", "replace")[:40]
+                                for k, v in (m.headers or [])
+                                if k in ("attempts", "retry_count", "scheduled_time", "error_class")
+                            }
                             value = "null" if m.value is None else f"{len(m.value)}B {m.value[:100]!r}"
                             if m.value and m.topic.endswith("-requests-changelog"):
                                 doc = json.loads(m.value)
                                 value = str({k: doc.get(k) for k in ("state", "attempts", "tier", "due", "duplicates")})
-                            found.append((m.timestamp, f"t={m.timestamp} {m.topic}[{m.partition}]@{m.offset} key={(m.key or b'')[:60]!r} value={value} {headers}"))
+                            found.append(
+                                (
+                                    m.timestamp,
+                                    f"t={m.timestamp} {m.topic}[{m.partition}]@{m.offset} key={(m.key or b'')[:60]!r} value={value} {headers}",
+                                )
+                            )
             return lines + [line for _, line in sorted(found)]
         finally:
             await consumer.stop()
@@ -196,8 +209,16 @@ def read_ledger(workers: list[Worker], mock: MockLLM, ids: list[str], timeout: f
         lines.append(f"parked per worker: {[(w.name, safe_get(w, '/retries/_local/?top=0')) for w in live]}")
         for worker in live:
             status = safe_get(worker, "/")
-            lines.append(f"{worker.name}: in_flight={status.get('in_flight')} ready={status.get('ready')} input={status.get('assignment', {}).get(worker.topic('input'))}")
-            lines += [f"{worker.name}: {line}" for line in metric_lines(worker, r"^(faust_messages_received_per_topics_partition|dlqapp_consumer_lag)\{.*input|^faust_(active_messages|total_active_events) ")]
+            lines.append(
+                f"{worker.name}: in_flight={status.get('in_flight')} ready={status.get('ready')} input={status.get('assignment', {}).get(worker.topic('input'))}"
+            )
+            lines += [
+                f"{worker.name}: {line}"
+                for line in metric_lines(
+                    worker,
+                    r"^(faust_messages_received_per_topics_partition|dlqapp_consumer_lag)\{.*input|^faust_(active_messages|total_active_events) ",
+                )
+            ]
         lines += trace_ids(first.bootstrap, first.app_id, missing[:5])
         lines += task_dumps(live)
         raise AssertionError("\n".join(lines)) from None

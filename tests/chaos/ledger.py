@@ -32,27 +32,54 @@ class Ledger:
     attempts: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def read(cls, bootstrap: str, results_topic: str, dlq_topic: str, ids: list[str], timeout: float, partitions: int = 3, client: dict[str, Any] | None = None) -> "Ledger":
+    def read(
+        cls,
+        bootstrap: str,
+        results_topic: str,
+        dlq_topic: str,
+        ids: list[str],
+        timeout: float,
+        partitions: int = 3,
+        client: dict[str, Any] | None = None,
+    ) -> Ledger:
         """Read both topics until every id has an outcome (or fail after `timeout`)."""
         wanted = set(ids)
         records = read_topic(bootstrap, [results_topic, dlq_topic], all_keys_seen(wanted), timeout, partitions, client)
         return cls.of(records, results_topic, ids)
 
     @classmethod
-    def read_settled(cls, bootstrap: str, results_topic: str, dlq_topic: str, ids: list[str], timeout: float, partitions: int = 3, client: dict[str, Any] | None = None) -> "Ledger":
+    def read_settled(
+        cls,
+        bootstrap: str,
+        results_topic: str,
+        dlq_topic: str,
+        ids: list[str],
+        timeout: float,
+        partitions: int = 3,
+        client: dict[str, Any] | None = None,
+    ) -> Ledger:
         """`read` until every id has an outcome, then `read_to_end`: late duplicates counted too."""
         cls.read(bootstrap, results_topic, dlq_topic, ids, timeout, partitions, client)
         return cls.read_to_end(bootstrap, results_topic, dlq_topic, ids, partitions, client)
 
     @classmethod
-    def read_to_end(cls, bootstrap: str, results_topic: str, dlq_topic: str, ids: list[str], partitions: int = 3, client: dict[str, Any] | None = None, quiet_s: float = 3.0) -> "Ledger":
+    def read_to_end(
+        cls,
+        bootstrap: str,
+        results_topic: str,
+        dlq_topic: str,
+        ids: list[str],
+        partitions: int = 3,
+        client: dict[str, Any] | None = None,
+        quiet_s: float = 3.0,
+    ) -> Ledger:
         """Read both topics to their end once their end offsets stayed put for `quiet_s`
         (the workers have nothing left to write or commit): every outcome, duplicates included."""
         records = read_until_quiet(bootstrap, [results_topic, dlq_topic], partitions, client, quiet_s)
         return cls.of(records, results_topic, ids)
 
     @classmethod
-    def of(cls, records: list[Record], results_topic: str, ids: list[str]) -> "Ledger":
+    def of(cls, records: list[Record], results_topic: str, ids: list[str]) -> Ledger:
         wanted = set(ids)
         ledger = cls(ids)
         for record in records:
@@ -115,4 +142,3 @@ def assert_guarantee(ledger: Ledger, summary: dict[str, Any], env: dict[str, str
     if under_exactly_once(env):
         assert ledger.duplicate_outcomes == 0, summary
         assert ledger.mixed == [], f"ids with both a result and a dead letter: {ledger.mixed[:5]}; {summary}"
-

@@ -28,7 +28,9 @@ CHUNK = 64 * 1024
 
 
 class DelayProxy:
-    def __init__(self, upstream: tuple[str, int], delay_s: float = 0.2, port: int | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, upstream: tuple[str, int], delay_s: float = 0.2, port: int | None = None, host: str = "127.0.0.1"
+    ) -> None:
         self.upstream = upstream
         self.delay_s = delay_s
         self.host = host
@@ -49,7 +51,7 @@ class DelayProxy:
 
     # -- lifecycle (called from the test's thread) ------------------------------------
 
-    def start(self) -> "DelayProxy":
+    def start(self) -> DelayProxy:
         self._thread = threading.Thread(target=self._run, name=f"delay-proxy-{self.port}", daemon=True)
         self._thread.start()
         if not self._started.wait(10):
@@ -69,7 +71,7 @@ class DelayProxy:
         self._thread.join(15)
         self._loop = None
 
-    def __enter__(self) -> "DelayProxy":
+    def __enter__(self) -> DelayProxy:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -82,7 +84,9 @@ class DelayProxy:
         self._loop = loop
         asyncio.set_event_loop(loop)
         try:
-            self._server = loop.run_until_complete(asyncio.start_server(self._accept, self.host, self.port, backlog=256))
+            self._server = loop.run_until_complete(
+                asyncio.start_server(self._accept, self.host, self.port, backlog=256)
+            )
         except BaseException as exc:  # e.g. the port was taken meanwhile
             self._error = exc
             self._started.set()
@@ -105,7 +109,7 @@ class DelayProxy:
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:

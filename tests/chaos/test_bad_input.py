@@ -93,7 +93,9 @@ def test_every_bad_input_is_dead_lettered_with_its_bytes_and_the_next_valid_one_
     assert worker.process.poll() is None, "the worker must survive every bad input"
     huge = by_value[cases[9][1]]
     # The dlq agent records the entry after the DLQ topic has the record: wait for it.
-    status, entry = wait_until(lambda: (r := worker.get(f"/dlq/{huge.key.decode()}/"))[0] == 200 and r, 30, "the 5 MB dead letter's entry")
+    status, entry = wait_until(
+        lambda: (r := worker.get(f"/dlq/{huge.key.decode()}/"))[0] == 200 and r, 30, "the 5 MB dead letter's entry"
+    )
     assert entry["payload_truncated"] and entry["payload_bytes"] > 5_000_000
 
 
@@ -101,10 +103,24 @@ def test_odd_but_valid_input_is_processed(worker):
     binary_headers = unique("binary-headers")
     unknown_fields = unique("unknown-fields")
     garbage_key = unique("garbage-key")
-    produce(worker.bootstrap, worker.topic("input"), [(binary_headers.encode(), request_bytes(binary_headers))], headers=[("x-bin", b"\xff\x00\xfe"), ("replay_count", b"\xff")])
-    produce(worker.bootstrap, worker.topic("input"), [(unknown_fields.encode(), request_bytes(unknown_fields, surprise={"nested": [1, 2]}, extra=True))])
+    produce(
+        worker.bootstrap,
+        worker.topic("input"),
+        [(binary_headers.encode(), request_bytes(binary_headers))],
+        headers=[("x-bin", b"\xff\x00\xfe"), ("replay_count", b"\xff")],
+    )
+    produce(
+        worker.bootstrap,
+        worker.topic("input"),
+        [(unknown_fields.encode(), request_bytes(unknown_fields, surprise={"nested": [1, 2]}, extra=True))],
+    )
     produce(worker.bootstrap, worker.topic("input"), [(b"\xff\xfe\x00", request_bytes(garbage_key))])
-    read_topic(worker.bootstrap, worker.topic("results"), lambda r: {binary_headers, unknown_fields, garbage_key} <= keys_seen(r), 60)
+    read_topic(
+        worker.bootstrap,
+        worker.topic("results"),
+        lambda r: {binary_headers, unknown_fields, garbage_key} <= keys_seen(r),
+        60,
+    )
     assert worker.process.poll() is None
 
 
@@ -117,7 +133,10 @@ request_like = st.fixed_dictionaries(
     {},
     optional={
         "request_id": st.one_of(st.text(max_size=300), json_values),
-        "messages": st.one_of(st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]), "content": json_values})), json_values),
+        "messages": st.one_of(
+            st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]), "content": json_values})),
+            json_values,
+        ),
         "prompt": st.one_of(st.text(max_size=30), json_values),
         "model": json_values,
         "params": json_values,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,7 +30,9 @@ PARTITIONS = 3
 ALL = FULL or os.environ.get("CHAOS_CLUSTER") == "1"
 every_scenario = pytest.mark.skipif(not ALL, reason="CHAOS_CLUSTER=1 or CHAOS_FULL=1 (make chaos) runs it")
 pytestmark = pytest.mark.timeout(2400 if FULL else 900)
-WINDOW = 64 * 4 * 2  # calls a rebalance or crash can orphan per worker: concurrency x window factor (4 under exactly_once, which also waits for commits) x agents
+WINDOW = (
+    64 * 4 * 2
+)  # calls a rebalance or crash can orphan per worker: concurrency x window factor (4 under exactly_once, which also waits for commits) x agents
 
 
 class Run:
@@ -43,7 +45,13 @@ class Run:
         self.workers: list[Worker] = []
 
     def worker(self, wait: bool = True) -> Worker:
-        worker = Worker(self.cluster.bootstrap, self.tmp_path, app_id=self.app_id, name=f"w{len(self.workers) + 1}", env_extra=self.env)
+        worker = Worker(
+            self.cluster.bootstrap,
+            self.tmp_path,
+            app_id=self.app_id,
+            name=f"w{len(self.workers) + 1}",
+            env_extra=self.env,
+        )
         self.workers.append(worker)
         return worker.start(wait=wait)
 
@@ -51,7 +59,9 @@ class Run:
         return f"{self.app_id}.{name}"
 
     def meter(self, ids: list[str]) -> StallMeter:
-        meter = StallMeter(self.cluster.bootstrap, (self.topic("results"), self.topic("dlq")), ids_per_partition(ids, PARTITIONS))
+        meter = StallMeter(
+            self.cluster.bootstrap, (self.topic("results"), self.topic("dlq")), ids_per_partition(ids, PARTITIONS)
+        )
         meter.start()
         return meter
 
@@ -61,7 +71,9 @@ class Run:
 
     def ledger(self, ids: list[str], timeout: float = 600) -> Ledger:
         """Every outcome a read_committed consumer sees, once each id has one and the topics are quiet."""
-        return Ledger.read_settled(self.cluster.bootstrap, self.topic("results"), self.topic("dlq"), ids, timeout, PARTITIONS)
+        return Ledger.read_settled(
+            self.cluster.bootstrap, self.topic("results"), self.topic("dlq"), ids, timeout, PARTITIONS
+        )
 
     def busiest_input_leader(self) -> tuple[int, int]:
         """(partition of `input` with the most messages, the broker leading it)."""
@@ -120,7 +132,14 @@ def test_kill_9_the_leader_of_the_busiest_input_partition_mid_run(run):
     ledger = r.ledger(ids)
     recover_s = meter.stop()
     assert restart.wait(timeout=300) == 0, restart.stdout.read()
-    check("cluster: kill -9 the busiest input partition's leader", r, ledger, f"broker {leader} (leader of input-{partition}) killed, restarted", recover_s, crashes=1)
+    check(
+        "cluster: kill -9 the busiest input partition's leader",
+        r,
+        ledger,
+        f"broker {leader} (leader of input-{partition}) killed, restarted",
+        recover_s,
+        crashes=1,
+    )
     assert worker.process.poll() is None, "the worker rides out the broker's death"
 
 
@@ -154,7 +173,9 @@ def test_kill_9_the_broker_leading_parked_retries_while_retries_are_parked(run):
     r = run(DLQ_RETRY_DELAYS="10s,20s,30s" if FULL else "2s,4s,6s")
     first = r.worker()
     ids = produce_ids(first, count, "parked")
-    wait_until(lambda: first.get("/retries/?limit=1")[1]["total"] >= min(200, max(20, count // 20)), 300, "retries parked")
+    wait_until(
+        lambda: first.get("/retries/?limit=1")[1]["total"] >= min(200, max(20, count // 20)), 300, "retries parked"
+    )
     leaders = r.cluster.leaders(f"{r.app_id}-parked-retries-changelog")
     broker, led = Counter(leaders.values()).most_common(1)[0]
     meter = r.meter(ids)
@@ -166,7 +187,14 @@ def test_kill_9_the_broker_leading_parked_retries_while_retries_are_parked(run):
     ledger = r.ledger(ids)
     recover_s = meter.stop()
     assert restart.wait(timeout=300) == 0, restart.stdout.read()
-    check("cluster: kill -9 the parked-retries changelog leader", r, ledger, f"broker {broker} (leader of {led} of 3 changelog partitions, {parked} retries parked) and the worker killed", recover_s, crashes=1)
+    check(
+        "cluster: kill -9 the parked-retries changelog leader",
+        r,
+        ledger,
+        f"broker {broker} (leader of {led} of 3 changelog partitions, {parked} retries parked) and the worker killed",
+        recover_s,
+        crashes=1,
+    )
     assert second.process.poll() is None
 
 
@@ -190,7 +218,14 @@ def test_a_rolling_restart_of_all_three_brokers_under_load(run):
     meter.expected = ids_per_partition(sent, PARTITIONS)
     ledger = r.ledger(sent)
     recover_s = meter.stop()
-    check("cluster: rolling restart under load", r, ledger, f"3 brokers restarted one by one at {rate} requests/s", recover_s, crashes=3)
+    check(
+        "cluster: rolling restart under load",
+        r,
+        ledger,
+        f"3 brokers restarted one by one at {rate} requests/s",
+        recover_s,
+        crashes=3,
+    )
     assert worker.process.poll() is None
 
 
@@ -201,7 +236,9 @@ def test_two_workers_killed_while_a_broker_is_down(run):
     workers = [r.worker(wait=False) for _ in range(3)]
     for w in workers:
         w.wait_ready()
-    wait_until(lambda: all(w.get("/")[1]["assigned_partitions"] for w in workers), 120, "three workers sharing the partitions")
+    wait_until(
+        lambda: all(w.get("/")[1]["assigned_partitions"] for w in workers), 120, "three workers sharing the partitions"
+    )
     ids = produce_ids(workers[0], count, "two")
     wait_until(lambda: mock_calls(r.mock) >= count // 3, 300, "a third of the run")
     partition, leader = r.busiest_input_leader()
@@ -217,5 +254,12 @@ def test_two_workers_killed_while_a_broker_is_down(run):
     ledger = r.ledger(ids)
     recover_s = meter.stop()
     assert restart.wait(timeout=300) == 0, restart.stdout.read()
-    check("cluster: two workers killed while a broker is down", r, ledger, f"broker {leader} killed; 2 of 3 workers killed and restarted while it was down", recover_s, crashes=3)
+    check(
+        "cluster: two workers killed while a broker is down",
+        r,
+        ledger,
+        f"broker {leader} killed; 2 of 3 workers killed and restarted while it was down",
+        recover_s,
+        crashes=3,
+    )
     assert all(w.process.poll() is None for w in workers)

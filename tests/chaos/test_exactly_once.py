@@ -15,8 +15,8 @@ from collections import Counter
 
 import pytest
 
-from tests.chaos.ledger import FULL, Ledger, assert_guarantee, settled_ledger
 from tests.chaos.latency_support import safe_get
+from tests.chaos.ledger import FULL, Ledger, assert_guarantee, settled_ledger
 from tests.chaos.test_faults import mock_calls, produce_ids, report
 from tests.kafka_io import produce, read_until_quiet, request_bytes
 from tests.kafka_tools import committed_keys
@@ -37,14 +37,30 @@ EOS_ENV = {
 def assert_kafkas_consumer_agrees(worker, ids: list[str]) -> None:
     """Kafka's own console consumer, reading committed records only, sees one outcome per id too."""
     seen = committed_keys(worker.bootstrap, [worker.topic("results"), worker.topic("dlq")], len(ids))
-    assert sorted(seen) == sorted(ids), f"{len(set(ids) - set(seen))} ids without an outcome, {len(set(seen) - set(ids))} unknown"
+    assert sorted(seen) == sorted(ids), (
+        f"{len(set(ids) - set(seen))} ids without an outcome, {len(set(seen) - set(ids))} unknown"
+    )
     assert [rid for rid, n in seen.items() if n != 1] == [], "ids with more than one committed outcome"
 
 
 def flaky_mock(tmp_path) -> MockLLM:
     """A provider that fails a fifth of the requests once and a twentieth always: every
     request ends in a result or, after its retries, a dead letter."""
-    return MockLLM(tmp_path, args=["--latency-ms", "10", "--jitter-ms", "5", "--fail-once", "503=0.2", "--fail-always", "503=0.05", "--seed", "7"]).start()
+    return MockLLM(
+        tmp_path,
+        args=[
+            "--latency-ms",
+            "10",
+            "--jitter-ms",
+            "5",
+            "--fail-once",
+            "503=0.2",
+            "--fail-always",
+            "503=0.05",
+            "--seed",
+            "7",
+        ],
+    ).start()
 
 
 def test_each_request_has_one_committed_outcome(make_worker, tmp_path):
@@ -79,7 +95,9 @@ def test_kill_9_during_load_and_retries_leaves_one_outcome_per_request(make_work
         report("exactly_once, worker kill -9", summary)
         assert_guarantee(ledger, summary, EOS_ENV)
         assert_kafkas_consumer_agrees(worker, ids)
-        window = 64 * 4 * 2  # events in flight or waiting for their commit (4 x concurrency per agent, input and due) when a worker dies
+        window = (
+            64 * 4 * 2
+        )  # events in flight or waiting for their commit (4 x concurrency per agent, input and due) when a worker dies
         assert summary["extra_calls"] <= kills * window, summary
     finally:
         mock.stop()
@@ -90,7 +108,9 @@ def test_a_zombie_worker_writes_nothing_visible_and_a_third_worker_joining_chang
     up (SIGCONT) its producers are fenced, so nothing it still sends becomes visible. A
     third worker joining mid-run moves partitions again."""
     count = 20_000 if FULL else 1_000
-    mock = MockLLM(tmp_path, args=["--latency-ms", "200", "--jitter-ms", "50", "--fail-once", "503=0.2", "--seed", "9"]).start()
+    mock = MockLLM(
+        tmp_path, args=["--latency-ms", "200", "--jitter-ms", "50", "--fail-once", "503=0.2", "--seed", "9"]
+    ).start()
     try:
         env = {**EOS_ENV, "DLQ_INFERENCE_URL": mock.api_url}
         first = make_worker(env_extra=env, name="w1").start()
@@ -100,13 +120,22 @@ def test_a_zombie_worker_writes_nothing_visible_and_a_third_worker_joining_chang
         first.process.send_signal(signal.SIGSTOP)
         try:
             # the group gives the frozen worker's partitions to the other one
-            wait_until(lambda: second.get("/")[1].get("assignment", {}).get(first.topic("input")) == [0, 1, 2], 120, "the other worker to own every partition", interval=0.5)
+            wait_until(
+                lambda: second.get("/")[1].get("assignment", {}).get(first.topic("input")) == [0, 1, 2],
+                120,
+                "the other worker to own every partition",
+                interval=0.5,
+            )
         finally:
             first.process.send_signal(signal.SIGCONT)
         third = make_worker(env_extra=env, app_id=first.app_id, prefix=first.prefix, name="w3").start()
         ledger = settled_ledger(third, ids)
         # fenced, the woken worker restarted in place (same process) and serves again
-        wait_until(lambda: first.process.poll() is None and safe_get(first, "/").get("ready"), 180, "the woken worker back and ready")
+        wait_until(
+            lambda: first.process.poll() is None and safe_get(first, "/").get("ready"),
+            180,
+            "the woken worker back and ready",
+        )
         summary = {**ledger.summary(mock.url), "zombie": True, "joined": 1}
         report("exactly_once, zombie and a join", summary)
         assert_guarantee(ledger, summary, EOS_ENV)
@@ -126,7 +155,9 @@ def test_a_replay_starts_a_new_chain_with_one_outcome_of_its_own_through_a_kill(
         for rid in ids:
             mock.plan(request_id=rid, fail_times=1, status=401)  # auth_error: dead-lettered at the first attempt
         produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in ids])
-        Ledger.read(worker.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=120, client=READ_COMMITTED)
+        Ledger.read(
+            worker.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=120, client=READ_COMMITTED
+        )
         wait_until(lambda: worker.get("/dlq/")[1].get("total") == len(ids), 60, "every dead letter listed")
         for rid in ids[:10]:
             assert worker.get(f"/dlq/{rid}/")[0] == 200
@@ -137,8 +168,12 @@ def test_a_replay_starts_a_new_chain_with_one_outcome_of_its_own_through_a_kill(
         for rid in ids[10:]:
             status, body = http_json(f"{worker.url}/dlq/{rid}/reprocess/", "POST")
             assert status == 200 and body["status"] == "reprocessed", body
-        records = read_until_quiet(worker.bootstrap, [worker.topic("results"), worker.topic("dlq")], 3, READ_COMMITTED, quiet_s=3.0)
-        chains = Counter((r.key.decode(), r.headers.get("replay_count", "0"), r.topic.rsplit(".", 1)[-1]) for r in records if r.value)
+        records = read_until_quiet(
+            worker.bootstrap, [worker.topic("results"), worker.topic("dlq")], 3, READ_COMMITTED, quiet_s=3.0
+        )
+        chains = Counter(
+            (r.key.decode(), r.headers.get("replay_count", "0"), r.topic.rsplit(".", 1)[-1]) for r in records if r.value
+        )
         tombstones = Counter(r.key.decode() for r in records if r.value is None and r.topic == worker.topic("dlq"))
         for rid in ids:
             assert chains[(rid, "0", "dlq")] == 1 and chains[(rid, "0", "results")] == 0, (rid, chains)

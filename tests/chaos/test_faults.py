@@ -47,7 +47,9 @@ def report(name: str, summary: dict) -> None:
 
 
 def start_mock(tmp_path) -> MockLLM:
-    return MockLLM(tmp_path, args=["--latency-ms", "10", "--jitter-ms", "5", "--fail", "503=0.2", "--seed", "11"]).start()
+    return MockLLM(
+        tmp_path, args=["--latency-ms", "10", "--jitter-ms", "5", "--fail", "503=0.2", "--seed", "11"]
+    ).start()
 
 
 def produce_ids(worker: Worker, count: int, prefix: str) -> list[str]:
@@ -78,7 +80,9 @@ def test_kill_9_five_times_loses_nothing(make_worker, tmp_path):
         summary = {**ledger.summary(mock.url), "kills": 5}
         report("worker kill -9 x5", summary)
         assert_guarantee(ledger, summary, GUARANTEE_ENV)
-        window = 64 * (4 if under_exactly_once(GUARANTEE_ENV) else 2) * 2  # concurrency x window factor x (input + due agents)
+        window = (
+            64 * (4 if under_exactly_once(GUARANTEE_ENV) else 2) * 2
+        )  # concurrency x window factor x (input + due agents)
         assert summary["extra_calls"] <= 5 * window, summary
     finally:
         mock.stop()
@@ -90,7 +94,9 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path):
     env = broker.env()
     broker.run("start", env)
     mock = start_mock(tmp_path)
-    worker = Worker(broker.bootstrap, tmp_path, env_extra={**FAULT_ENV, **GUARANTEE_ENV, "DLQ_INFERENCE_URL": mock.api_url})
+    worker = Worker(
+        broker.bootstrap, tmp_path, env_extra={**FAULT_ENV, **GUARANTEE_ENV, "DLQ_INFERENCE_URL": mock.api_url}
+    )
     try:
         worker.start()
         ids = produce_ids(worker, count, "broker")
@@ -99,7 +105,11 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path):
         down_at = time.monotonic()
         broker.run("start", env)
         ledger = settled_ledger(worker, ids, timeout=600)
-        summary = {**ledger.summary(mock.url), "broker_restarts": 1, "broker_down_s": round(time.monotonic() - down_at, 1)}
+        summary = {
+            **ledger.summary(mock.url),
+            "broker_restarts": 1,
+            "broker_down_s": round(time.monotonic() - down_at, 1),
+        }
         report("broker restart", summary)
         assert_guarantee(ledger, summary, GUARANTEE_ENV)
         assert worker.process.poll() is None, "the worker recovers by itself"
@@ -117,7 +127,11 @@ def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
         first = make_worker(env_extra=env).start()
         others = [make_worker(app_id=first.app_id, prefix=first.prefix, env_extra=env).start() for _ in range(2)]
         workers = [first, *others]
-        wait_until(lambda: all(w.get("/")[1]["ready"] and w.get("/")[1]["assigned_partitions"] for w in workers), 120, "three workers sharing the partitions")
+        wait_until(
+            lambda: all(w.get("/")[1]["ready"] and w.get("/")[1]["assigned_partitions"] for w in workers),
+            120,
+            "three workers sharing the partitions",
+        )
         ids = produce_ids(first, count, "three")
         wait_until(lambda: mock_calls(mock) >= count // 3, 300, "a third of the run")
         victim = workers[1]
@@ -129,7 +143,11 @@ def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
         assert_guarantee(ledger, summary, GUARANTEE_ENV)
         expected_dead = set(ledger.dead)
         for worker in survivors:
-            page = wait_until(lambda: (p := worker.get("/dlq/?limit=1000")[1]).get("total") == len(expected_dead) and p, 120, f"the full DLQ on {worker.name}")
+            page = wait_until(
+                lambda: (p := worker.get("/dlq/?limit=1000")[1]).get("total") == len(expected_dead) and p,
+                120,
+                f"the full DLQ on {worker.name}",
+            )
             assert {i["request_id"] for i in page["items"]} >= expected_dead and "incomplete" not in page
     finally:
         mock.stop()

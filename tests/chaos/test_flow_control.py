@@ -24,20 +24,37 @@ from tests.support import MockLLM, Worker, unique_ids
 MODEL = "limited-model"
 
 
-def run_against_limited_mock(bootstrap: str, tmp, rpm: int, count: int, latency_ms: int, jitter_ms: int, worker_env: dict[str, str]) -> dict:
+def run_against_limited_mock(
+    bootstrap: str, tmp, rpm: int, count: int, latency_ms: int, jitter_ms: int, worker_env: dict[str, str]
+) -> dict:
     """`count` requests through one worker against a mock limited to `rpm`: the ledger and the mock's counts."""
-    mock = MockLLM(tmp, args=["--latency-ms", str(latency_ms), "--jitter-ms", str(jitter_ms), "--limit-rpm", str(rpm), "--seed", "7"]).start()
-    worker = Worker(bootstrap, tmp, env_extra={"DLQ_INFERENCE": "openai", "DLQ_INFERENCE_URL": mock.api_url, "DLQ_CONCURRENCY": "64", **worker_env})
+    mock = MockLLM(
+        tmp,
+        args=["--latency-ms", str(latency_ms), "--jitter-ms", str(jitter_ms), "--limit-rpm", str(rpm), "--seed", "7"],
+    ).start()
+    worker = Worker(
+        bootstrap,
+        tmp,
+        env_extra={"DLQ_INFERENCE": "openai", "DLQ_INFERENCE_URL": mock.api_url, "DLQ_CONCURRENCY": "64", **worker_env},
+    )
     try:
         worker.start()
         ids = unique_ids("flow", count)
         produce(bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, model=MODEL)) for rid in ids])
-        ledger = Ledger.read(bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=max(300, count * 60 / rpm * 3))
+        ledger = Ledger.read(
+            bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=max(300, count * 60 / rpm * 3)
+        )
         stats = mock.stats()
         flow = worker.get("/")[1]["flow"]
         with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as response:
             metrics = response.read().decode()
-        return {"ledger": ledger, "stats": stats, "flow": flow, "metrics": metrics, "results": ledger_times(bootstrap, worker, ids)}
+        return {
+            "ledger": ledger,
+            "stats": stats,
+            "flow": flow,
+            "metrics": metrics,
+            "results": ledger_times(bootstrap, worker, ids),
+        }
     finally:
         worker.kill()
         mock.stop()
@@ -62,7 +79,15 @@ def per_minute(stamps: list[int]) -> float:
 
 def test_with_rate_limits_the_provider_sends_no_429_and_every_request_succeeds(kafka_bootstrap, tmp_path):
     rpm, count = (600, 2000) if FULL else (3000, 600)
-    run = run_against_limited_mock(kafka_bootstrap, tmp_path, rpm, count, latency_ms=100, jitter_ms=20, worker_env={"DLQ_RATE_LIMITS": f"{MODEL}={rpm}rpm"})
+    run = run_against_limited_mock(
+        kafka_bootstrap,
+        tmp_path,
+        rpm,
+        count,
+        latency_ms=100,
+        jitter_ms=20,
+        worker_env={"DLQ_RATE_LIMITS": f"{MODEL}={rpm}rpm"},
+    )
     ledger, stats = run["ledger"], run["stats"]
     rate = per_minute(run["results"])
     print(f"\nrate limited: {count} requests at {rpm} rpm: {rate:.0f}/min, mock {stats}, flow {run['flow']}")
@@ -71,18 +96,26 @@ def test_with_rate_limits_the_provider_sends_no_429_and_every_request_succeeds(k
     assert stats["calls"] == count  # one call each: nothing bounced
     limited = run["flow"]["rate_limits"][MODEL]
     assert limited["rpm"] == rpm and limited["waited_calls"] > 0 and run["flow"]["concurrency_limit"] >= 1
-    assert "dlqapp_concurrency_limit " in run["metrics"] and f'dlqapp_rate_limit_wait_seconds_count{{model="{MODEL}"}}' in run["metrics"]
+    assert (
+        "dlqapp_concurrency_limit " in run["metrics"]
+        and f'dlqapp_rate_limit_wait_seconds_count{{model="{MODEL}"}}' in run["metrics"]
+    )
     assert rate <= rpm * 1.10  # never faster than the limit (allowing for broker timestamps)
     if FULL:
         assert rate >= rpm * 0.90, f"{rate:.0f}/min is not within 10% of {rpm}/min"
 
 
-@pytest.mark.skipif(not FULL, reason="over three minutes: CHAOS_FULL=1 (make chaos); tests/unit/test_flowcontrol.py simulates it in virtual time")
+@pytest.mark.skipif(
+    not FULL,
+    reason="over three minutes: CHAOS_FULL=1 (make chaos); tests/unit/test_flowcontrol.py simulates it in virtual time",
+)
 def test_without_rate_limits_adaptive_concurrency_keeps_429s_under_5_percent(kafka_bootstrap, tmp_path):
     rpm, count = 600, 2000
     run = run_against_limited_mock(kafka_bootstrap, tmp_path, rpm, count, latency_ms=1500, jitter_ms=300, worker_env={})
     ledger, stats = run["ledger"], run["stats"]
     share = stats["throttled"] / stats["calls"]
-    print(f"\nadaptive only: {count} requests, provider at {rpm} rpm: {per_minute(run['results']):.0f}/min, 429s {stats['throttled']} of {stats['calls']} calls ({share:.1%}), flow {run['flow']}")
+    print(
+        f"\nadaptive only: {count} requests, provider at {rpm} rpm: {per_minute(run['results']):.0f}/min, 429s {stats['throttled']} of {stats['calls']} calls ({share:.1%}), flow {run['flow']}"
+    )
     assert share < 0.05
     assert set(ledger.results) == set(ledger.ids) and not ledger.dead

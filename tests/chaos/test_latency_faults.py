@@ -23,8 +23,8 @@ import random
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -34,7 +34,6 @@ from tests.chaos.ledger import FULL, Ledger, assert_guarantee, under_exactly_onc
 from tests.chaos.tcp_proxy import DelayProxy
 from tests.chaos.test_faults import report
 from tests.support import KAFKA_LOCAL, ROOT, MockLLM, Worker, free_port, unique, wait_until
-
 
 LATENCY_S = 0.2
 """One-way delay the proxy adds to every chunk (so a round trip to the broker costs 400 ms)."""
@@ -59,7 +58,9 @@ def kafka_local_with_advertised_port(tmp_path: Path) -> Path:
         return KAFKA_LOCAL
     root_line = 'ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"'
     advertised_line = "advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT"
-    assert root_line in text and advertised_line in text, "scripts/kafka-local changed: update kafka_local_with_advertised_port"
+    assert root_line in text and advertised_line in text, (
+        "scripts/kafka-local changed: update kafka_local_with_advertised_port"
+    )
     text = text.replace(root_line, f'ROOT="{ROOT}"').replace(
         advertised_line, "advertised.listeners=PLAINTEXT://127.0.0.1:${KAFKA_ADVERTISED_PORT:-$KAFKA_PORT}"
     )
@@ -109,7 +110,9 @@ def slow_kafka(tmp_path: Path) -> Iterator[DelayProxy]:
         started = kafka_local("start", check=False)
         assert started.returncode == 0, f"the proxied broker did not start:\n{started.stdout}\n{started.stderr}"
         brokers = advertised_brokers(proxy.address)
-        assert brokers == [("127.0.0.1", proxy.port)], f"clients would bypass the proxy: the broker advertises {brokers}"
+        assert brokers == [("127.0.0.1", proxy.port)], (
+            f"clients would bypass the proxy: the broker advertises {brokers}"
+        )
         proxy.delay_s = LATENCY_S
         yield proxy
     finally:
@@ -120,14 +123,19 @@ def slow_kafka(tmp_path: Path) -> Iterator[DelayProxy]:
 # -- A ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(not FULL and os.environ.get("CHAOS_LATENCY") != "1", reason="about 3 minutes: runs in make chaos (or with CHAOS_LATENCY=1)")
+@pytest.mark.skipif(
+    not FULL and os.environ.get("CHAOS_LATENCY") != "1",
+    reason="about 3 minutes: runs in make chaos (or with CHAOS_LATENCY=1)",
+)
 @pytest.mark.timeout(1800 if FULL else 600)
 def test_offsets_are_never_committed_ahead_of_the_table_writes_of_the_same_step(slow_kafka: DelayProxy, tmp_path: Path):
     count = 20_000 if FULL else 2_000
     kills = 8 if FULL else 2
     overlapping = os.environ.get("CHAOS_OVERLAPPING_KILLS") == "1"
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "707")))
-    mock = MockLLM(tmp_path, args=["--latency-ms", "10", "--jitter-ms", "5", "--fail", "503=0.2", "--seed", "13"]).start()
+    mock = MockLLM(
+        tmp_path, args=["--latency-ms", "10", "--jitter-ms", "5", "--fail", "503=0.2", "--seed", "13"]
+    ).start()
     bootstrap = slow_kafka.address
     app_id = unique("app")
     env = {
@@ -138,14 +146,18 @@ def test_offsets_are_never_committed_ahead_of_the_table_writes_of_the_same_step(
         "DLQ_RETRY_DELAYS": "1s,2s,3s",
         "DLQ_SESSION_TIMEOUT": "6s",
     }
-    workers = [Worker(bootstrap, tmp_path, app_id=app_id, prefix=f"{app_id}.", name=f"w{n}", env_extra=env) for n in (1, 2, 3)]
+    workers = [
+        Worker(bootstrap, tmp_path, app_id=app_id, prefix=f"{app_id}.", name=f"w{n}", env_extra=env) for n in (1, 2, 3)
+    ]
     started = time.monotonic()
     try:
         for worker in workers:  # together: one rebalance instead of three, each slow here
             worker.start(wait=False)
         for worker in workers:
             worker.wait_ready(timeout=240)
-        wait_until(lambda: all(safe_get(w, "/").get("ready") for w in workers), 180, "three workers sharing the partitions")
+        wait_until(
+            lambda: all(safe_get(w, "/").get("ready") for w in workers), 180, "three workers sharing the partitions"
+        )
         phases = {"workers_ready_s": round(time.monotonic() - started)}
         first = workers[0]
         ids = [f"lat-{i}-{unique('x')[-6:]}" for i in range(count)]
@@ -158,7 +170,9 @@ def test_offsets_are_never_committed_ahead_of_the_table_writes_of_the_same_step(
             target = sent + int(len(batches[kill]) * rng.uniform(0.3, 0.7))
             sent += len(batches[kill])
             wait_until(lambda: mock_calls(mock) >= target, 600, f"{target} backend calls before kill {kill + 1}")
-            holding = wait_until(lambda: [w for w in workers if parked(w) > 0], 120, f"parked retries before kill {kill + 1}")
+            holding = wait_until(
+                lambda: [w for w in workers if parked(w) > 0], 120, f"parked retries before kill {kill + 1}"
+            )
             victim = rng.choice(holding)
             kill_log.append({"victim": victim.name, "parked": parked(victim), "calls": mock_calls(mock)})
             victim.kill()

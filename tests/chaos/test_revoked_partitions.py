@@ -39,7 +39,6 @@ from tests.chaos.ledger import FULL
 from tests.chaos.test_faults import report
 from tests.support import MockLLM, unique, wait_until
 
-
 # -- B ----------------------------------------------------------------------------------------
 
 
@@ -74,7 +73,10 @@ def test_a_worker_whose_partitions_are_revoked_stops_writing_for_them(make_worke
         produce_ids(first.bootstrap, first.topic("input"), ids)
         # Full windows: every worker's breaker open and 2 x DLQ_CONCURRENCY requests held.
         wait_until(
-            lambda: all(breaker_state(w) in ("open", "half_open") and safe_get(w, "/").get("in_flight", 0) >= 2 * concurrency for w in pair),
+            lambda: all(
+                breaker_state(w) in ("open", "half_open") and safe_get(w, "/").get("in_flight", 0) >= 2 * concurrency
+                for w in pair
+            ),
             120,
             "both breakers open with full in-flight windows",
         )
@@ -83,7 +85,11 @@ def test_a_worker_whose_partitions_are_revoked_stops_writing_for_them(make_worke
         third = make_worker(app_id=first.app_id, prefix=first.prefix, env_extra=env, name="w3").start()
         workers = [*pair, third]
         joined = time.monotonic()
-        wait_until(lambda: all(safe_get(w, "/").get("ready") and safe_get(w, "/").get("assigned_partitions") for w in workers), 120, "three workers sharing the partitions")
+        wait_until(
+            lambda: all(safe_get(w, "/").get("ready") and safe_get(w, "/").get("assigned_partitions") for w in workers),
+            120,
+            "three workers sharing the partitions",
+        )
         time.sleep(max(0.0, outage_s - (time.monotonic() - joined)))
         calls_at_recovery = mock_calls(mock)
         mock.outage(False)
@@ -92,13 +98,19 @@ def test_a_worker_whose_partitions_are_revoked_stops_writing_for_them(make_worke
         # or half-open holds the requests of its partitions for good. Then every hold is
         # counted (nothing is held after).
         try:
-            wait_until(lambda: all(breaker_state(w) == "closed" for w in workers), 120, "every breaker closed after the outage")
+            wait_until(
+                lambda: all(breaker_state(w) == "closed" for w in workers), 120, "every breaker closed after the outage"
+            )
         except AssertionError as exc:
-            snapshots = {w.name: {k: breaker(w).get(k) for k in ("state", "waiting", "moves", "transitions")} for w in workers}
+            snapshots = {
+                w.name: {k: breaker(w).get(k) for k in ("state", "waiting", "moves", "transitions")} for w in workers
+            }
             evidence = log_lines(workers, r"breaker_|in_flight_released|Revoking|Worker ready", 40)
             raise AssertionError(f"{exc}: {json.dumps(snapshots)}\n" + "\n".join(evidence)) from None
         held = {w.name: held_during_outage(w) for w in workers}
-        wait_until(lambda: mock_calls(mock) >= calls_at_recovery + count // 4, 300, "a quarter of the run after recovery")
+        wait_until(
+            lambda: mock_calls(mock) >= calls_at_recovery + count // 4, 300, "a quarter of the run after recovery"
+        )
         victim = rng.choice(workers)
         victim.kill()
 
@@ -129,12 +141,18 @@ def test_a_worker_whose_partitions_are_revoked_stops_writing_for_them(make_worke
         assert extra - sum(held.values()) <= bound, summary
         # Per request: at most one held call per handling, one orphaned call per fault.
         per_id_bound = 1 + 2 * (rebalances + kills)
-        over = {rid: calls[rid] - ledger.attempts.get(rid, 0) for rid in ids if calls[rid] - ledger.attempts.get(rid, 0) > per_id_bound}
+        over = {
+            rid: calls[rid] - ledger.attempts.get(rid, 0)
+            for rid in ids
+            if calls[rid] - ledger.attempts.get(rid, 0) > per_id_bound
+        }
         assert not over, f"ids called more often than their attempts allow: {dict(list(over.items())[:10])}"
         # Once the windows are released nothing of the revoked assignment runs, so Faust's
         # wait for acks ends at once; it warns after 10 s of waiting (a handler running for a
         # partition the group may have given to another worker: see InFlightWindow.release).
         stuck = log_lines(workers, r"wait_empty: Waiting for tasks", 5)
-        assert not stuck, "a revocation waited for handlers of the revoked assignment:\n" + "\n".join(line[:300] for line in stuck)
+        assert not stuck, "a revocation waited for handlers of the revoked assignment:\n" + "\n".join(
+            line[:300] for line in stuck
+        )
     finally:
         mock.stop()

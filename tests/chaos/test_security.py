@@ -32,7 +32,12 @@ def test_token_is_required_and_checked(make_worker):
     assert call(f"{worker.url}/dlq/x/", "DELETE", token="nope")[0] == 403
     assert http_json(worker.url + "/dlq/")[0] == 200  # reads need no token
     assert http_json(worker.url + "/table/requests/")[0] == 404  # Faust's raw table views are off
-    big = urllib.request.Request(f"{worker.url}/dlq/reprocess/", data=b"x" * 5_000_000, method="POST", headers={"Authorization": "Bearer s3cret-token-0123456789", "Content-Type": "application/json"})
+    big = urllib.request.Request(
+        f"{worker.url}/dlq/reprocess/",
+        data=b"x" * 5_000_000,
+        method="POST",
+        headers={"Authorization": "Bearer s3cret-token-0123456789", "Content-Type": "application/json"},
+    )
     try:
         urllib.request.urlopen(big, timeout=10)
         raise AssertionError("a 5 MB body must be refused")
@@ -69,7 +74,13 @@ def from_netns(namespace: str, url: str, method: str) -> tuple[int, dict]:
         "try:\n    resp = urllib.request.urlopen(r, timeout=10); print(resp.status); print(resp.read().decode())\n"
         "except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n"
     )
-    out = subprocess.run(["ip", "netns", "exec", namespace, "python3", "-c", script], capture_output=True, text=True, timeout=30, check=True).stdout
+    out = subprocess.run(
+        ["ip", "netns", "exec", namespace, "python3", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    ).stdout
     status, body = out.split("\n", 1)
     return int(status), json.loads(body)
 
@@ -88,21 +99,30 @@ def test_a_web_page_cannot_make_the_browser_replay_or_read_the_dlq(make_worker):
     """Cross-site requests and DNS rebinding against a worker without a token (the default)."""
     worker = make_worker().start()
     bulk = f"{worker.url}/dlq/reprocess/"
-    status, body = http_json(bulk, "POST", raw=b'{"all": true}', headers={"Content-Type": "text/plain", "Origin": "http://evil.example"})
+    status, body = http_json(
+        bulk, "POST", raw=b'{"all": true}', headers={"Content-Type": "text/plain", "Origin": "http://evil.example"}
+    )
     assert status == 415 and "application/json" in body["error"]
     status, body = http_json(bulk, "POST", {"all": True}, headers={"Origin": "http://evil.example"})
     assert status == 403 and "DLQ_ALLOWED_ORIGINS" in body["error"]
     status, body = http_json(f"{worker.url}/dlq/", headers={"Host": "rebound.evil.example"})
     assert status == 403 and "DLQ_ALLOWED_HOSTS" in body["error"]
-    assert http_json(f"{worker.url}/dlq/x/", "DELETE", headers={"Host": f"rebound.evil.example:{worker.web_port}"})[0] == 403
+    assert (
+        http_json(f"{worker.url}/dlq/x/", "DELETE", headers={"Host": f"rebound.evil.example:{worker.web_port}"})[0]
+        == 403
+    )
     status, body = http_json(bulk, "POST", {"all": True}, headers={"Origin": worker.url})
     assert status == 200 and body["reprocessed"] == []  # its own page may
 
 
 def test_an_allowed_host_and_origin_are_accepted(make_worker):
-    worker = make_worker(env_extra={"DLQ_ALLOWED_HOSTS": "dlq.internal", "DLQ_ALLOWED_ORIGINS": "https://ops.example.com"}).start()
+    worker = make_worker(
+        env_extra={"DLQ_ALLOWED_HOSTS": "dlq.internal", "DLQ_ALLOWED_ORIGINS": "https://ops.example.com"}
+    ).start()
     assert http_json(f"{worker.url}/dlq/", headers={"Host": "dlq.internal"})[0] == 200
-    status, _ = http_json(f"{worker.url}/dlq/reprocess/", "POST", {"keys": ["nope"]}, headers={"Origin": "https://ops.example.com"})
+    status, _ = http_json(
+        f"{worker.url}/dlq/reprocess/", "POST", {"keys": ["nope"]}, headers={"Origin": "https://ops.example.com"}
+    )
     assert status == 200
 
 

@@ -11,7 +11,15 @@ from typing import Any
 from tests.support import ROOT
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 SCREENSHOTS = Path(os.environ.get("DLQ_SCREENSHOTS_DIR") or ROOT / "build" / "screenshots")
 """Where the tests save PNGs of the console's main states (docs/operations.md: Admin page)."""
 

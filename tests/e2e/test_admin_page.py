@@ -13,7 +13,9 @@ from tests.e2e.console import CLIPPED, SCRIPT_PAYLOAD, screenshot
 from tests.kafka_io import produce, request_bytes
 from tests.support import FAUST, http_json, unique, wait_until
 
-pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (installed by .ci/run)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="needs Debian's chromium (installed by .ci/run)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,9 @@ def test_reprocess_all_matching_asks_with_the_exact_count(worker, dead, page):
     page.click("#replay-all")
     page.wait_for_selector("#confirm[open]")
     assert page.inner_text("#confirm-title") == "Reprocess all 2 dead letters with error class content_filter?"
-    assert sorted(page.eval_on_selector_all("#confirm-sample li", "ls => ls.map(l => l.textContent)")) == sorted(dead["filter"] + dead["script"])
+    assert sorted(page.eval_on_selector_all("#confirm-sample li", "ls => ls.map(l => l.textContent)")) == sorted(
+        dead["filter"] + dead["script"]
+    )
     assert f"About {content_filter_tokens(dead)} prompt tokens" in page.inner_text("#confirm-tokens")
     screenshot(page, "reprocess-all-confirm")
     page.click("#confirm-cancel")
@@ -92,7 +96,9 @@ def content_filter_tokens(dead) -> int:
 
 
 def test_dry_run_answers_count_sample_and_tokens_and_replays_nothing(worker, dead):
-    status, answer = http_json(worker.url + "/dlq/reprocess/", "POST", {"all": True, "error_class": "content_filter", "dry_run": True})
+    status, answer = http_json(
+        worker.url + "/dlq/reprocess/", "POST", {"all": True, "error_class": "content_filter", "dry_run": True}
+    )
     assert status == 200, answer
     assert answer["dry_run"] is True and answer["total"] == 2
     assert sorted(answer["sample"]) == sorted(dead["filter"] + dead["script"])
@@ -102,9 +108,29 @@ def test_dry_run_answers_count_sample_and_tokens_and_replays_nothing(worker, dea
     assert by_keys["estimated_prompt_tokens"] == math.ceil(len(f"hello {dead['filter'][0]}") / 4)
     assert http_json(worker.url + "/dlq/reprocess/", "POST", {"all": True, "dry_run": "yes"})[0] == 400
     env = {**worker.env(), "DLQ_WEB_URL": worker.url}
-    cli = subprocess.run([str(FAUST), "-A", "dlqapp", "dlq-reprocess", "--all", "--error-class", "content_filter", "--dry-run", "--json"], env=env, cwd=worker.tmp, capture_output=True, text=True, timeout=120)
+    cli = subprocess.run(
+        [
+            str(FAUST),
+            "-A",
+            "dlqapp",
+            "dlq-reprocess",
+            "--all",
+            "--error-class",
+            "content_filter",
+            "--dry-run",
+            "--json",
+        ],
+        env=env,
+        cwd=worker.tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cli.returncode == 0, cli.stderr
-    assert json.loads(cli.stdout)["total"] == 2 and json.loads(cli.stdout)["estimated_prompt_tokens"] == answer["estimated_prompt_tokens"]
+    assert (
+        json.loads(cli.stdout)["total"] == 2
+        and json.loads(cli.stdout)["estimated_prompt_tokens"] == answer["estimated_prompt_tokens"]
+    )
     assert worker.get("/dlq/")[1]["total"] == 5  # nothing was replayed
 
 
@@ -113,7 +139,9 @@ def test_headers_are_a_table_and_the_attempt_history_a_history_table(worker, dea
     page.goto(worker.url + "/ui/")
     page.click(f"#rows tr[data-id='{rid}']")
     page.wait_for_selector("#headers tr[data-header=attempt_history] table")
-    history = page.eval_on_selector_all("#headers tr[data-header=attempt_history] tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
+    history = page.eval_on_selector_all(
+        "#headers tr[data-header=attempt_history] tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))"
+    )
     assert [h[0] for h in history] == ["1"] and history[0][2] == "input" and history[0][4].startswith("auth_error")
     assert page.inner_text("#headers tr[data-header=request_id] td:last-child") == rid
     assert '[{"' not in page.inner_text("#headers")  # no escaped JSON left
@@ -142,5 +170,7 @@ def test_edit_then_reprocess(worker, dead, page):
     page.click("#reprocess-edited")
     page.wait_for_function(f"!document.querySelector(\"#rows tr[data-id='{rid}']\")")
     assert "sent back to input" in page.inner_text("#toast")
-    state = wait_until(lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s, 30, "the edited replay")
+    state = wait_until(
+        lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s, 30, "the edited replay"
+    )
     assert state["ledger"][0]["edited"] is True and state["ledger"][0]["by"] == "admin-page"

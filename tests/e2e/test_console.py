@@ -21,7 +21,9 @@ from tests.e2e.console import CLIPPED, off_loop, screenshot
 from tests.kafka_io import produce, request_bytes
 from tests.support import FAUST, MockLLM, http_json, unique, wait_until
 
-pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (installed by .ci/run)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("chromium") is None, reason="needs Debian's chromium (installed by .ci/run)"
+)
 
 XSS_ERROR = '<img src=x onerror="window.__pwned=3"><script>window.__pwned=4</script>'
 
@@ -54,9 +56,15 @@ def park(worker, mock, prefix: str, count: int, message: str = "mock: a teapot")
     """`count` requests whose first call fails with a retryable, not backend-wide error (HTTP 418 → unknown)."""
     ids = [f"{unique(prefix)}-{i}" for i in range(count)]
     for rid in ids:
-        mock.plan(request_id=rid, fail_times=1, status=418, error={"type": "error", "code": "teapot", "message": message})
+        mock.plan(
+            request_id=rid, fail_times=1, status=418, error={"type": "error", "code": "teapot", "message": message}
+        )
     off_loop(produce, worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in ids])
-    wait_until(lambda: all(worker.get(f"/requests/{rid}/")[1].get("state") == "retry_scheduled" for rid in ids), 30, f"{count} parked retries")
+    wait_until(
+        lambda: all(worker.get(f"/requests/{rid}/")[1].get("state") == "retry_scheduled" for rid in ids),
+        30,
+        f"{count} parked retries",
+    )
     return ids
 
 
@@ -69,7 +77,9 @@ def listed(worker, **params) -> dict:
 
 def cli(worker, *args):
     env = {**worker.env(), "DLQ_WEB_URL": worker.url}
-    return subprocess.run([str(FAUST), "-A", "dlqapp", *args], env=env, cwd=worker.tmp, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(FAUST), "-A", "dlqapp", *args], env=env, cwd=worker.tmp, capture_output=True, text=True, timeout=120
+    )
 
 
 def post(worker, path, headers=None, raw=None):
@@ -87,11 +97,15 @@ def test_retries_list_filters_pages_and_counts_exactly(worker, mock):
     assert sorted(i["request_id"] for i in mine) == sorted(ids)
     for item in mine:
         assert set(item) >= {"request_id", "tier", "attempt", "due_at", "error_class", "last_error"}
-        assert (item["tier"], item["attempt"], item["error_class"]) == ("retry-10m", 2, "unknown") and "teapot" in item["last_error"]
+        assert (item["tier"], item["attempt"], item["error_class"]) == ("retry-10m", 2, "unknown") and "teapot" in item[
+            "last_error"
+        ]
     total = listed(worker)["total"]
     assert listed(worker, tier="retry-10m")["total"] == total == listed(worker)["by_tier"]["retry-10m"]
     assert listed(worker, tier="retry-20m")["total"] == 0
-    assert listed(worker, error_class="unknown")["total"] == total and listed(worker, error_class="timeout")["total"] == 0
+    assert (
+        listed(worker, error_class="unknown")["total"] == total and listed(worker, error_class="timeout")["total"] == 0
+    )
     dues = [i["due_at"] for i in listed(worker, limit=1000)["items"]]
     assert dues == sorted(dues)  # earliest due first
     assert listed(worker, limit=1, offset=1)["items"][0] == listed(worker, limit=2)["items"][1]
@@ -107,12 +121,20 @@ def test_run_now_attempts_early_like_the_timer_and_is_in_the_ledger(worker, mock
     result = cli(worker, "retry-now", "--key", rid, "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)[0]["status"] == "fired"
-    state = wait_until(lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s, 30, "the early retry to succeed")
+    state = wait_until(
+        lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s,
+        30,
+        "the early retry to succeed",
+    )
     assert mock.calls(rid) == 2  # one failed first attempt, one early retry: no extra call
     second = state["history"][-1]
     assert second["state"] == "succeeded" and second["at"] < due  # it ran before its due time
     ledger = state["ledger"]
-    assert [r["action"] for r in ledger] == ["run_now"] and ledger[0]["tier"] == "retry-10m" and ledger[0]["by"].startswith("cli:")
+    assert (
+        [r["action"] for r in ledger] == ["run_now"]
+        and ledger[0]["tier"] == "retry-10m"
+        and ledger[0]["by"].startswith("cli:")
+    )
     assert rid not in {i["request_id"] for i in listed(worker, limit=1000)["items"]}
     again = post(worker, f"/retries/{rid}/run-now/")
     assert again[0] == 404 and again[1]["status"] == "not_found"
@@ -159,9 +181,15 @@ def test_health_counts_per_minute_and_names_parked_tiers(worker, mock):
 def test_retries_tab_runs_now_and_dead_letters_selected_without_running_scripts(worker, mock, page):
     xss_id = f"xss-<img src=x onerror=window.__pwned=5>-{uuid.uuid4().hex[:8]}"
     ids = park(worker, mock, "page", 3, message=XSS_ERROR)
-    mock.plan(request_id=xss_id, fail_times=1, status=418, error={"type": "error", "code": "teapot", "message": XSS_ERROR})
+    mock.plan(
+        request_id=xss_id, fail_times=1, status=418, error={"type": "error", "code": "teapot", "message": XSS_ERROR}
+    )
     off_loop(produce, worker.bootstrap, worker.topic("input"), [(xss_id.encode(), request_bytes(xss_id))])
-    wait_until(lambda: any(i["request_id"] == xss_id for i in listed(worker, limit=1000)["items"]), 30, "the script-named retry")
+    wait_until(
+        lambda: any(i["request_id"] == xss_id for i in listed(worker, limit=1000)["items"]),
+        30,
+        "the script-named retry",
+    )
     page.goto(worker.url + "/ui/")
     page.click("#tab-retries")
     row = lambda rid: f"#r-rows tr[data-id={json.dumps(rid)}]"  # noqa: E731
@@ -182,11 +210,20 @@ def test_retries_tab_runs_now_and_dead_letters_selected_without_running_scripts(
     # rows earlier, while the last answer waits for its write to commit)
     page.wait_for_function("document.querySelector('#toast').textContent.includes('dead-lettered')")
     assert page.inner_text("#toast") == "2 dead-lettered"
-    page.wait_for_function(f"!document.querySelector({json.dumps(row(ids[1]))}) && !document.querySelector({json.dumps(row(xss_id))})")
+    page.wait_for_function(
+        f"!document.querySelector({json.dumps(row(ids[1]))}) && !document.querySelector({json.dumps(row(xss_id))})"
+    )
     for rid in (ids[1], xss_id):
         # the dlq agent records the entry once it reads the dead letter (committed) back
-        status, entry = wait_until(lambda rid=rid: (r := worker.get(f"/dlq/{quote(rid, safe='')}/"))[0] == 200 and r, 30, f"the dead letter of {rid}")
-        assert status == 200 and (entry["ledger"][-1]["action"], entry["ledger"][-1]["by"]) == ("dead_letter_now", "admin-page")
+        status, entry = wait_until(
+            lambda rid=rid: (r := worker.get(f"/dlq/{quote(rid, safe='')}/"))[0] == 200 and r,
+            30,
+            f"the dead letter of {rid}",
+        )
+        assert status == 200 and (entry["ledger"][-1]["action"], entry["ledger"][-1]["by"]) == (
+            "dead_letter_now",
+            "admin-page",
+        )
     assert page.evaluate("window.__pwned") is None
     assert page.query_selector("#r-rows img, #r-rows script") is None
     # the lookup of the script-named request shows its timeline, still as text
@@ -196,12 +233,17 @@ def test_retries_tab_runs_now_and_dead_letters_selected_without_running_scripts(
     assert page.inner_text("#lookup-result h2") == xss_id and page.inner_text("#lookup-state") == "dead_lettered"
     assert XSS_ERROR in page.inner_text("#lookup-attempts")
     assert "dead-lettered now by admin-page" in page.inner_text("#lookup-result .ledger")
-    assert page.evaluate("window.__pwned") is None and page.query_selector("#lookup-result img, #lookup-result script") is None
+    assert (
+        page.evaluate("window.__pwned") is None
+        and page.query_selector("#lookup-result img, #lookup-result script") is None
+    )
 
 
 def test_lookup_shows_the_attempt_timeline_scheduled_vs_actual(worker, mock, page):
     rid = park(worker, mock, "lookup", 1)[0]
-    assert post(worker, f"/retries/{rid}/run-now/", headers={"X-DLQ-Actor": XSS_ERROR})[1]["status"] == "fired"  # the actor is shown too
+    assert (
+        post(worker, f"/retries/{rid}/run-now/", headers={"X-DLQ-Actor": XSS_ERROR})[1]["status"] == "fired"
+    )  # the actor is shown too
     wait_until(lambda: worker.get(f"/requests/{rid}/")[1].get("state") == "succeeded", 30, "the early retry")
     page.goto(worker.url + "/ui/")
     page.fill("#lookup-id", rid)
@@ -211,12 +253,17 @@ def test_lookup_shows_the_attempt_timeline_scheduled_vs_actual(worker, mock, pag
     states = page.inner_text("#lookup-states")
     assert "retry_scheduled" in states and "succeeded" in states
     assert f"run now by {XSS_ERROR}" in page.inner_text("#lookup-result .ledger")
-    attempts = page.eval_on_selector_all("#lookup-attempts tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))")
+    attempts = page.eval_on_selector_all(
+        "#lookup-attempts tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))"
+    )
     assert [a[0] for a in attempts] == ["1", "2"]
     assert attempts[0][4].startswith("unknown") and "teapot" in attempts[0][4] and attempts[1][4] == "ok"
     assert attempts[0][2] == "input" and attempts[1][2] == "retry-10m"
     assert attempts[1][1].endswith(" early")  # run now: before its scheduled time
-    assert page.evaluate("window.__pwned") is None and page.query_selector("#lookup-result img, #lookup-result script") is None
+    assert (
+        page.evaluate("window.__pwned") is None
+        and page.query_selector("#lookup-result img, #lookup-result script") is None
+    )
     screenshot(page, "lookup")
     page.fill("#lookup-id", "no-such-" + uuid.uuid4().hex)
     page.press("#lookup-id", "Enter")
@@ -231,7 +278,12 @@ def test_health_panel_and_nothing_clipped(worker, mock, new_page, width):
     page.wait_for_selector("#health-total .tile")
     page.wait_for_selector("#workers tbody tr")
     assert int(page.inner_text("#health-total [data-metric=parked] .v")) == listed(worker)["total"]
-    assert page.eval_on_selector_all("#chart polyline", "ls => ls.map(l => l.dataset.series)") == ["received", "succeeded", "retried", "dead_lettered"]
+    assert page.eval_on_selector_all("#chart polyline", "ls => ls.map(l => l.dataset.series)") == [
+        "received",
+        "succeeded",
+        "retried",
+        "dead_lettered",
+    ]
     assert page.is_hidden("#banner")
     assert page.evaluate(CLIPPED) == []
     screenshot(page, f"health-{width}")
@@ -239,7 +291,9 @@ def test_health_panel_and_nothing_clipped(worker, mock, new_page, width):
     page.wait_for_selector("#r-rows tr.row")
     assert page.evaluate(CLIPPED) == []
     # A retry due on another day shows a date, the longest form: it must fit too.
-    page.evaluate("document.querySelectorAll('#r-rows td.due .abs').forEach((n) => { n.textContent = 'Dec 31 23:59'; })")
+    page.evaluate(
+        "document.querySelectorAll('#r-rows td.due .abs').forEach((n) => { n.textContent = 'Dec 31 23:59'; })"
+    )
     assert page.evaluate(CLIPPED) == []
     screenshot(page, f"retries-{width}")
 
@@ -255,7 +309,9 @@ def test_a_stalled_worker_raises_the_banner_and_recovery_clears_it(worker, mock,
         try:
             page.wait_for_selector("#banner .alert", state="visible", timeout=60_000)
         except Exception as exc:
-            raise AssertionError(f"no banner; /health/ says {worker.get('/health/')[1]}; states {[worker.get(f'/requests/{rid}/')[1].get('state') for rid in ids]}") from exc
+            raise AssertionError(
+                f"no banner; /health/ says {worker.get('/health/')[1]}; states {[worker.get(f'/requests/{rid}/')[1].get('state') for rid in ids]}"
+            ) from exc
         text = page.inner_text("#banner")
         assert "Stalled" in text and "circuit breaker" in text and "requests held" in text
         screenshot(page, "stalled")
@@ -264,5 +320,9 @@ def test_a_stalled_worker_raises_the_banner_and_recovery_clears_it(worker, mock,
     page.wait_for_selector("#banner", state="hidden", timeout=60_000)
     # the requests that failed before the breaker opened wait in a retry tier; the held ones succeed
     settled = lambda: [worker.get(f"/requests/{rid}/")[1].get("state") for rid in ids]  # noqa: E731
-    wait_until(lambda: set(settled()) <= {"succeeded", "retry_scheduled"} and "succeeded" in settled(), 60, "the held requests after recovery")
+    wait_until(
+        lambda: set(settled()) <= {"succeeded", "retry_scheduled"} and "succeeded" in settled(),
+        60,
+        "the held requests after recovery",
+    )
     screenshot(page, "recovered")

@@ -20,7 +20,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 receiver.attempts += 1
                 if receiver.attempts <= receiver.failures:
@@ -45,7 +45,14 @@ def test_dead_letters_are_batched_into_webhook_messages_and_retried(make_worker)
     ).start()
     ids = [unique("alert") for _ in range(4)]
     errors = ["auth_error", "auth_error", "auth_error", "content_filter"]
-    produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, metadata={"simulate": {"fail_times": 1, "error": e}})) for rid, e in zip(ids, errors)])
+    produce(
+        worker.bootstrap,
+        worker.topic("input"),
+        [
+            (rid.encode(), request_bytes(rid, metadata={"simulate": {"fail_times": 1, "error": e}}))
+            for rid, e in zip(ids, errors)
+        ],
+    )
     wait_until(lambda: sum(b["dlqapp"]["total"] for b in receiver.bodies) >= 4, 60, "4 dead letters to be alerted")
     totals: dict[str, int] = {}
     for body in receiver.bodies:

@@ -34,7 +34,11 @@ def worker(mock, start_worker):
 
 
 def send(worker, *ids, **extra):
-    produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, model="main-model", **extra)) for rid in ids])
+    produce(
+        worker.bootstrap,
+        worker.topic("input"),
+        [(rid.encode(), request_bytes(rid, model="main-model", **extra)) for rid in ids],
+    )
 
 
 def outcome(worker, rid, timeout=60):
@@ -49,7 +53,11 @@ def test_one_call_per_successful_request(worker, mock):
     send(worker, *ids)
     for rid in ids:
         body = outcome(worker, rid).json
-        assert body["output"].startswith("mock answer to:") and body["model"] == "main-model" and body["usage"]["total_tokens"] > 0
+        assert (
+            body["output"].startswith("mock answer to:")
+            and body["model"] == "main-model"
+            and body["usage"]["total_tokens"] > 0
+        )
         assert mock.calls(rid) == 1
 
 
@@ -74,8 +82,14 @@ def test_rate_limit_retry_after_is_honoured(worker, mock):
 @pytest.mark.parametrize(
     "spec, error_class",
     [
-        ({"status": 429, "error": {"code": "insufficient_quota", "message": "You exceeded your current quota"}}, "quota_exceeded"),
-        ({"status": 400, "error": {"code": "content_filter", "message": "content management policy"}}, "content_filter"),
+        (
+            {"status": 429, "error": {"code": "insufficient_quota", "message": "You exceeded your current quota"}},
+            "quota_exceeded",
+        ),
+        (
+            {"status": 400, "error": {"code": "content_filter", "message": "content management policy"}},
+            "content_filter",
+        ),
         ({"status": 401}, "auth_error"),
         ({"status": 404, "error": {"code": "model_not_found", "message": "no such model"}}, "invalid_request"),
         ({"status": 503, "headers": {"x-should-retry": "false"}}, "server_error"),
@@ -100,7 +114,12 @@ def test_a_timeout_is_retried(worker, mock):
 
 def test_context_length_goes_straight_to_the_fallback_model(worker, mock):
     rid = unique("long")
-    mock.plan(request_id=rid, fail_times=1, status=400, error={"code": "context_length_exceeded", "message": "maximum context length is 8192 tokens"})
+    mock.plan(
+        request_id=rid,
+        fail_times=1,
+        status=400,
+        error={"code": "context_length_exceeded", "message": "maximum context length is 8192 tokens"},
+    )
     send(worker, rid)
     body = outcome(worker, rid).json
     assert body["model"] == "fallback-model" and body["attempts"] == 2

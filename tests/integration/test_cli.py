@@ -18,12 +18,18 @@ def worker(start_worker):
 
 def cli(worker, *args, url=None):
     env = {**worker.env(), "DLQ_WEB_URL": url or worker.url}
-    return subprocess.run([str(FAUST), "-A", "dlqapp", *args], env=env, cwd=worker.tmp, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(FAUST), "-A", "dlqapp", *args], env=env, cwd=worker.tmp, capture_output=True, text=True, timeout=120
+    )
 
 
 def dead(worker, error="auth_error", fail_times=1):
     rid = unique("cli")
-    produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, metadata={"simulate": {"fail_times": fail_times, "error": error}}))])
+    produce(
+        worker.bootstrap,
+        worker.topic("input"),
+        [(rid.encode(), request_bytes(rid, metadata={"simulate": {"fail_times": fail_times, "error": error}}))],
+    )
     wait_until(lambda: worker.get(f"/dlq/{rid}/")[0] == 200, 30, f"{rid} in the DLQ")
     return rid
 

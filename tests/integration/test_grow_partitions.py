@@ -13,7 +13,14 @@ RETRY_DELAY_S = 20
 
 
 def grow(worker, to: int) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(FAUST), "-A", "dlqapp", "grow-partitions", "--to", str(to), "--json"], env=worker.env(), cwd=worker.tmp, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(FAUST), "-A", "dlqapp", "grow-partitions", "--to", str(to), "--json"],
+        env=worker.env(),
+        cwd=worker.tmp,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_a_stopped_deployment_grows_to_more_partitions_with_its_state(make_worker):
@@ -28,8 +35,16 @@ def test_a_stopped_deployment_grows_to_more_partitions_with_its_state(make_worke
         + [(rid.encode(), request_bytes(rid, **plan("auth_error"))) for rid in dead]
         + [(rid.encode(), request_bytes(rid, **plan("server_error"))) for rid in parked],
     )
-    wait_until(lambda: old.get("/dlq/stats/")[1].get("dlq_size") == 20 and old.get("/retries/?limit=1")[1].get("total") == 20, 60, "20 dead letters and 20 parked retries")
-    wait_until(lambda: all(old.get(f"/requests/{rid}/")[1].get("state") == "succeeded" for rid in succeeded), 60, "30 successes")
+    wait_until(
+        lambda: old.get("/dlq/stats/")[1].get("dlq_size") == 20 and old.get("/retries/?limit=1")[1].get("total") == 20,
+        60,
+        "20 dead letters and 20 parked retries",
+    )
+    wait_until(
+        lambda: all(old.get(f"/requests/{rid}/")[1].get("state") == "succeeded" for rid in succeeded),
+        60,
+        "30 successes",
+    )
 
     refused = grow(old, 8)
     assert refused.returncode == 2 and "live member" in refused.stderr, refused.stderr
@@ -38,7 +53,11 @@ def test_a_stopped_deployment_grows_to_more_partitions_with_its_state(make_worke
     assert grown.returncode == 0, grown.stderr
     report = json.loads(grown.stdout)
     assert report["partitions_after"] == 8 and old.topic("input") in report["topics_grown"]
-    assert report["entries_moved"]["requests"] > 0 and report["entries_moved"]["dead-letters"] > 0 and report["entries_moved"]["parked-retries"] > 0
+    assert (
+        report["entries_moved"]["requests"] > 0
+        and report["entries_moved"]["dead-letters"] > 0
+        and report["entries_moved"]["parked-retries"] > 0
+    )
 
     new = make_worker(app_id=old.app_id, prefix=old.prefix, env_extra={**env, "DLQ_PARTITIONS": "8"}).start()
     page = new.get("/dlq/?limit=100")[1]
@@ -49,9 +68,19 @@ def test_a_stopped_deployment_grows_to_more_partitions_with_its_state(make_worke
 
     # Dedup survived: the same requests again are duplicates, not new calls.
     produce(new.bootstrap, new.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in succeeded])
-    wait_until(lambda: all(new.get(f"/requests/{rid}/")[1].get("duplicates", 0) >= 1 for rid in succeeded), 60, "the repeats counted as duplicates")
+    wait_until(
+        lambda: all(new.get(f"/requests/{rid}/")[1].get("duplicates", 0) >= 1 for rid in succeeded),
+        60,
+        "the repeats counted as duplicates",
+    )
     # The parked retries fire on their new partitions and succeed (one planned failure each).
-    wait_until(lambda: all(new.get(f"/requests/{rid}/")[1].get("state") == "succeeded" for rid in parked), RETRY_DELAY_S + 60, "the parked retries to succeed")
-    results = read_topic(new.bootstrap, new.topic("results"), lambda records: len(records) >= 50, timeout=30, partitions=8)
+    wait_until(
+        lambda: all(new.get(f"/requests/{rid}/")[1].get("state") == "succeeded" for rid in parked),
+        RETRY_DELAY_S + 60,
+        "the parked retries to succeed",
+    )
+    results = read_topic(
+        new.bootstrap, new.topic("results"), lambda records: len(records) >= 50, timeout=30, partitions=8
+    )
     outcomes = [r.key.decode() for r in results]
     assert sorted(outcomes) == sorted(succeeded + parked), "each request has exactly one result"

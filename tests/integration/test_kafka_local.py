@@ -79,7 +79,9 @@ def test_a_cluster_of_three_brokers_is_one_cluster_and_starts_idempotently(kafka
     assert "already running (3 brokers)" in again.stdout
     assert len(kafka_cluster.pids()) == 4  # three brokers and the controller
     status = kafka_cluster.run("status")
-    assert [f"broker {i} running" in status.stdout for i in (1, 2, 3)] == [True] * 3 and "controller running" in status.stdout
+    assert [f"broker {i} running" in status.stdout for i in (1, 2, 3)] == [
+        True
+    ] * 3 and "controller running" in status.stdout
     assert asyncio.run(live_brokers(kafka_cluster.bootstrap)) == [1, 2, 3]
     assert kafka_cluster.run("start-broker", "2").stdout.startswith("kafka-local: broker 2 already running")
 
@@ -87,7 +89,13 @@ def test_a_cluster_of_three_brokers_is_one_cluster_and_starts_idempotently(kafka
 def test_a_cluster_refuses_a_wrong_broker_number_or_layout(kafka_cluster, tmp_path):
     wrong = kafka_cluster.run("stop-broker", "4", check=False)
     assert wrong.returncode != 0 and "a broker number from 1 to 3" in wrong.stderr
-    single = subprocess.run([str(KAFKA_LOCAL), "start"], env={**kafka_cluster.env(), "KAFKA_BROKERS": "1"}, capture_output=True, text=True, timeout=60)
+    single = subprocess.run(
+        [str(KAFKA_LOCAL), "start"],
+        env={**kafka_cluster.env(), "KAFKA_BROKERS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert single.returncode != 0 and "holds a Kafka of 3 broker(s), not KAFKA_BROKERS=1" in single.stderr
     fresh = LocalCluster(tmp_path / "fresh")
     never = fresh.run("start-broker", "2", check=False)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.ledger import FULL, Ledger
-from tests.secure import SecureKafka, secured_worker
 from tests.kafka_io import keys_seen, produce, read_topic, request_bytes
+from tests.secure import SecureKafka, secured_worker
 from tests.support import FAUST, Worker, http_json, unique_ids, wait_until
 
 FAST = {"DLQ_RETRY_DELAYS": "200ms,400ms,600ms", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}
@@ -42,14 +42,29 @@ def failing(rid: str, times: int, error: str) -> bytes:
 
 
 def cli(worker: Worker, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(FAUST), "-A", "dlqapp", *args], env={**worker.env(), "DLQ_WEB_URL": worker.url}, cwd=worker.tmp, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(FAUST), "-A", "dlqapp", *args],
+        env={**worker.env(), "DLQ_WEB_URL": worker.url},
+        cwd=worker.tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def outcomes(kafka: SecureKafka, worker: Worker, ids: list[str]) -> dict[str, str]:
     """request id → the topic of its last outcome, read as the super user."""
     wanted = set(ids)
-    records = read_topic(kafka.bootstrap, [worker.topic("results"), worker.topic("dlq")], lambda r: wanted <= keys_seen(r), 60, client=kafka.admin_client())
-    return {r.key.decode(): r.topic.rsplit(".", 1)[-1] for r in records if r.key and r.key.decode() in wanted and r.value}
+    records = read_topic(
+        kafka.bootstrap,
+        [worker.topic("results"), worker.topic("dlq")],
+        lambda r: wanted <= keys_seen(r),
+        60,
+        client=kafka.admin_client(),
+    )
+    return {
+        r.key.decode(): r.topic.rsplit(".", 1)[-1] for r in records if r.key and r.key.decode() in wanted and r.value
+    }
 
 
 def assert_no_secret(kafka: SecureKafka, *texts: str) -> None:
@@ -65,7 +80,9 @@ def test_the_whole_pipeline_runs_on_sasl_ssl_with_only_the_acls_it_printed(secur
     assert any("--group" in line for line in granted) and not any("--cluster" in line for line in granted)
     worker.start()
     ok, retried, dead = unique_ids("ok", 10), unique_ids("retried", 5), unique_ids("dead", 5)
-    messages = [(r.encode(), request_bytes(r)) for r in ok] + [(r.encode(), failing(r, 1, "server_error")) for r in retried]
+    messages = [(r.encode(), request_bytes(r)) for r in ok] + [
+        (r.encode(), failing(r, 1, "server_error")) for r in retried
+    ]
     messages += [(r.encode(), failing(r, 1, "auth_error")) for r in dead]
     produce(secure.bootstrap, worker.topic("input"), messages, client=secure.admin_client())
     found = outcomes(secure, worker, ok + retried + dead)
@@ -77,11 +94,20 @@ def test_the_whole_pipeline_runs_on_sasl_ssl_with_only_the_acls_it_printed(secur
         assert status == 200 and body["status"] == "reprocessed", body
     replayed = cli(worker, "dlq-reprocess", "--key", dead[2])
     assert replayed.returncode == 0, replayed.stderr
-    wait_until(lambda: all(worker.get(f"/requests/{r}/")[1].get("state") == "succeeded" for r in dead[:3]), 60, "the replays to succeed")
+    wait_until(
+        lambda: all(worker.get(f"/requests/{r}/")[1].get("state") == "succeeded" for r in dead[:3]),
+        60,
+        "the replays to succeed",
+    )
 
     def counts_right() -> bool:
         stats = worker.get("/dlq/stats/")[1]
-        return stats["received"] == 20 and stats["succeeded"] == 18 and stats["dlq_size"] == 2 and stats["reprocessed"] == 3
+        return (
+            stats["received"] == 20
+            and stats["succeeded"] == 18
+            and stats["dlq_size"] == 2
+            and stats["reprocessed"] == 3
+        )
 
     wait_until(counts_right, 30, lambda: f"the counts: {worker.get('/dlq/stats/')[1]}")
     worker.stop()
@@ -89,7 +115,14 @@ def test_the_whole_pipeline_runs_on_sasl_ssl_with_only_the_acls_it_printed(secur
     wait_until(counts_right, 60, lambda: f"the counts after a restart: {worker.get('/dlq/stats/')[1]}")
     assert worker.get(f"/requests/{retried[0]}/")[1]["state"] == "succeeded"
 
-    seen = [worker.log_path.read_text(errors="replace"), str(worker.get("/")[1]), str(worker.get("/dlq/stats/")[1]), str(worker.get("/health/")[1]), replayed.stdout, replayed.stderr]
+    seen = [
+        worker.log_path.read_text(errors="replace"),
+        str(worker.get("/")[1]),
+        str(worker.get("/dlq/stats/")[1]),
+        str(worker.get("/health/")[1]),
+        replayed.stdout,
+        replayed.stderr,
+    ]
     with urllib.request.urlopen(f"{worker.url}/metrics", timeout=30) as response:
         metrics = response.read().decode()
     assert "dlqapp_requests_total" in metrics
@@ -100,8 +133,22 @@ def test_the_whole_pipeline_runs_on_sasl_ssl_with_only_the_acls_it_printed(secur
 @pytest.mark.parametrize(
     ("case", "env", "named"),
     [
-        ("plaintext", {"DLQ_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT", "DLQ_KAFKA_SASL_MECHANISM": "", "DLQ_KAFKA_SASL_USERNAME": "", "DLQ_KAFKA_SASL_PASSWORD_FILE": "", "DLQ_KAFKA_SSL_CAFILE": ""}, "DLQ_KAFKA_SECURITY_PROTOCOL=PLAINTEXT"),
-        ("wrong password", {"DLQ_KAFKA_SASL_PASSWORD_FILE": "", "DLQ_KAFKA_SASL_PASSWORD": "not-the-password-42"}, "check DLQ_KAFKA_SASL_PASSWORD"),
+        (
+            "plaintext",
+            {
+                "DLQ_KAFKA_SECURITY_PROTOCOL": "PLAINTEXT",
+                "DLQ_KAFKA_SASL_MECHANISM": "",
+                "DLQ_KAFKA_SASL_USERNAME": "",
+                "DLQ_KAFKA_SASL_PASSWORD_FILE": "",
+                "DLQ_KAFKA_SSL_CAFILE": "",
+            },
+            "DLQ_KAFKA_SECURITY_PROTOCOL=PLAINTEXT",
+        ),
+        (
+            "wrong password",
+            {"DLQ_KAFKA_SASL_PASSWORD_FILE": "", "DLQ_KAFKA_SASL_PASSWORD": "not-the-password-42"},
+            "check DLQ_KAFKA_SASL_PASSWORD",
+        ),
         ("untrusted broker", {"DLQ_KAFKA_SSL_CAFILE": ""}, "set DLQ_KAFKA_SSL_CAFILE"),
         ("missing ACL", {}, "READ on group"),
     ],
@@ -135,9 +182,16 @@ def test_mutual_tls_and_sasl_plain_connect_too(tmp_path, workers, security, mech
             assert worker.env()["DLQ_KAFKA_SSL_CERTFILE"].endswith("dlqapp.pem")  # a client certificate, no password
         worker.start()
         ids = unique_ids(security, 5)
-        produce(kafka.bootstrap, worker.topic("input"), [(r.encode(), request_bytes(r)) for r in ids], client=kafka.admin_client())
+        produce(
+            kafka.bootstrap,
+            worker.topic("input"),
+            [(r.encode(), request_bytes(r)) for r in ids],
+            client=kafka.admin_client(),
+        )
         assert set(outcomes(kafka, worker, ids).values()) == {"results"}
-        assert (f"kafka=\"{'SSL with a client certificate' if security == 'ssl' else 'SASL_PLAINTEXT PLAIN as dlqapp'}\"") in worker.log_path.read_text()
+        assert (
+            f'kafka="{"SSL with a client certificate" if security == "ssl" else "SASL_PLAINTEXT PLAIN as dlqapp"}"'
+        ) in worker.log_path.read_text()
         worker.kill()
     finally:
         kafka.stop()
@@ -145,24 +199,45 @@ def test_mutual_tls_and_sasl_plain_connect_too(tmp_path, workers, security, mech
 
 def test_kill_9_on_the_secured_broker_loses_nothing(secure, tmp_path, workers):
     count, kills = (20_000, 5) if FULL else (3_000, 2)
-    worker = secured_worker(secure, tmp_path, env_extra={"DLQ_RETRY_DELAYS": "200ms,400ms,600ms", "DLQ_SIMULATED_SUCCESS_RATE": "0.8", "DLQ_SESSION_TIMEOUT": "6s"})
+    worker = secured_worker(
+        secure,
+        tmp_path,
+        env_extra={
+            "DLQ_RETRY_DELAYS": "200ms,400ms,600ms",
+            "DLQ_SIMULATED_SUCCESS_RATE": "0.8",
+            "DLQ_SESSION_TIMEOUT": "6s",
+        },
+    )
     workers.append(worker)
     secure.apply_acls(worker)
     worker.start()
     ids = unique_ids("kill", count)
-    produce(secure.bootstrap, worker.topic("input"), [(r.encode(), request_bytes(r)) for r in ids], client=secure.admin_client())
+    produce(
+        secure.bootstrap,
+        worker.topic("input"),
+        [(r.encode(), request_bytes(r)) for r in ids],
+        client=secure.admin_client(),
+    )
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "31")))
     for kill in range(kills):
         target = int(count * (kill + 1) / (kills + 1) * rng.uniform(0.8, 1.0))
-        wait_until(lambda: worker.get("/dlq/stats/")[1]["received"] >= target if worker.process.poll() is None else False, 300, f"{target} received before kill {kill + 1}")
+        wait_until(
+            lambda: worker.get("/dlq/stats/")[1]["received"] >= target if worker.process.poll() is None else False,
+            300,
+            f"{target} received before kill {kill + 1}",
+        )
         worker.kill()
         worker.start()
-    ledger = Ledger.read(secure.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=600, client=secure.admin_client())
+    ledger = Ledger.read(
+        secure.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=600, client=secure.admin_client()
+    )
     print({**ledger.summary(), "kills": kills, "broker": "SASL_SSL + ACLs"})
     assert ledger.lost == []
 
 
-def test_exactly_once_runs_with_the_printed_acls_and_a_missing_transactional_id_grant_is_named(secure, tmp_path, workers):
+def test_exactly_once_runs_with_the_printed_acls_and_a_missing_transactional_id_grant_is_named(
+    secure, tmp_path, workers
+):
     env = {**FAST, "DLQ_PROCESSING_GUARANTEE": "exactly_once"}
     refused = secured_worker(secure, tmp_path, env_extra=env, name="no-txn-grant")
     workers.append(refused)
@@ -177,17 +252,35 @@ def test_exactly_once_runs_with_the_printed_acls_and_a_missing_transactional_id_
     assert any("--transactional-id" in line for line in secure.apply_acls(worker))
     worker.start()
     ids = unique_ids("eos", 30)
-    produce(secure.bootstrap, worker.topic("input"), [(r.encode(), request_bytes(r)) for r in ids], client=secure.admin_client())
-    ledger = Ledger.read(secure.bootstrap, worker.topic("results"), worker.topic("dlq"), ids, timeout=120, client={**secure.admin_client(), "isolation_level": "read_committed"})
+    produce(
+        secure.bootstrap,
+        worker.topic("input"),
+        [(r.encode(), request_bytes(r)) for r in ids],
+        client=secure.admin_client(),
+    )
+    ledger = Ledger.read(
+        secure.bootstrap,
+        worker.topic("results"),
+        worker.topic("dlq"),
+        ids,
+        timeout=120,
+        client={**secure.admin_client(), "isolation_level": "read_committed"},
+    )
     assert ledger.lost == [] and ledger.duplicate_outcomes == 0 and len(ledger.results) == 30
 
 
 def test_kafka_local_writes_client_files_for_dlqapp_and_kafkas_tools(secure):
     env = secure.client_env()
-    assert env["DLQ_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL" and env["DLQ_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512" and env["DLQ_KAFKA_SASL_USERNAME"] == "dlqapp"
+    assert (
+        env["DLQ_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL"
+        and env["DLQ_KAFKA_SASL_MECHANISM"] == "SCRAM-SHA-512"
+        and env["DLQ_KAFKA_SASL_USERNAME"] == "dlqapp"
+    )
     assert Path(env["DLQ_KAFKA_SASL_PASSWORD_FILE"]).read_text() == secure.secret("dlqapp")
     assert oct((secure.data_dir / "client.env").stat().st_mode)[-3:] == "600"
     listed = secure.kafka_tool("org.apache.kafka.tools.TopicCommand", "--list")
     assert listed.returncode == 0, listed.stderr  # admin.properties works with Kafka's own tools
-    config = secure.kafka_tool("kafka.admin.ConfigCommand", "--describe", "--entity-type", "users", "--entity-name", "dlqapp")
+    config = secure.kafka_tool(
+        "kafka.admin.ConfigCommand", "--describe", "--entity-type", "users", "--entity-name", "dlqapp"
+    )
     assert config.returncode == 0 and "SCRAM-SHA-512" in config.stdout, config.stdout + config.stderr

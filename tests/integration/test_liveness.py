@@ -59,12 +59,18 @@ def test_a_failing_tail_alone_still_reaches_the_dlq(make_worker):
     """Issue 12 case 1: 20 always-5xx requests and 10 good ones, then nothing else."""
     worker = make_worker(env_extra={**FAST, "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}).start()
     bad, good = unique_ids("tail-bad", 20), unique_ids("tail-ok", 10)
-    produce(worker.bootstrap, worker.topic("input"), [(r.encode(), always_failing(r)) for r in bad] + [(r.encode(), request_bytes(r)) for r in good])
+    produce(
+        worker.bootstrap,
+        worker.topic("input"),
+        [(r.encode(), always_failing(r)) for r in bad] + [(r.encode(), request_bytes(r)) for r in good],
+    )
     found = outcomes(worker, bad + good, WAIT_S)
     assert {r: found[r] for r in good} == {r: "results" for r in good}
     assert {r: found[r] for r in bad} == {r: "dlq" for r in bad}
     for rid in bad[:3]:  # the DLQ agent records an entry a moment after the dead letter is on the topic
-        entry = wait_until(lambda: (lambda a: a[1] if a[0] == 200 else None)(worker.get(f"/dlq/{rid}/")), 30, f"the DLQ entry of {rid}")
+        entry = wait_until(
+            lambda: (lambda a: a[1] if a[0] == 200 else None)(worker.get(f"/dlq/{rid}/")), 30, f"the DLQ entry of {rid}"
+        )
         assert entry["error_class"] == "server_error" and entry["attempts"] == 4
 
 
@@ -74,7 +80,11 @@ def test_the_readme_demo_finishes_with_the_breaker_on(make_worker):
     env = {**worker.env(), "DLQ_WEB_URL": worker.url}
     run = subprocess.run(
         [str(FAUST), "-A", "dlqapp", "generate", "--count", "300", "--rate", "100", "--fail-share", "0.1", "--json"],
-        env=env, cwd=worker.tmp, capture_output=True, text=True, timeout=120,
+        env=env,
+        cwd=worker.tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert run.returncode == 0, run.stderr
     prefix = json.loads(run.stdout)["prefix"]
@@ -88,13 +98,22 @@ def test_the_readme_demo_finishes_with_the_breaker_on(make_worker):
 def test_a_worker_stops_promptly_while_the_breaker_holds_requests_and_loses_none(make_worker, tmp_path, sig):
     mock = MockLLM(tmp_path, args=["--latency-ms", "5"]).start()
     try:
-        env = {**FAST, "DLQ_INFERENCE": "openai", "DLQ_INFERENCE_URL": mock.api_url, "DLQ_INFERENCE_TIMEOUT": "2s", "DLQ_BREAKER_OPEN": "60s", "DLQ_BREAKER_MAX_OPEN": "60s"}
+        env = {
+            **FAST,
+            "DLQ_INFERENCE": "openai",
+            "DLQ_INFERENCE_URL": mock.api_url,
+            "DLQ_INFERENCE_TIMEOUT": "2s",
+            "DLQ_BREAKER_OPEN": "60s",
+            "DLQ_BREAKER_MAX_OPEN": "60s",
+        }
         worker = make_worker(env_extra=env).start()
         mock.outage(True)
         ids = unique_ids("held", 60)
         produce(worker.bootstrap, worker.topic("input"), [(r.encode(), request_bytes(r)) for r in ids])
         breaker = lambda: next(iter(worker.get("/dlq/stats/")[1]["breaker"].values()))  # noqa: E731
-        wait_until(lambda: breaker()["state"] == "open" and breaker()["waiting"] > 0, 60, "the breaker to hold requests")
+        wait_until(
+            lambda: breaker()["state"] == "open" and breaker()["waiting"] > 0, 60, "the breaker to hold requests"
+        )
         started = time.monotonic()
         worker.process.send_signal(sig)
         worker.process.wait(timeout=30)  # raises if the worker hangs
@@ -118,11 +137,17 @@ def test_after_an_outage_healthy_requests_complete_and_always_failing_ones_reach
             mock.plan(request_id=rid, fail_times=99, status=500)
         first = unique_ids("before", 50)
         produce(worker.bootstrap, worker.topic("input"), [(r.encode(), request_bytes(r)) for r in broken + first])
-        wait_until(lambda: worker.get(f"/requests/{broken[0]}/")[1].get("state") == "retry_scheduled", 30, "a broken request in the retry chain")
+        wait_until(
+            lambda: worker.get(f"/requests/{broken[0]}/")[1].get("state") == "retry_scheduled",
+            30,
+            "a broken request in the retry chain",
+        )
         mock.outage(True)
         during = unique_ids("during", 100)
         for n in range(0, 100, 10):  # steady input through the outage
-            produce(worker.bootstrap, worker.topic("input"), [(r.encode(), request_bytes(r)) for r in during[n : n + 10]])
+            produce(
+                worker.bootstrap, worker.topic("input"), [(r.encode(), request_bytes(r)) for r in during[n : n + 10]]
+            )
             time.sleep(1)
         mock.outage(False)
         found = outcomes(worker, broken + first + during, WAIT_S)

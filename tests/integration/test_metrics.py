@@ -23,7 +23,11 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashbo
 def scrape(worker) -> dict[tuple[str, tuple], float]:
     with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(samples, name, **labels) -> float:
@@ -31,7 +35,13 @@ def value(samples, name, **labels) -> float:
 
 
 def test_metrics_count_a_known_run_and_json_logs_carry_the_fields(make_worker):
-    worker = make_worker(env_extra={"DLQ_RETRY_DELAYS": "200ms,400ms,600ms", "DLQ_SIMULATED_SUCCESS_RATE": "1.0", "DLQ_LOG_FORMAT": "json"}).start()
+    worker = make_worker(
+        env_extra={
+            "DLQ_RETRY_DELAYS": "200ms,400ms,600ms",
+            "DLQ_SIMULATED_SUCCESS_RATE": "1.0",
+            "DLQ_LOG_FORMAT": "json",
+        }
+    ).start()
     plain = [unique("m-ok") for _ in range(15)]
     retried = unique("m-retry")
     dead = [unique("m-dead") for _ in range(4)]
@@ -41,15 +51,31 @@ def test_metrics_count_a_known_run_and_json_logs_carry_the_fields(make_worker):
     messages += [(rid.encode(), request_bytes(rid, **fail("auth_error"))) for rid in dead]
     produce(worker.bootstrap, worker.topic("input"), messages)
     everything = set(plain + dead + [retried])
-    read_topic(worker.bootstrap, [worker.topic("results"), worker.topic("dlq")], lambda r: everything <= keys_seen(r), 60)
-    produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in plain[:3]])  # 3 duplicates
-    wait_until(lambda: all(worker.get(f"/requests/{rid}/")[1].get("duplicates") == 1 for rid in plain[:3]), 30, "3 duplicates")
+    read_topic(
+        worker.bootstrap, [worker.topic("results"), worker.topic("dlq")], lambda r: everything <= keys_seen(r), 60
+    )
+    produce(
+        worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in plain[:3]]
+    )  # 3 duplicates
+    wait_until(
+        lambda: all(worker.get(f"/requests/{rid}/")[1].get("duplicates") == 1 for rid in plain[:3]), 30, "3 duplicates"
+    )
     for rid in dead[:2]:  # 2 replays, which then succeed
-        wait_until(lambda rid=rid: worker.get(f"/dlq/{rid}/")[0] == 200, 30, f"{rid} in the DLQ")  # the dlq agent records it once read back
+        wait_until(
+            lambda rid=rid: worker.get(f"/dlq/{rid}/")[0] == 200, 30, f"{rid} in the DLQ"
+        )  # the dlq agent records it once read back
         assert http_json(worker.url + f"/dlq/{rid}/reprocess/", "POST")[0] == 200
-    wait_until(lambda: all(worker.get(f"/requests/{rid}/")[1]["state"] == "succeeded" for rid in dead[:2]), 30, "2 replays to succeed")
+    wait_until(
+        lambda: all(worker.get(f"/requests/{rid}/")[1]["state"] == "succeeded" for rid in dead[:2]),
+        30,
+        "2 replays to succeed",
+    )
 
-    m = wait_until(lambda: (s := scrape(worker)) and value(s, "dlqapp_requests_total", outcome="succeeded") == 18 and s, 15, "18 successes in /metrics")
+    m = wait_until(
+        lambda: (s := scrape(worker)) and value(s, "dlqapp_requests_total", outcome="succeeded") == 18 and s,
+        15,
+        "18 successes in /metrics",
+    )
     assert value(m, "dlqapp_requests_total", outcome="dead_lettered") == 4
     assert value(m, "dlqapp_requests_total", outcome="duplicate_skipped") == 3
     assert value(m, "dlqapp_dead_letters_total", error_class="auth_error") == 4

@@ -14,7 +14,12 @@ from tests.support import http_json, unique, wait_until
 
 @pytest.fixture(scope="module")
 def worker(start_worker):
-    return start_worker(DLQ_RETRY_DELAYS="200ms,400ms,600ms", DLQ_SIMULATED_SUCCESS_RATE="1.0", DLQ_MAX_REPLAYS="2", DLQ_MAX_BODY_BYTES="50000")
+    return start_worker(
+        DLQ_RETRY_DELAYS="200ms,400ms,600ms",
+        DLQ_SIMULATED_SUCCESS_RATE="1.0",
+        DLQ_MAX_REPLAYS="2",
+        DLQ_MAX_BODY_BYTES="50000",
+    )
 
 
 def dead_letter(worker, error="auth_error", model=None, fail_times=1, **extra) -> str:
@@ -62,7 +67,9 @@ def test_reprocess_sends_it_back_once_and_records_the_ledger(worker):
     status, body = post(worker, f"/dlq/{rid}/reprocess/")
     assert status == 200 and body["status"] == "reprocessed"
     assert post(worker, f"/dlq/{rid}/reprocess/")[0] == 404  # gone from the DLQ: no second replay
-    state = wait_until(lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s, 30, "the replay to succeed")
+    state = wait_until(
+        lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s, 30, "the replay to succeed"
+    )
     (record,) = state["ledger"]
     assert record["action"] == "replay" and record["by"].startswith("api@") and not record["edited"]
     assert worker.get(f"/dlq/{rid}/")[0] == 404
@@ -71,7 +78,9 @@ def test_reprocess_sends_it_back_once_and_records_the_ledger(worker):
 def test_concurrent_replays_of_one_id_give_one_replay(worker):
     rid = dead_letter(worker, "auth_error")  # the replay succeeds, so the id leaves the DLQ for good
     answers = []
-    threads = [threading.Thread(target=lambda: answers.append(post(worker, f"/dlq/{rid}/reprocess/"))) for _ in range(5)]
+    threads = [
+        threading.Thread(target=lambda: answers.append(post(worker, f"/dlq/{rid}/reprocess/"))) for _ in range(5)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -87,7 +96,11 @@ def test_edited_payload_is_validated_then_replayed(worker):
     assert worker.get(f"/dlq/{rid}/")[0] == 200  # a refused edit keeps the entry
     status, body = post(worker, f"/dlq/{rid}/reprocess/", {"payload": {"request_id": rid, "prompt": "fixed prompt"}})
     assert status == 200
-    state = wait_until(lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s, 30, "the edited replay to succeed")
+    state = wait_until(
+        lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s,
+        30,
+        "the edited replay to succeed",
+    )
     assert state["ledger"][0]["edited"] is True
 
 
@@ -135,7 +148,9 @@ def test_rate_limited_bulk_replay_reports_progress(worker):
     ids = {dead_letter(worker, "auth_error", model=model) for _ in range(4)}
     status, job = post(worker, "/dlq/reprocess/", {"all": True, "model": model, "rate": 5})
     assert status == 202 and job["total"] == 4
-    progress = wait_until(lambda: (p := worker.get(job["status_url"])[1])["state"] == "done" and p, 30, "the bulk replay")
+    progress = wait_until(
+        lambda: (p := worker.get(job["status_url"])[1])["state"] == "done" and p, 30, "the bulk replay"
+    )
     assert set(progress["reprocessed"]) == ids and progress["done"] == 4
     assert progress["finished_at"] - progress["started_at"] >= 600  # 4 replays at 5/s: at least 3 gaps of 200 ms
     assert worker.get("/dlq/replays/nope/")[0] == 404
@@ -156,7 +171,11 @@ def test_stats_count_what_happened(worker):
     rid = dead_letter(worker, "quota_exceeded")
     ok = unique("ok")
     produce(worker.bootstrap, worker.topic("input"), [(ok.encode(), request_bytes(ok))] * 2)
-    wait_until(lambda: (s := worker.get(f"/requests/{ok}/")[1]).get("duplicates") == 1 and s["state"] == "succeeded", 30, "the duplicate")
+    wait_until(
+        lambda: (s := worker.get(f"/requests/{ok}/")[1]).get("duplicates") == 1 and s["state"] == "succeeded",
+        30,
+        "the duplicate",
+    )
     after = worker.get("/dlq/stats/")[1]
     assert after["received"] == before["received"] + 2
     assert after["succeeded"] == before["succeeded"] + 1

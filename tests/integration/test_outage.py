@@ -50,7 +50,9 @@ def test_an_outage_longer_than_every_retry_delay_costs_no_dead_letters(make_work
         records = read_topic(worker.bootstrap, [results, dlq], lambda r: wanted <= keys_seen(r), 300)
         mine = [r for r in records if r.key.decode() in wanted]
         dead = [r for r in mine if r.topic == dlq]
-        assert dead == [], f"{len(dead)} dead letters caused by the outage: {[r.headers.get('error_class') for r in dead[:5]]}"
+        assert dead == [], (
+            f"{len(dead)} dead letters caused by the outage: {[r.headers.get('error_class') for r in dead[:5]]}"
+        )
         assert sorted(r.key.decode() for r in mine) == sorted(ids)  # one result each
         moves = breaker()["moves"]
         for move in ("closed->open", "open->half_open", "half_open->closed"):

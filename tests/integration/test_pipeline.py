@@ -20,11 +20,19 @@ DELAYS_MS = (300, 600, 900)
 
 @pytest.fixture(scope="module")
 def worker(start_worker):
-    return start_worker(DLQ_RETRY_DELAYS=",".join(f"{d}ms" for d in DELAYS_MS), DLQ_SIMULATED_SUCCESS_RATE="1.0", DLQ_MAX_PAYLOAD_BYTES="20000")
+    return start_worker(
+        DLQ_RETRY_DELAYS=",".join(f"{d}ms" for d in DELAYS_MS),
+        DLQ_SIMULATED_SUCCESS_RATE="1.0",
+        DLQ_MAX_PAYLOAD_BYTES="20000",
+    )
 
 
 def send(worker, *messages, key_by_id=True):
-    produce(worker.bootstrap, worker.topic("input"), [((rid.encode() if key_by_id and rid else None), payload) for rid, payload in messages])
+    produce(
+        worker.bootstrap,
+        worker.topic("input"),
+        [((rid.encode() if key_by_id and rid else None), payload) for rid, payload in messages],
+    )
 
 
 def results_for(worker, ids, timeout=60):
@@ -53,11 +61,19 @@ def test_success_after_two_failures_gives_one_result_with_three_attempts_and_thr
     (result,) = results_for(worker, [rid])
     body = result.json
     assert body["attempts"] == 3 and body["request_id"] == rid
-    assert [a["topic"] for a in body["history"]] == [worker.topic("input"), worker.topic("retry-300ms"), worker.topic("retry-600ms")]
+    assert [a["topic"] for a in body["history"]] == [
+        worker.topic("input"),
+        worker.topic("retry-300ms"),
+        worker.topic("retry-600ms"),
+    ]
     assert_never_early(body["history"])
     assert worker.get(f"/inference/calls/{rid}/")[1]["calls"] == 3
     # the result is on the broker a moment before the step that sent it records the state
-    state = wait_until(lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s, 30, "the request's state to read succeeded")
+    state = wait_until(
+        lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s,
+        30,
+        "the request's state to read succeeded",
+    )
     assert state["attempts"] == 3
 
 
@@ -65,7 +81,11 @@ def test_tier_messages_carry_the_contract_headers(worker):
     rid = unique("headers")
     send(worker, (rid, request_bytes(rid, **simulate(1, "timeout"))))
     results_for(worker, [rid])
-    (tier_message,) = [r for r in read_topic(worker.bootstrap, worker.topic("retry-300ms"), lambda r: rid in keys_seen(r), 30) if r.key.decode() == rid]
+    (tier_message,) = [
+        r
+        for r in read_topic(worker.bootstrap, worker.topic("retry-300ms"), lambda r: rid in keys_seen(r), 30)
+        if r.key.decode() == rid
+    ]
     h = tier_message.headers
     assert h["retry_count"] == "1" and h["error_class"] == "timeout" and "simulated timeout" in h["last_error"]
     assert int(h["scheduled_time"]) >= int(h["original_timestamp"]) + 300
@@ -84,7 +104,9 @@ def test_four_failures_reach_the_dlq_with_final_error_and_full_history(worker):
     assert [a["attempt"] for a in history] == [1, 2, 3, 4]
     assert_never_early(history)
     # the dead letter is confirmed on the broker before the state is written: wait for it
-    wait_until(lambda: worker.get(f"/requests/{rid}/")[1]["state"] == "dead_lettered", 30, "the state to say dead_lettered")
+    wait_until(
+        lambda: worker.get(f"/requests/{rid}/")[1]["state"] == "dead_lettered", 30, "the state to say dead_lettered"
+    )
 
 
 def test_a_non_retryable_class_is_dead_lettered_after_one_attempt(worker):

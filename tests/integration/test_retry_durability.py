@@ -25,7 +25,11 @@ def test_default_delays_four_failures_reach_the_dlq_never_early(make_worker):
     worker = make_worker().start()  # DLQ_RETRY_DELAYS left at its default: 1s,10s,1m
     rid = unique("default-tiers")
     produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, **simulate(4, "timeout")))])
-    (dead,) = [r for r in read_topic(worker.bootstrap, worker.topic("dlq"), lambda r: rid in keys_seen(r), 150) if r.key.decode() == rid]
+    (dead,) = [
+        r
+        for r in read_topic(worker.bootstrap, worker.topic("dlq"), lambda r: rid in keys_seen(r), 150)
+        if r.key.decode() == rid
+    ]
     assert dead.headers["retry_count"] == "3" and dead.headers["final_error"]
     history = json.loads(dead.headers["attempt_history"])
     assert len(history) == 4 and never_early(history)
@@ -80,6 +84,8 @@ def test_due_retries_are_not_starved_by_an_input_flood(make_worker):
     records = read_topic(worker.bootstrap, worker.topic("results"), lambda r: probe in keys_seen(r), 120)
     probe_retry = [r.json for r in records if r.key.decode() == probe][0]["history"][1]
     all_results = read_topic(worker.bootstrap, worker.topic("results"), lambda r: len(r) >= 5001, 300)
-    finished_before = sum(1 for r in all_results if r.key.decode() != probe and r.json["completed_at"] < probe_retry["at"])
+    finished_before = sum(
+        1 for r in all_results if r.key.decode() != probe and r.json["completed_at"] < probe_retry["at"]
+    )
     assert probe_retry["at"] >= probe_retry["scheduled"]
     assert finished_before < len(flood) // 2, f"the due retry waited behind {finished_before} fresh requests"

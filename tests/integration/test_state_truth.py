@@ -39,7 +39,9 @@ def calls(worker, rid: str) -> int:
 
 
 def dead_letter(worker, rid: str) -> dict:
-    return wait_until(lambda: (lambda a: a[1] if a[0] == 200 else None)(worker.get(f"/dlq/{rid}/")), 30, f"a dead letter for {rid}")
+    return wait_until(
+        lambda: (lambda a: a[1] if a[0] == 200 else None)(worker.get(f"/dlq/{rid}/")), 30, f"a dead letter for {rid}"
+    )
 
 
 def test_an_invalid_copy_of_a_succeeded_request_changes_nothing(worker):
@@ -62,7 +64,11 @@ def test_an_invalid_copy_never_replaces_a_real_dead_letter(worker):
     send(worker, rid, request_bytes(rid, metadata={"simulate": {"fail_times": 5, "error": "auth_error"}}))
     assert dead_letter(worker, rid)["error_class"] == "auth_error"
     send(worker, rid, b'{"request_id": "' + rid.encode() + b'", "prompt": 3}')
-    wait_until(lambda: any(i["request_id"] == rid and i["key"] != rid for i in worker.get(f"/dlq/?q={rid}")[1]["items"]), 30, "the invalid copy in the list")
+    wait_until(
+        lambda: any(i["request_id"] == rid and i["key"] != rid for i in worker.get(f"/dlq/?q={rid}")[1]["items"]),
+        30,
+        "the invalid copy in the list",
+    )
     entry = dead_letter(worker, rid)
     assert entry["error_class"] == "auth_error" and entry["key"] == rid  # the real one, payload and history intact
     assert json.loads(entry["payload_text"])["metadata"]["simulate"]["error"] == "auth_error"
@@ -96,7 +102,11 @@ def test_replaying_a_request_that_has_succeeded_since_is_refused_unless_forced(w
 
 def test_a_replay_that_succeeds_at_once_ends_succeeded_not_reprocessed(worker):
     ids = unique_ids("quick", 30)
-    produce(worker.bootstrap, worker.topic("input"), [(r.encode(), request_bytes(r, metadata={"simulate": {"fail_times": 1, "error": "auth_error"}})) for r in ids])
+    produce(
+        worker.bootstrap,
+        worker.topic("input"),
+        [(r.encode(), request_bytes(r, metadata={"simulate": {"fail_times": 1, "error": "auth_error"}})) for r in ids],
+    )
     wait_until(lambda: worker.get(f"/dlq/?q={ids[0][:-2]}&limit=100")[1]["total"] >= 30, 60, "30 dead letters")
     status, body = http_json(f"{worker.url}/dlq/reprocess/", "POST", {"keys": ids})
     assert status == 200 and sorted(body["reprocessed"]) == sorted(ids)

@@ -14,15 +14,23 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
     first, second = _two_workers(make_worker, {"DLQ_RETRY_DELAYS": "10m,20m", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"})
     ids = _failing_once(first, "two", 12, "auth_error")
     for worker in (first, second):
-        page = wait_until(lambda: (p := worker.get("/dlq/?limit=100")[1]).get("total") == 12 and p, 60, f"12 entries listed by {worker.name}")
+        page = wait_until(
+            lambda: (p := worker.get("/dlq/?limit=100")[1]).get("total") == 12 and p,
+            60,
+            f"12 entries listed by {worker.name}",
+        )
         assert {i["request_id"] for i in page["items"]} == set(ids) and "incomplete" not in page
         assert all(worker.get(f"/dlq/{rid}/")[0] == 200 for rid in ids)
-        wait_until(lambda: all(worker.get(f"/requests/{rid}/")[1]["state"] == "dead_lettered" for rid in ids), 30, "every state to say dead_lettered")
+        wait_until(
+            lambda: all(worker.get(f"/requests/{rid}/")[1]["state"] == "dead_lettered" for rid in ids),
+            30,
+            "every state to say dead_lettered",
+        )
         assert worker.get("/dlq/stats/")[1]["dlq_size"] == 12
     owners = {http_json(w.url + "/")[1]["assigned_partitions"] for w in (first, second)}
     assert 0 not in owners  # the work really is split
     shares = [http_json(w.url + "/")[1]["flow"]["rate_limit_share"] for w in (first, second)]
-    assert 0 < min(shares) and abs(sum(shares) - 1.0) < 0.001  # each takes its partitions' share of DLQ_RATE_LIMITS
+    assert min(shares) > 0 and abs(sum(shares) - 1.0) < 0.001  # each takes its partitions' share of DLQ_RATE_LIMITS
     status, body = http_json(second.url + f"/dlq/{ids[0]}/reprocess/", "POST")
     assert status == 200 and body["status"] == "reprocessed"
     answers: list[tuple[int, object]] = []
@@ -39,7 +47,11 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
     retry_plan = {"metadata": {"simulate": {"fail_times": 1, "error": "unknown"}}}
     produce(first.bootstrap, first.topic("input"), [(rid.encode(), request_bytes(rid, **retry_plan)) for rid in parked])
     for worker in (first, second):
-        listing = wait_until(lambda: (p := worker.get("/retries/?limit=100")[1]).get("total") == 6 and p, 60, f"6 parked retries listed by {worker.name}")
+        listing = wait_until(
+            lambda: (p := worker.get("/retries/?limit=100")[1]).get("total") == 6 and p,
+            60,
+            f"6 parked retries listed by {worker.name}",
+        )
         assert {i["request_id"] for i in listing["items"]} == set(parked) and "incomplete" not in listing
         assert len(worker.get("/health/")[1]["workers"]) == 2
     for n, rid in enumerate(parked[:5]):
@@ -84,7 +96,11 @@ def _two_workers(make_worker, env: dict[str, str]) -> tuple[Worker, Worker]:
     """Two workers of one app, each owning partitions."""
     first = make_worker(env_extra=env).start()
     second = make_worker(app_id=first.app_id, prefix=first.prefix, env_extra=env).start()
-    wait_until(lambda: all(w.get("/")[1]["assigned_partitions"] and w.get("/")[1]["ready"] for w in (first, second)), 90, "both workers to own partitions")
+    wait_until(
+        lambda: all(w.get("/")[1]["assigned_partitions"] and w.get("/")[1]["ready"] for w in (first, second)),
+        90,
+        "both workers to own partitions",
+    )
     return first, second
 
 

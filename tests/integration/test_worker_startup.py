@@ -54,6 +54,13 @@ def test_worker_refuses_a_topic_with_another_partition_count(make_worker):
 
 def test_worker_refuses_a_bad_setting_naming_the_variable(make_worker, tmp_path):
     worker = make_worker(env_extra={"DLQ_CONCURRENCY": "lots"})
-    result = subprocess.run([str(FAUST), "-A", "dlqapp", "worker"], env=worker.env(), cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(FAUST), "-A", "dlqapp", "worker"],
+        env=worker.env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "DLQ_CONCURRENCY='lots' is invalid" in result.stderr

@@ -6,7 +6,7 @@ Cases marked `interop_full` run only with INTEROP_FULL=1.
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 

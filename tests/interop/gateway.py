@@ -39,7 +39,10 @@ def litellm_venv() -> Path:
             return venv
         shutil.rmtree(venv, ignore_errors=True)
         _run([sys.executable, "-m", "venv", str(venv)], 300)
-        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", LITELLM_SPEC], 1800)
+        _run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q", LITELLM_SPEC],
+            1800,
+        )
         marker.write_text(LITELLM_SPEC)
     return venv
 
@@ -59,7 +62,9 @@ def _run(command: list[str], timeout: float) -> None:
 def installed_version(venv: Path) -> str:
     """The litellm version in `venv`."""
     code = "import importlib.metadata as m; print(m.version('litellm'))"
-    return subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 def mock_model(name: str, **params: Any) -> dict[str, Any]:
@@ -89,7 +94,14 @@ def config(upstream_api_url: str) -> dict[str, Any]:
             },
             # One call a minute; the next gets 429 with `llm_provider-retry-after: 60`.
             mock_model("limited", mock_response="limited hello", rpm=1),
-            {"model_name": "upstream", "litellm_params": {"model": "openai/mock-model", "api_key": "sk-upstream", "api_base": upstream_api_url}},
+            {
+                "model_name": "upstream",
+                "litellm_params": {
+                    "model": "openai/mock-model",
+                    "api_key": "sk-upstream",
+                    "api_base": upstream_api_url,
+                },
+            },
         ],
         "router_settings": {"optional_pre_call_checks": ["enforce_model_rate_limits"]},
         "general_settings": {"master_key": MASTER_KEY, "forward_client_headers_to_llm_api": True},
@@ -111,13 +123,21 @@ class LiteLLMProxy:
     def api_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def start(self, timeout: float = 120) -> "LiteLLMProxy":
+    def start(self, timeout: float = 120) -> LiteLLMProxy:
         config_path = self.tmp / f"litellm-{self.port}.json"  # YAML is a superset of JSON
         config_path.write_text(json.dumps(self.settings))
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "LITELLM_LOG": "ERROR"}
         env.pop("DATABASE_URL", None)
         log = open(self.tmp / f"litellm-{self.port}.log", "ab")
-        command = [str(self.venv / "bin" / "litellm"), "--config", str(config_path), "--host", "127.0.0.1", "--port", str(self.port)]
+        command = [
+            str(self.venv / "bin" / "litellm"),
+            "--config",
+            str(config_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         wait_until(self._up, timeout, f"LiteLLM to listen on {self.port}\n{self.log_tail()}", interval=0.3)
         return self

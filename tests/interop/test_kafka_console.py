@@ -16,7 +16,6 @@ from tests.kafka_tools import CONSOLE_CONSUMER, CONSOLE_PRODUCER, kafka_jars, ru
 from tests.support import Worker, unique
 
 
-
 @pytest.fixture(scope="module")
 def jars() -> Path:
     path = kafka_jars()
@@ -30,10 +29,24 @@ def jars() -> Path:
 def consume(jars: Path, worker: Worker, topic: str, count: int) -> list[tuple[dict[str, str], str, str]]:
     """(headers, key, value) of the first `count` records of a topic, as the console consumer prints them."""
     out = run_tool(
-        CONSOLE_CONSUMER, "--bootstrap-server", worker.bootstrap, "--topic", worker.topic(topic), "--from-beginning",
-        "--max-messages", str(count), "--timeout-ms", "90000",
-        "--property", "print.headers=true", "--property", "print.key=true",
-        "--property", "headers.separator=\x1f", "--property", "key.separator=\x1e",
+        CONSOLE_CONSUMER,
+        "--bootstrap-server",
+        worker.bootstrap,
+        "--topic",
+        worker.topic(topic),
+        "--from-beginning",
+        "--max-messages",
+        str(count),
+        "--timeout-ms",
+        "90000",
+        "--property",
+        "print.headers=true",
+        "--property",
+        "print.key=true",
+        "--property",
+        "headers.separator=\x1f",
+        "--property",
+        "key.separator=\x1e",
         timeout=150,
     )
     records = []
@@ -47,23 +60,42 @@ def consume(jars: Path, worker: Worker, topic: str, count: int) -> list[tuple[di
 def test_console_producer_in_console_consumer_out(make_worker, jars):
     worker = make_worker(env_extra={"DLQ_SIMULATED_SUCCESS_RATE": "1", "DLQ_RETRY_DELAYS": "200ms"}).start()
     good, bad, original = unique("console"), unique("console-bad"), unique("first")  # `bad` keys the unparseable one
-    request = json.dumps({"request_id": good, "messages": [{"role": "user", "content": "from the console"}], "metadata": {"via": "console"}})
+    request = json.dumps(
+        {
+            "request_id": good,
+            "messages": [{"role": "user", "content": "from the console"}],
+            "metadata": {"via": "console"},
+        }
+    )
     lines = (
         f"replay_of:{original},replay_count:1\t{good}\t{request}\n"  # headers <TAB> key <TAB> value
         f"origin:console\t{bad}\tthis is not json\n"
     )
     run_tool(
-        CONSOLE_PRODUCER, "--bootstrap-server", worker.bootstrap, "--topic", worker.topic("input"),
-        "--property", "parse.key=true", "--property", "parse.headers=true", "--producer-property", "acks=all",
+        CONSOLE_PRODUCER,
+        "--bootstrap-server",
+        worker.bootstrap,
+        "--topic",
+        worker.topic("input"),
+        "--property",
+        "parse.key=true",
+        "--property",
+        "parse.headers=true",
+        "--producer-property",
+        "acks=all",
         stdin=lines,
     )
 
-    (headers, key, value), = consume(jars, worker, "results", 1)
+    ((headers, key, value),) = consume(jars, worker, "results", 1)
     result = json.loads(value)
-    assert key == good and result["request_id"] == good and result["metadata"] == {"via": "console"} and result["output"]
-    assert headers.get("replay_of") == original and headers.get("replay_count") == "1"  # lineage from the producer's headers
+    assert (
+        key == good and result["request_id"] == good and result["metadata"] == {"via": "console"} and result["output"]
+    )
+    assert (
+        headers.get("replay_of") == original and headers.get("replay_count") == "1"
+    )  # lineage from the producer's headers
 
-    (headers, key, value), = consume(jars, worker, "dlq", 1)
+    ((headers, key, value),) = consume(jars, worker, "dlq", 1)
     assert value == "this is not json"
     assert headers["error_class"] in ("invalid_request", "poison"), headers
     assert key == headers["request_id"] and key.startswith("invalid-")  # no request id inside: keyed by the payload

@@ -10,13 +10,14 @@ import asyncio
 import json
 import time
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from dlqapp.core.backend import InferenceOutput
 from dlqapp.core.errors import ErrorClass, Failure, InferenceError
 from dlqapp.core.requests import validate_request
-from dlqapp.core.backend import InferenceOutput
 from dlqapp.inference.openai import OpenAIBackend
 from tests.interop.gateway import MASTER_KEY, LiteLLMProxy, config
 from tests.kafka_io import (
@@ -34,12 +35,16 @@ from tests.support import (
 )
 
 
-def attempt(proxy: LiteLLMProxy, model: str, rid: str | None = None, api_key: str = MASTER_KEY, timeout_ms: int = 10_000) -> Failure | InferenceOutput:
+def attempt(
+    proxy: LiteLLMProxy, model: str, rid: str | None = None, api_key: str = MASTER_KEY, timeout_ms: int = 10_000
+) -> Failure | InferenceOutput:
     """One call through dlqapp's OpenAI backend: the output, or the classified failure."""
 
     async def run() -> Failure | InferenceOutput:
         backend = OpenAIBackend(proxy.api_url, api_key, timeout_ms, 2, "ok")
-        request = validate_request({"request_id": rid or unique(model), "model": model, "messages": [{"role": "user", "content": "hi"}]})
+        request = validate_request(
+            {"request_id": rid or unique(model), "model": model, "messages": [{"role": "user", "content": "hi"}]}
+        )
         try:
             return await backend.complete(request, 1)
         except InferenceError as exc:
@@ -69,7 +74,9 @@ def send(worker: Worker, model: str, *ids: str) -> None:
 
 def outcomes(worker: Worker, ids: list[str], timeout: float = 90) -> dict[str, Record]:
     """The result or dead letter of each id."""
-    records = read_topic(worker.bootstrap, [worker.topic("results"), worker.topic("dlq")], lambda r: set(ids) <= keys_seen(r), timeout)
+    records = read_topic(
+        worker.bootstrap, [worker.topic("results"), worker.topic("dlq")], lambda r: set(ids) <= keys_seen(r), timeout
+    )
     return {r.key.decode(): r for r in records if r.key is not None and r.key.decode() in ids}
 
 
@@ -149,9 +156,17 @@ def test_a_worker_retries_only_what_is_worth_retrying(make_worker, litellm):
         send(worker, model, rid)
     found = outcomes(worker, list(ids.values()))
     assert found[ids["ok"]].topic == worker.topic("results") and found[ids["ok"]].json["output"] == "hello from litellm"
-    for model, error_class, attempts in (("ratelimit", "rate_limited", 4), ("internal", "server_error", 4), ("ctx", "context_length", 1), ("filter", "content_filter", 1)):
+    for model, error_class, attempts in (
+        ("ratelimit", "rate_limited", 4),
+        ("internal", "server_error", 4),
+        ("ctx", "context_length", 1),
+        ("filter", "content_filter", 1),
+    ):
         record = found[ids[model]]
-        assert record.topic == worker.topic("dlq") and record.headers["error_class"] == error_class, (model, record.headers)
+        assert record.topic == worker.topic("dlq") and record.headers["error_class"] == error_class, (
+            model,
+            record.headers,
+        )
         assert calls(worker, ids[model]) == attempts, model
 
 
@@ -174,13 +189,19 @@ def test_litellms_forwarded_retry_after_is_honoured(make_worker, litellm):
     worker = openai_worker(make_worker, litellm)
     ids = unique_ids("limited", 4)  # a minute boundary can let at most two of them through
     send(worker, "limited", *ids)
-    states = {rid: wait_until(lambda rid=rid: _state(worker, rid), 60, f"{rid} to succeed or be rescheduled") for rid in ids}
+    states = {
+        rid: wait_until(lambda rid=rid: _state(worker, rid), 60, f"{rid} to succeed or be rescheduled") for rid in ids
+    }
     waiting = {rid: s for rid, s in states.items() if s["state"] == "retry_scheduled"}
     assert len(waiting) >= 2, states
     for rid, state in waiting.items():
         assert state["error_class"] == "rate_limited"
         assert state["due"] - state["history"][-1]["at"] >= 59_000, state  # not the 200 ms tier
-    holds_for(lambda: all(calls(worker, rid) == 1 for rid in waiting), 3.0, "a rate-limited request was retried before its Retry-After")
+    holds_for(
+        lambda: all(calls(worker, rid) == 1 for rid in waiting),
+        3.0,
+        "a rate-limited request was retried before its Retry-After",
+    )
 
 
 @pytest.mark.interop_full
@@ -223,7 +244,9 @@ def test_the_breaker_holds_requests_through_a_litellm_outage(make_worker, litell
 
         found = outcomes(worker, during, timeout=180)
         dead = [rid for rid, r in found.items() if r.topic == worker.topic("dlq")]
-        assert dead == [], f"{len(dead)} dead letters during the outage: {[found[r].headers.get('error_class') for r in dead[:5]]}"
+        assert dead == [], (
+            f"{len(dead)} dead letters during the outage: {[found[r].headers.get('error_class') for r in dead[:5]]}"
+        )
         moves = breaker()["moves"]
         for move in ("closed->open", "half_open->closed"):
             assert moves.get(move, 0) >= 1, moves

@@ -14,8 +14,8 @@ from typing import Any
 
 from dlqapp.core.errors import ErrorClass, InferenceError
 from dlqapp.core.record import Record
-from dlqapp.kafka.records import record_of
 from dlqapp.inference import InferenceOutput
+from dlqapp.kafka.records import record_of
 from dlqapp.settings import Settings
 from dlqapp.tables.topology import TierTopic, Topology
 from dlqapp.wiring.composition import Components, Outside, build_components
@@ -31,10 +31,10 @@ class FakeTable(dict):
         self.name = name
         self.data = self  # Faust's store: `_db_for_partition` gives the RocksDB
 
-    def _db_for_partition(self, partition: int) -> "FakeTable":
+    def _db_for_partition(self, partition: int) -> FakeTable:
         return self
 
-    def iter(self, options: Any = None) -> "_Iterator":
+    def iter(self, options: Any = None) -> _Iterator:
         return _Iterator(sorted(self))
 
 
@@ -70,7 +70,9 @@ class FakeTopic:
     def get_topic_name(self) -> str:
         return self.name
 
-    async def send(self, key: bytes, value: bytes | None, headers: Any = None, partition: int | None = None) -> asyncio.Future[None]:
+    async def send(
+        self, key: bytes, value: bytes | None, headers: Any = None, partition: int | None = None
+    ) -> asyncio.Future[None]:
         self.sent.append((key, value, {k: v.decode() for k, v in (headers or [])}, partition or 0))
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -112,7 +114,9 @@ class FakeEvent:
         self.message.key, self.message.value, self.message.headers = self.key, self.value, self.headers
 
 
-def consumed(key: bytes | None, value: bytes | None, headers: dict[str, bytes] | None = None, message: FakeMessage | None = None) -> Record:
+def consumed(
+    key: bytes | None, value: bytes | None, headers: dict[str, bytes] | None = None, message: FakeMessage | None = None
+) -> Record:
     """A consumed message as the door makes it (`dlqapp.kafka.records.record_of`)."""
     return record_of(FakeEvent(key, value, headers or {}, message or FakeMessage("input")), FixedClock())  # type: ignore[arg-type]
 
@@ -245,8 +249,22 @@ def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool 
     backend = backend or ScriptedBackend()
     clock = FixedClock()
     topology = fake_topology(settings)
-    topics = [topology.input, topology.dlq, topology.results, topology.due, topology.commands, *(t.topic for t in topology.tiers)]
-    outside = Outside(send=send_to(*topics), backend=backend, due_hop=FakeDueHop(), input_share=lambda: 1.0, clock=clock, step_partition=lambda: 0)
+    topics = [
+        topology.input,
+        topology.dlq,
+        topology.results,
+        topology.due,
+        topology.commands,
+        *(t.topic for t in topology.tiers),
+    ]
+    outside = Outside(
+        send=send_to(*topics),
+        backend=backend,
+        due_hop=FakeDueHop(),
+        input_share=lambda: 1.0,
+        clock=clock,
+        step_partition=lambda: 0,
+    )
     return Worker(backend, clock, topology, build_components(settings, topology, outside))
 
 

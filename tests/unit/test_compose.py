@@ -41,7 +41,10 @@ def test_the_cluster_profile_runs_three_kraft_nodes_and_a_worker_replicating_on_
         env = node["environment"]
         assert node["profiles"] == ["cluster"] and node["image"].startswith("apache/kafka:4.")
         assert env["KAFKA_NODE_ID"] == int(name[-1]) and env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
-        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 3 and env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
+        assert (
+            env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 3
+            and env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
+        )
         assert env["CLUSTER_ID"] == nodes["kafka-1"]["environment"]["CLUSTER_ID"] and "healthcheck" in node
     worker = services["worker-cluster"]
     env = worker["environment"]
@@ -58,13 +61,23 @@ def test_the_secured_profile_offers_only_sasl_ssl_with_acls_and_a_worker_holding
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     kafka, worker = services["kafka-secured"], services["worker-secured"]
     env = kafka["environment"]
-    assert env["KAFKA_LISTENERS"] == "SASL_SSL://:9094,CONTROLLER://:9093" and "PLAINTEXT://" not in env["KAFKA_ADVERTISED_LISTENERS"]
-    assert env["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer") and env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    assert (
+        env["KAFKA_LISTENERS"] == "SASL_SSL://:9094,CONTROLLER://:9093"
+        and "PLAINTEXT://" not in env["KAFKA_ADVERTISED_LISTENERS"]
+    )
+    assert (
+        env["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+        and env["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    )
     assert "faust -A dlqapp acls --principal User:dlqapp" in services["secured-acls"]["entrypoint"][-1]
     assert "kafka-acls.sh" in (ROOT / "deploy" / "secured" / "setup.sh").read_text()
     wenv = worker["environment"]
     assert set(wenv) <= {e for e, _, _ in SETTINGS}
-    assert (wenv["DLQ_KAFKA_SECURITY_PROTOCOL"], wenv["DLQ_KAFKA_SASL_MECHANISM"], wenv["DLQ_KAFKA_SASL_USERNAME"]) == ("SASL_SSL", "SCRAM-SHA-512", "dlqapp")
+    assert (wenv["DLQ_KAFKA_SECURITY_PROTOCOL"], wenv["DLQ_KAFKA_SASL_MECHANISM"], wenv["DLQ_KAFKA_SASL_USERNAME"]) == (
+        "SASL_SSL",
+        "SCRAM-SHA-512",
+        "dlqapp",
+    )
     for secret in (wenv["DLQ_KAFKA_SASL_PASSWORD"], wenv["DLQ_ADMIN_TOKEN"], env["KAFKA_SSL_KEYSTORE_PASSWORD"]):
         assert secret.startswith("${"), secret  # no password ships in the file
     assert worker["depends_on"]["secured-setup"]["condition"] == "service_completed_successfully"

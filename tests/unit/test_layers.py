@@ -55,7 +55,11 @@ def imports() -> dict[str, set[str]]:
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dlqapp."):
                 for alias in node.names:  # `from dlqapp.cli import base` imports dlqapp.cli.base
                     sub = ROOT.parent / f"{node.module}.{alias.name}".replace(".", "/")
-                    targets.add(f"{node.module}.{alias.name}" if sub.is_dir() or sub.with_suffix(".py").exists() else node.module)
+                    targets.add(
+                        f"{node.module}.{alias.name}"
+                        if sub.is_dir() or sub.with_suffix(".py").exists()
+                        else node.module
+                    )
             elif isinstance(node, ast.Import):
                 targets.update(a.name for a in node.names if a.name.startswith("dlqapp."))
         graph[module_name(path)] = targets
@@ -94,7 +98,11 @@ def test_no_import_cycle() -> None:
         state[module] = 1
         for target in sorted(graph.get(module, ())):
             if state.get(target) == 1:
-                cycles.append(" -> ".join(path[path.index(target):] + [module, target]) if target in path else f"{module} -> {target}")
+                cycles.append(
+                    " -> ".join(path[path.index(target) :] + [module, target])
+                    if target in path
+                    else f"{module} -> {target}"
+                )
             elif target not in state:
                 visit(target, path + [module])
         state[module] = 2

@@ -18,7 +18,15 @@ class Clock:
 
 
 def breaker(clock, **overrides):
-    config = {"window_ms": 10_000, "min_calls": 4, "failure_ratio": 0.5, "consecutive": 100, "open_ms": 5000, "max_open_ms": 20_000, "probes": 2}
+    config = {
+        "window_ms": 10_000,
+        "min_calls": 4,
+        "failure_ratio": 0.5,
+        "consecutive": 100,
+        "open_ms": 5000,
+        "max_open_ms": 20_000,
+        "probes": 2,
+    }
     return CircuitBreaker(BreakerConfig(**{**config, **overrides}), clock)
 
 
@@ -192,7 +200,9 @@ def test_a_probe_cancelled_before_its_outcome_is_given_back():
     assert b.state == CLOSED
 
 
-def simulate(rate_per_s: float, failure_share: float, seconds: float, seed: int, outage_from: float | None = None, **config):
+def simulate(
+    rate_per_s: float, failure_share: float, seconds: float, seed: int, outage_from: float | None = None, **config
+):
     """Fresh requests at a steady rate over a fake clock; a share fail backend-wide (all
     of them from `outage_from` on). Returns the breaker and the time it first opened."""
     clock = Clock()

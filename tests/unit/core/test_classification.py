@@ -1,4 +1,3 @@
-import asyncio
 
 import pytest
 
@@ -15,7 +14,7 @@ from dlqapp.core.errors import (
 @pytest.mark.parametrize(
     "exc, cls",
     [
-        (asyncio.TimeoutError(), ErrorClass.TIMEOUT),
+        (TimeoutError(), ErrorClass.TIMEOUT),
         (ConnectionRefusedError("refused"), ErrorClass.CONNECTION_ERROR),
         (InferenceError(ErrorClass.RATE_LIMITED, "429", 2000), ErrorClass.RATE_LIMITED),
         (ValueError("surprise"), ErrorClass.UNKNOWN),
@@ -32,7 +31,13 @@ def test_retry_after_survives_classification():
 
 def test_default_table_matches_the_brief():
     retryable = {c for c in ErrorClass if is_retryable(Failure(c, ""), DEFAULT_RETRYABLE)}
-    assert retryable == {ErrorClass.TIMEOUT, ErrorClass.CONNECTION_ERROR, ErrorClass.SERVER_ERROR, ErrorClass.RATE_LIMITED, ErrorClass.UNKNOWN}
+    assert retryable == {
+        ErrorClass.TIMEOUT,
+        ErrorClass.CONNECTION_ERROR,
+        ErrorClass.SERVER_ERROR,
+        ErrorClass.RATE_LIMITED,
+        ErrorClass.UNKNOWN,
+    }
 
 
 def test_the_providers_word_overrides_the_table():

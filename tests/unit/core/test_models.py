@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dlqapp.core.headers import header_dict
 from dlqapp.core.envelope import Attempt, Envelope
+from dlqapp.core.headers import header_dict
 from dlqapp.core.requests import (
     InvalidRequest,
     fallback_key,
@@ -81,11 +81,16 @@ def test_parser_never_raises_anything_but_invalid_request(payload):
 
 @given(st.binary(max_size=500), st.text(min_size=1, max_size=50), st.integers(min_value=0, max_value=10))
 def test_envelope_round_trips_through_headers_and_blob_with_bytes_intact(payload, request_id, attempts):
-    envelope = Envelope(request_id, payload, original_timestamp=123, source={"topic": "input", "partition": 1, "offset": 9})
+    envelope = Envelope(
+        request_id, payload, original_timestamp=123, source={"topic": "input", "partition": 1, "offset": 9}
+    )
     for n in range(1, attempts + 1):
         envelope.record(Attempt(n, 1000 + n, "input", due_ms=900 + n, error_class="timeout", error=f"slow {n}"))
     envelope.due_ms = 5000
-    for copy in (Envelope.from_bytes(envelope.to_bytes()), Envelope.from_headers(request_id, payload, header_dict(envelope.headers()))):
+    for copy in (
+        Envelope.from_bytes(envelope.to_bytes()),
+        Envelope.from_headers(request_id, payload, header_dict(envelope.headers())),
+    ):
         assert copy.payload == payload
         assert copy.request_id == request_id
         assert copy.attempts == attempts

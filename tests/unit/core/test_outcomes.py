@@ -33,7 +33,12 @@ def test_after_the_last_tier_the_request_is_dead_lettered_as_final():
 
 
 def test_non_retryable_goes_to_the_dlq_at_once():
-    for cls in (ErrorClass.AUTH_ERROR, ErrorClass.INVALID_REQUEST, ErrorClass.CONTEXT_LENGTH, ErrorClass.CONTENT_FILTER):
+    for cls in (
+        ErrorClass.AUTH_ERROR,
+        ErrorClass.INVALID_REQUEST,
+        ErrorClass.CONTEXT_LENGTH,
+        ErrorClass.CONTENT_FILTER,
+    ):
         outcome = decide(POLICY, 1, Failure(cls, "no"), None, NOW)
         assert isinstance(outcome, DeadLetter) and outcome.error_class is cls and not outcome.final
 
@@ -60,7 +65,9 @@ FALLBACK = RetryPolicy(POLICY.backoff, DEFAULT_RETRYABLE, POLICY.max_age_ms, fal
 def test_fallback_after_the_last_tier_and_on_context_length():
     from dlqapp.core.outcomes import TryFallback, decide_after_fallback
 
-    assert decide(FALLBACK, 4, Failure(ErrorClass.TIMEOUT, "slow"), None, NOW) == TryFallback("big-context", Failure(ErrorClass.TIMEOUT, "slow"))
+    assert decide(FALLBACK, 4, Failure(ErrorClass.TIMEOUT, "slow"), None, NOW) == TryFallback(
+        "big-context", Failure(ErrorClass.TIMEOUT, "slow")
+    )
     too_long = Failure(ErrorClass.CONTEXT_LENGTH, "too long")
     assert decide(FALLBACK, 1, too_long, None, NOW) == TryFallback("big-context", too_long)
     assert isinstance(decide(FALLBACK, 1, Failure(ErrorClass.AUTH_ERROR, "no"), None, NOW), DeadLetter)

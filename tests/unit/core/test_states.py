@@ -80,8 +80,15 @@ def run(request_id: str, *steps: tuple[RequestState, dict]) -> tuple[dict, Count
 
 
 def test_states_are_stored_as_their_public_names():
-    assert [s.value for s in RequestState] == ["in_flight", "retry_scheduled", "succeeded", "dead_lettered", "reprocessed", "discarded"]
-    assert (IN_FLIGHT, RETRY_SCHEDULED, SUCCEEDED, DEAD_LETTERED, REPROCESSED, DISCARDED) == tuple(RequestState)
+    assert [s.value for s in RequestState] == [
+        "in_flight",
+        "retry_scheduled",
+        "succeeded",
+        "dead_lettered",
+        "reprocessed",
+        "discarded",
+    ]
+    assert tuple(RequestState) == (IN_FLIGHT, RETRY_SCHEDULED, SUCCEEDED, DEAD_LETTERED, REPROCESSED, DISCARDED)
     assert RequestState("dead_lettered") is DEAD_LETTERED
 
 
@@ -148,8 +155,17 @@ def test_a_later_transition_keeps_first_seen_and_duplicates_and_appends_history(
     assert second["first_seen"] == T0 and second["duplicates"] == 1
     assert second["state"] == DEAD_LETTERED and second["updated_at"] == T0 + 1000
     assert second["error_class"] == "auth_error" and second["final_error"] == "401"
-    assert [(h["at"], h["state"]) for h in second["history"]] == [(T0, "retry_scheduled"), (T0 + 5, "duplicate_skipped"), (T0 + 1000, "dead_lettered")]
-    assert second["history"][-1] == {"at": T0 + 1000, "state": "dead_lettered", "error_class": "auth_error", "final_error": "401"}
+    assert [(h["at"], h["state"]) for h in second["history"]] == [
+        (T0, "retry_scheduled"),
+        (T0 + 5, "duplicate_skipped"),
+        (T0 + 1000, "dead_lettered"),
+    ]
+    assert second["history"][-1] == {
+        "at": T0 + 1000,
+        "state": "dead_lettered",
+        "error_class": "auth_error",
+        "final_error": "401",
+    }
 
 
 def test_the_previous_record_is_left_as_it_was():
@@ -192,7 +208,9 @@ def test_history_keeps_only_the_newest_entries():
 
 
 def test_a_success_is_remembered_through_a_replay():
-    record, _ = run("r-1", (DEAD_LETTERED, {"error_class": "auth_error"}), (REPROCESSED, {}), (SUCCEEDED, {}), (REPROCESSED, {}))
+    record, _ = run(
+        "r-1", (DEAD_LETTERED, {"error_class": "auth_error"}), (REPROCESSED, {}), (SUCCEEDED, {}), (REPROCESSED, {})
+    )
     assert record["state"] == REPROCESSED and record["succeeded_once"] is True
     never, _ = run("r-2", (RETRY_SCHEDULED, {"tier": "retry-1s"}), (DEAD_LETTERED, {"error_class": "server_error"}))
     assert "succeeded_once" not in never
@@ -215,7 +233,9 @@ def test_a_duplicate_is_counted_without_changing_the_state():
 
 def test_a_record_without_a_duplicate_count_starts_at_one():
     assert states.count_duplicate({"state": "succeeded"}, T0, "input")["duplicates"] == 1
-    assert states.count_duplicate({"state": "succeeded"}, T0, "input")["history"] == [{"at": T0, "state": "duplicate_skipped", "source": "input"}]
+    assert states.count_duplicate({"state": "succeeded"}, T0, "input")["history"] == [
+        {"at": T0, "state": "duplicate_skipped", "source": "input"}
+    ]
 
 
 def test_duplicates_are_bounded_in_history_but_all_counted():
@@ -270,7 +290,9 @@ def test_a_second_success_is_not_counted():
 
 def test_a_retry_to_a_tier_already_used_counts_again():
     previous = states.transition(None, "r", RETRY_SCHEDULED, T0, tier="retry-1s")
-    assert states.counted(previous, states.transition(previous, "r", RETRY_SCHEDULED, T0 + 1, tier="retry-1s")) == ["retried|retry-1s"]
+    assert states.counted(previous, states.transition(previous, "r", RETRY_SCHEDULED, T0 + 1, tier="retry-1s")) == [
+        "retried|retry-1s"
+    ]
 
 
 def test_a_whole_life_moves_each_counter_once():
@@ -290,7 +312,15 @@ def test_a_whole_life_moves_each_counter_once():
         {"received": 1, "retried|retry-1s": 2, "retried|retry-10s": 1, "dead_lettered|server_error": 1, "succeeded": 1}
     )
     assert [h["state"] for h in record["history"]] == [
-        "in_flight", "retry_scheduled", "retry_scheduled", "dead_lettered", "reprocessed", "retry_scheduled", "succeeded", "reprocessed", "succeeded",
+        "in_flight",
+        "retry_scheduled",
+        "retry_scheduled",
+        "dead_lettered",
+        "reprocessed",
+        "retry_scheduled",
+        "succeeded",
+        "reprocessed",
+        "succeeded",
     ]
     assert record["replay_count"] == 2 and record["attempts"] == 1
 

@@ -9,7 +9,6 @@ import json
 
 from dlqapp.deadletters.entries import DeadLetterEntry
 
-
 T0 = 1_700_000_000_000
 HISTORY = [
     {"attempt": 1, "at": T0, "topic": "app.input", "error_class": "server_error", "error": "503"},
@@ -40,7 +39,9 @@ def stored(entry: dict) -> dict:
     return json.loads(json.dumps(entry, separators=(",", ":")).encode())
 
 
-def build_entry(key: str, payload: bytes, headers: dict, partition: int, offset: int, max_bytes: int | None = None) -> dict:
+def build_entry(
+    key: str, payload: bytes, headers: dict, partition: int, offset: int, max_bytes: int | None = None
+) -> dict:
     """The stored JSON of the entry a `dlq` message makes (`DeadLetterEntry.from_message`, encoded)."""
     return json.loads(DeadLetterEntry.from_message(key, payload, headers, partition, offset, max_bytes).encode())
 

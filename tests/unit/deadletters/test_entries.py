@@ -24,12 +24,13 @@ from tests.unit.deadletters.entry_helpers import (
     summary,
 )
 
-
 # -- build_entry -------------------------------------------------------------------------
 
 
 def test_an_entry_carries_every_header_and_the_exact_payload():
-    payload = json.dumps({"request_id": "r-1", "model": "gpt-4o-mini", "messages": [{"role": "user", "content": "héllo"}]}).encode()
+    payload = json.dumps(
+        {"request_id": "r-1", "model": "gpt-4o-mini", "messages": [{"role": "user", "content": "héllo"}]}
+    ).encode()
     entry = build_entry("r-1", payload, dict(FULL_HEADERS), partition=2, offset=99)
     assert entry == {
         "request_id": "r-1",
@@ -240,4 +241,7 @@ def test_original_payload_of_a_minimal_entry():
     assert original_payload({}) == b""
     assert original_payload({"payload_text": None, "payload_b64": None}) == b""
     assert original_payload({"payload_text": "héllo"}) == "héllo".encode()
-    assert original_payload({"payload_text": "ignored", "payload_b64": base64.b64encode(b"\x01\x02").decode()}) == b"\x01\x02"
+    assert (
+        original_payload({"payload_text": "ignored", "payload_b64": base64.b64encode(b"\x01\x02").decode()})
+        == b"\x01\x02"
+    )

@@ -13,7 +13,6 @@ from dlqapp.core.partitioning import owner_partition
 from dlqapp.deadletters.entries import find_dead_letter, owner_id, time_key, unprocessable_key
 from tests.unit.deadletters.entry_helpers import T0, position
 
-
 # -- keys --------------------------------------------------------------------------------
 
 
@@ -131,7 +130,11 @@ def test_a_request_ids_own_dead_letter_is_found_first(table):
 
 def test_without_its_own_the_newest_unprocessable_copy_is_found(table):
     t = table()
-    older, newest, middle = copy_key("r-1", "invalid_request", 1), copy_key("r-1", "poison", 2), copy_key("r-1", "invalid_request", 3)
+    older, newest, middle = (
+        copy_key("r-1", "invalid_request", 1),
+        copy_key("r-1", "poison", 2),
+        copy_key("r-1", "invalid_request", 3),
+    )
     t.put(older, T0)
     t.put(newest, T0 + 20)
     t.put(middle, T0 + 10)
@@ -173,7 +176,9 @@ def test_nothing_found_is_none(table):
     assert find_dead_letter(t, "r-1", t.partitions) is None
 
 
-@pytest.mark.parametrize("rid", [pytest.param("r" * 10_000, id="10k-chars"), pytest.param("ид-🙂", id="non-ascii"), "a~b"])
+@pytest.mark.parametrize(
+    "rid", [pytest.param("r" * 10_000, id="10k-chars"), pytest.param("ид-🙂", id="non-ascii"), "a~b"]
+)
 def test_odd_and_very_long_ids_find_their_copies(table, rid):
     t = table(partitions=12)
     key = copy_key(rid, "invalid_request", 9)

@@ -9,7 +9,6 @@ import pytest
 
 from tests.unit.deadletters.entry_helpers import FULL_HEADERS, T0, build_entry, presented, summary
 
-
 # -- what the API shows ------------------------------------------------------------------
 
 

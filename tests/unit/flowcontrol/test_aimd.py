@@ -13,7 +13,6 @@ from dlqapp.flowcontrol.aimd import AimdLimit, pushed_back
 from dlqapp.flowcontrol.bucket import TokenBucket
 from tests.unit.flowcontrol.fake_clock import Clock
 
-
 # -- AIMD ----------------------------------------------------------------------------------
 
 

@@ -13,7 +13,6 @@ from dlqapp.flowcontrol.limits import parse_rate_limits
 from dlqapp.flowcontrol.slots import DUE, HIGH, LOW, NORMAL, SlotLimiter
 from tests.unit.flowcontrol.fake_clock import Clock
 
-
 # -- the rate gate -------------------------------------------------------------------------------
 
 
@@ -54,7 +53,9 @@ def test_the_share_of_the_owned_partitions_sets_the_rate_and_a_deadline_bounds_t
     async def run():
         clock = Clock()
         share = [1.0]
-        gate = RateGate(parse_rate_limits("*=120rpm"), default_model="d", share=lambda: share[0], clock=clock, sleep=clock.sleep)
+        gate = RateGate(
+            parse_rate_limits("*=120rpm"), default_model="d", share=lambda: share[0], clock=clock, sleep=clock.sleep
+        )
         await gate.acquire(None, 1)
         assert clock.now == pytest.approx(1000.5)  # 2 per second
         share[0] = 1 / 3  # a rebalance left this worker a third of the partitions
@@ -125,7 +126,9 @@ def test_callers_of_one_model_take_their_turns_by_priority():
             await gate.acquire("m", 1, priority=priority)
             order.append(name)
 
-        await asyncio.gather(call("first", NORMAL), call("low", LOW), call("normal", NORMAL), call("high", HIGH), call("due", DUE))
+        await asyncio.gather(
+            call("first", NORMAL), call("low", LOW), call("normal", NORMAL), call("high", HIGH), call("due", DUE)
+        )
         assert order == ["first", "due", "high", "normal", "low"]
 
     asyncio.run(run())

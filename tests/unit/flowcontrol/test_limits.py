@@ -11,7 +11,6 @@ from dlqapp.flowcontrol.estimate import DEFAULT_COMPLETION_TOKENS, estimate_toke
 from dlqapp.flowcontrol.limits import ModelLimit, parse_rate_limits
 from tests.unit.flowcontrol.fake_clock import Clock
 
-
 # -- limits ------------------------------------------------------------------------------
 
 
@@ -24,13 +23,16 @@ def test_rate_limits_parse_per_model_with_a_default():
     assert not parse_rate_limits("")
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("gpt-4o", "should be MODEL="),
-    ("gpt-4o=fast", "not a limit"),
-    ("gpt-4o=0rpm", "must be positive"),
-    ("gpt-4o=1rpm/2rpm", "given twice"),
-    ("a=1rpm,a=2rpm", "named twice"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("gpt-4o", "should be MODEL="),
+        ("gpt-4o=fast", "not a limit"),
+        ("gpt-4o=0rpm", "must be positive"),
+        ("gpt-4o=1rpm/2rpm", "given twice"),
+        ("a=1rpm,a=2rpm", "named twice"),
+    ],
+)
 def test_bad_rate_limits_say_what_is_wrong(text, problem):
     with pytest.raises(ValueError, match=problem):
         parse_rate_limits(text)
@@ -72,14 +74,32 @@ def test_bucket_keeps_no_more_than_a_smaller_new_capacity():
 
 
 def _request(**kwargs) -> Request:
-    return Request(request_id="r", model=None, messages=kwargs.pop("messages", None), prompt=kwargs.pop("prompt", None), params=kwargs.pop("params", {}), metadata={})
+    return Request(
+        request_id="r",
+        model=None,
+        messages=kwargs.pop("messages", None),
+        prompt=kwargs.pop("prompt", None),
+        params=kwargs.pop("params", {}),
+        metadata={},
+    )
 
 
 def test_estimate_is_a_quarter_of_the_characters_plus_per_message_overhead_plus_the_completion_budget():
     assert estimate_tokens(_request(prompt="x" * 400)) == 100 + 4 + DEFAULT_COMPLETION_TOKENS
-    messages = [{"role": "system", "content": "y" * 10}, {"role": "user", "content": [{"type": "text", "text": "z" * 7}, {"type": "image_url", "image_url": {"url": "u" * 999}}]}]
-    assert estimate_tokens(_request(messages=messages, params={"max_tokens": 50})) == 5 + 8 + 50  # ceil(17 / 4), images count nothing
-    assert estimate_tokens(_request(prompt="abcd", params={"max_completion_tokens": 10, "max_tokens": 99, "n": 3})) == 1 + 4 + 30
+    messages = [
+        {"role": "system", "content": "y" * 10},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "z" * 7}, {"type": "image_url", "image_url": {"url": "u" * 999}}],
+        },
+    ]
+    assert (
+        estimate_tokens(_request(messages=messages, params={"max_tokens": 50})) == 5 + 8 + 50
+    )  # ceil(17 / 4), images count nothing
+    assert (
+        estimate_tokens(_request(prompt="abcd", params={"max_completion_tokens": 10, "max_tokens": 99, "n": 3}))
+        == 1 + 4 + 30
+    )
     assert estimate_tokens(_request(prompt="abcd", params={"max_tokens": "many"})) == 1 + 4 + DEFAULT_COMPLETION_TOKENS
 
 

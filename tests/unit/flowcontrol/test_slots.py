@@ -8,7 +8,6 @@ from dlqapp.flowcontrol.aimd import AimdLimit
 from dlqapp.flowcontrol.slots import DUE, HIGH, LOW, NORMAL, SlotLimiter
 from tests.unit.flowcontrol.fake_clock import Clock
 
-
 # -- slots by priority -----------------------------------------------------------------------
 
 
@@ -26,7 +25,10 @@ def test_a_full_window_serves_due_retries_then_high_normal_low():
 
         first = asyncio.create_task(user("first", NORMAL, hold))
         await asyncio.sleep(0)
-        waiting = [asyncio.create_task(user(name, priority)) for name, priority in (("low", LOW), ("normal", NORMAL), ("high", HIGH), ("due", DUE), ("high2", HIGH))]
+        waiting = [
+            asyncio.create_task(user(name, priority))
+            for name, priority in (("low", LOW), ("normal", NORMAL), ("high", HIGH), ("due", DUE), ("high2", HIGH))
+        ]
         await asyncio.sleep(0)
         assert limiter.high_waiting == 1 and limiter.waiting(HIGH) == 2
         hold.set()

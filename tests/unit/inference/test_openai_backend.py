@@ -68,8 +68,14 @@ def test_success_returns_text_usage_and_sends_the_request_id():
         ({"status": 409}, ErrorClass.SERVER_ERROR),
         ({"status": 429}, ErrorClass.RATE_LIMITED),
         ({"status": 429, "error": {"code": "insufficient_quota", "message": "quota"}}, ErrorClass.QUOTA_EXCEEDED),
-        ({"status": 400, "error": {"code": "context_length_exceeded", "message": "maximum context length"}}, ErrorClass.CONTEXT_LENGTH),
-        ({"status": 400, "error": {"code": "content_filter", "message": "content management policy"}}, ErrorClass.CONTENT_FILTER),
+        (
+            {"status": 400, "error": {"code": "context_length_exceeded", "message": "maximum context length"}},
+            ErrorClass.CONTEXT_LENGTH,
+        ),
+        (
+            {"status": 400, "error": {"code": "content_filter", "message": "content management policy"}},
+            ErrorClass.CONTENT_FILTER,
+        ),
         ({"status": 401}, ErrorClass.AUTH_ERROR),
         ({"status": 403}, ErrorClass.AUTH_ERROR),
         ({"status": 404}, ErrorClass.INVALID_REQUEST),
@@ -169,7 +175,9 @@ def test_the_mock_enforces_tokens_per_minute_by_the_usage_it_reports():
     async def check(backend, state):
         state.limits = ProviderLimits(rpm=None, tpm=600)  # 10 tokens a second, a bucket of 10
         long = [{"role": "user", "content": "word " * 30}]
-        out = await backend.complete(request("t1", model="a", messages=long), 1)  # costs more than the bucket holds: goes, leaves a debt
+        out = await backend.complete(
+            request("t1", model="a", messages=long), 1
+        )  # costs more than the bucket holds: goes, leaves a debt
         assert out.usage["total_tokens"] > 10
         failure = await failure_of(backend, request("t2", model="a"))
         assert failure.error_class is ErrorClass.RATE_LIMITED and failure.retry_after_ms > 0

@@ -28,7 +28,9 @@ class FakeFetcher:
         self.records.setdefault(tp, []).extend(values)
         self.arrived.set()
 
-    async def fetched_records(self, partitions: Any, timeout: float = 0, max_records: int | None = None) -> dict[TP, list[str]]:
+    async def fetched_records(
+        self, partitions: Any, timeout: float = 0, max_records: int | None = None
+    ) -> dict[TP, list[str]]:
         while True:
             drained: dict[TP, list[str]] = {}
             budget = max_records
@@ -49,7 +51,7 @@ class FakeFetcher:
             self.arrived.clear()
             try:
                 await asyncio.wait_for(self.arrived.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return {}
             timeout = 0.001
 

@@ -4,7 +4,6 @@ import logging
 
 import pytest
 
-from dlqapp.settings import Settings, SettingsError
 from dlqapp.kafka.admin import (
     TopicMismatchError,
     TopicShape,
@@ -12,6 +11,7 @@ from dlqapp.kafka.admin import (
     _check_replicas,
     topic_configs,
 )
+from dlqapp.settings import Settings, SettingsError
 
 
 @pytest.mark.parametrize("rf, expected", [("1", 1), ("2", 2), ("3", 2), ("5", 2)])
@@ -24,7 +24,15 @@ def test_min_insync_replicas_can_be_set_up_to_the_replication_factor():
     assert Settings.from_env({"DLQ_REPLICATION_FACTOR": "3", "DLQ_MIN_INSYNC_REPLICAS": "1"}).min_insync_replicas == 1
 
 
-@pytest.mark.parametrize("env", [{"DLQ_MIN_INSYNC_REPLICAS": "2"}, {"DLQ_REPLICATION_FACTOR": "2", "DLQ_MIN_INSYNC_REPLICAS": "3"}, {"DLQ_MIN_INSYNC_REPLICAS": "0"}, {"DLQ_MIN_INSYNC_REPLICAS": "two"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"DLQ_MIN_INSYNC_REPLICAS": "2"},
+        {"DLQ_REPLICATION_FACTOR": "2", "DLQ_MIN_INSYNC_REPLICAS": "3"},
+        {"DLQ_MIN_INSYNC_REPLICAS": "0"},
+        {"DLQ_MIN_INSYNC_REPLICAS": "two"},
+    ],
+)
 def test_an_impossible_min_insync_replicas_is_refused_naming_the_setting(env):
     with pytest.raises(SettingsError, match="DLQ_MIN_INSYNC_REPLICAS"):
         Settings.from_env(env)
@@ -58,4 +66,8 @@ def test_existing_topics_below_the_replication_factor_are_only_reported(caplog):
     settings = Settings.from_env({"DLQ_REPLICATION_FACTOR": "3"})
     with caplog.at_level(logging.WARNING):
         _check_replicas(settings, {"input": TopicShape(3, 2), "dlq": TopicShape(3, 3)})
-    assert "topics_under_replicated" in caplog.text and "input" in caplog.text and "dlq" not in caplog.text.split("topics=")[1]
+    assert (
+        "topics_under_replicated" in caplog.text
+        and "input" in caplog.text
+        and "dlq" not in caplog.text.split("topics=")[1]
+    )

@@ -47,7 +47,14 @@ class FakeProducer:
         self.open = None
         self.commits += 1
 
-    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int | None = None, headers: object = None) -> asyncio.Future[None]:
+    async def send(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: object = None,
+    ) -> asyncio.Future[None]:
         if self.open is None:
             raise ValueError("Can't send messages while not in transaction")  # aiokafka's IllegalOperation
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -66,7 +73,9 @@ async def started(producer: FakeProducer) -> PartitionTransaction:
     return transaction
 
 
-async def step(transaction: PartitionTransaction, *records: tuple[str, bytes], hold: asyncio.Event | None = None) -> None:
+async def step(
+    transaction: PartitionTransaction, *records: tuple[str, bytes], hold: asyncio.Event | None = None
+) -> None:
     """What a stream step does: enter, send, (maybe wait), leave, then wait for the commit."""
     await transaction.gate.enter()
     try:
@@ -118,7 +127,10 @@ def test_a_commit_waits_for_the_step_inside_so_a_step_never_straddles_two_transa
         assert not commit.done() and producer.visible == []
         hold.set()
         await asyncio.wait_for(commit, 1)
-        assert producer.visible == [("results", b"a"), ("changelog", b"a-state")]  # the whole first step, nothing of the second
+        assert producer.visible == [
+            ("results", b"a"),
+            ("changelog", b"a-state"),
+        ]  # the whole first step, nothing of the second
         await transaction.commit()
         await asyncio.wait_for(asyncio.gather(inside, late), 1)
         assert producer.visible[-1] == ("results", b"b") and producer.commits == 2

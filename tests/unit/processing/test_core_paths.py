@@ -6,12 +6,12 @@ import asyncio
 import json
 
 from dlqapp.core.errors import ErrorClass
-from dlqapp.retries.keys import parked_key
 from dlqapp.core.record import Record
+from dlqapp.retries.keys import parked_key
 from tests.unit.fakes import (
-    consumed,
     FakeMessage,
     ScriptedBackend,
+    consumed,
     request,
     state_of,
     worker,
@@ -23,7 +23,11 @@ def run(coro):
 
 
 def input_event(request_id: str, value: bytes | None = None, offset: int = 0) -> Record:
-    return consumed(request_id.encode(), value if value is not None else request(request_id), message=FakeMessage("input", 0, offset))
+    return consumed(
+        request_id.encode(),
+        value if value is not None else request(request_id),
+        message=FakeMessage("input", 0, offset),
+    )
 
 
 def test_a_request_that_succeeds_is_published_once_and_a_duplicate_is_skipped(tmp_path):
@@ -51,7 +55,7 @@ def test_an_invalid_copy_changes_no_state_and_gets_a_dlq_key_of_its_own(tmp_path
     w = worker(tmp_path)
     run(w.pipeline.on_input(input_event("r3"), w.input))
     run(w.pipeline.on_input(input_event("r3", json.dumps({"request_id": "r3"}).encode(), offset=1), w.input))
-    (dlq_key, value, headers, _), = w.dlq.sent
+    ((dlq_key, value, headers, _),) = w.dlq.sent
     assert dlq_key.decode().startswith("r3~invalid_request~") and value == b'{"request_id": "r3"}'
     assert headers["error_class"] == "invalid_request" and "either messages or prompt" in headers["final_error"]
     assert state_of(w, "r3")["state"] == "succeeded"
@@ -82,9 +86,13 @@ def _envelope_blob(w, request_id: str) -> bytes:
 def test_a_non_retryable_failure_is_dead_lettered_at_once_and_recorded(tmp_path):
     w = worker(tmp_path, ScriptedBackend({"r5": 9}, error=ErrorClass.AUTH_ERROR))
     run(w.pipeline.on_input(input_event("r5"), w.input))
-    (key, value, headers, partition), = w.dlq.sent
+    ((key, value, headers, partition),) = w.dlq.sent
     assert key == b"r5" and headers["error_class"] == "auth_error" and state_of(w, "r5")["state"] == "dead_lettered"
-    run(w.recorder.on_message(consumed(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("dlq", partition, 7))))
+    run(
+        w.recorder.on_message(
+            consumed(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("dlq", partition, 7))
+        )
+    )
     entry = json.loads(w.dead_letters_table[b"r5"])
     assert entry["error_class"] == "auth_error" and entry["dlq"] == {"partition": 0, "offset": 7}
     assert w.counts["dlq_size"] == 1 and w.counts["dlq_class|auth_error"] == 1
@@ -94,7 +102,13 @@ def test_a_non_retryable_failure_is_dead_lettered_at_once_and_recorded(tmp_path)
 def _dead(w, request_id: str) -> None:
     run(w.pipeline.on_input(input_event(request_id), w.input))
     key, value, headers, partition = w.dlq.sent[-1]
-    run(w.recorder.on_message(consumed(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("dlq", partition, len(w.dlq.sent)))))
+    run(
+        w.recorder.on_message(
+            consumed(
+                key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("dlq", partition, len(w.dlq.sent))
+            )
+        )
+    )
 
 
 def test_replay_sends_the_payload_back_removes_the_entry_and_writes_state_first(tmp_path):
@@ -102,8 +116,10 @@ def test_replay_sends_the_payload_back_removes_the_entry_and_writes_state_first(
     _dead(w, "r6")
     answer = run(w.operator.execute({"action": "replay", "request_id": "r6", "actor": "test"}))
     assert answer["status"] == "reprocessed" and answer["replay_count"] == 1
-    (key, value, headers, _), = w.input.sent
-    assert key == b"r6" and value == request("r6") and headers["replay_count"] == "1" and headers["replayed_by"] == "test"
+    ((key, value, headers, _),) = w.input.sent
+    assert (
+        key == b"r6" and value == request("r6") and headers["replay_count"] == "1" and headers["replayed_by"] == "test"
+    )
     assert b"r6" not in w.dead_letters_table and w.dlq.sent[-1][1] is None  # tombstone
     assert state_of(w, "r6")["state"] == "reprocessed" and json.loads(w.ledger[b"r6"])[0]["action"] == "replay"
     assert w.counts["dlq_size"] == 0 and w.counts["reprocessed"] == 1
@@ -140,9 +156,29 @@ def test_expire_deletes_only_what_did_not_change(tmp_path):
     w = worker(tmp_path)
     run(w.pipeline.on_input(input_event("old"), w.input))
     at = state_of(w, "old")["updated_at"]
-    answer = run(w.operator.execute({"action": "expire", "request_id": "old", "actor": "retention", "table": "requests", "expired": [["old", at - 1]]}))
+    answer = run(
+        w.operator.execute(
+            {
+                "action": "expire",
+                "request_id": "old",
+                "actor": "retention",
+                "table": "requests",
+                "expired": [["old", at - 1]],
+            }
+        )
+    )
     assert answer["removed"] == 0 and state_of(w, "old") is not None  # changed since the sweep read it
-    answer = run(w.operator.execute({"action": "expire", "request_id": "old", "actor": "retention", "table": "requests", "expired": [["old", at]]}))
+    answer = run(
+        w.operator.execute(
+            {
+                "action": "expire",
+                "request_id": "old",
+                "actor": "retention",
+                "table": "requests",
+                "expired": [["old", at]],
+            }
+        )
+    )
     assert answer["removed"] == 1 and state_of(w, "old") is None
 
 
@@ -189,20 +225,38 @@ def test_a_request_whose_attempt_died_in_flight_runs_when_its_message_comes_agai
     assert state_of(w, "r11")["state"] == "in_flight" and w.backend.calls_for("r11") == 0
     w.pipeline.in_flight.discard("r11")  # ... and dies with its partition, no outcome written
     run(w.pipeline.on_input(message(), w.input))
-    assert w.backend.calls_for("r11") == 1 and w.results.keys() == ["r11"] and state_of(w, "r11")["state"] == "succeeded"
+    assert (
+        w.backend.calls_for("r11") == 1 and w.results.keys() == ["r11"] and state_of(w, "r11")["state"] == "succeeded"
+    )
     assert w.counts["received"] == 1 and w.counts["succeeded"] == 1
 
 
-def test_the_same_message_redelivered_after_its_request_was_dead_lettered_is_a_duplicate_but_a_later_copy_is_new(tmp_path):
+def test_the_same_message_redelivered_after_its_request_was_dead_lettered_is_a_duplicate_but_a_later_copy_is_new(
+    tmp_path,
+):
     """After a crash the input message that started a request can come again (its offset was
     not committed); by then the request may be dead-lettered, and calling it again would pay
     twice and give it a result beside its dead letter. A copy written later is a new request."""
     w = worker(tmp_path, ScriptedBackend({"r10": 1}, error=ErrorClass.AUTH_ERROR))
     sent_at = w.clock.now / 1000 - 5  # written five seconds before the worker first saw it
-    run(w.pipeline.on_input(consumed(b"r10", request("r10"), message=FakeMessage("input", 0, 0, timestamp=sent_at)), w.input))
+    run(
+        w.pipeline.on_input(
+            consumed(b"r10", request("r10"), message=FakeMessage("input", 0, 0, timestamp=sent_at)), w.input
+        )
+    )
     assert state_of(w, "r10")["state"] == "dead_lettered" and w.backend.calls_for("r10") == 1
-    run(w.pipeline.on_input(consumed(b"r10", request("r10"), message=FakeMessage("input", 0, 0, timestamp=sent_at)), w.input))
+    run(
+        w.pipeline.on_input(
+            consumed(b"r10", request("r10"), message=FakeMessage("input", 0, 0, timestamp=sent_at)), w.input
+        )
+    )
     assert w.backend.calls_for("r10") == 1 and state_of(w, "r10")["duplicates"] == 1  # the same message again
     w.clock.now += 60_000
-    run(w.pipeline.on_input(consumed(b"r10", request("r10"), message=FakeMessage("input", 0, 5, timestamp=w.clock.now / 1000)), w.input))
-    assert w.backend.calls_for("r10") == 2 and state_of(w, "r10")["state"] == "succeeded"  # re-sent later: a new request
+    run(
+        w.pipeline.on_input(
+            consumed(b"r10", request("r10"), message=FakeMessage("input", 0, 5, timestamp=w.clock.now / 1000)), w.input
+        )
+    )
+    assert (
+        w.backend.calls_for("r10") == 2 and state_of(w, "r10")["state"] == "succeeded"
+    )  # re-sent later: a new request

@@ -82,6 +82,7 @@ def test_careful_mode_runs_messages_one_at_a_time():
 
     import os
     import tempfile
+
     with tempfile.TemporaryDirectory() as d:
         order = asyncio.run(run(os.path.join(d, "j.json")))
     assert order == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]

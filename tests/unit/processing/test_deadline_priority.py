@@ -7,14 +7,14 @@ import json
 
 import pytest
 
+from dlqapp.core.record import Record
 from dlqapp.core.requests import InvalidRequest, validate_request
 from dlqapp.flowcontrol.gate import RateGate
 from dlqapp.flowcontrol.limits import parse_rate_limits
 from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import InferenceOutput
 from dlqapp.retries.keys import parked_key
-from dlqapp.core.record import Record
-from tests.unit.fakes import consumed, FakeMessage, ScriptedBackend, request, state_of, worker
+from tests.unit.fakes import FakeMessage, ScriptedBackend, consumed, request, state_of, worker
 
 
 def input_event(request_id: str, offset: int = 0, **extra) -> Record:
@@ -31,7 +31,15 @@ def test_deadline_and_priority_are_optional_and_validated():
     assert ok.deadline == 1_700_000_000_000 and ok.priority == "low"
     plain = validate_request({"request_id": "a", "prompt": "p"})
     assert plain.deadline is None and plain.priority == "normal"
-    for bad in ({"deadline": "tomorrow"}, {"deadline": True}, {"deadline": -5}, {"deadline": 1.5}, {"deadline": 10**20}, {"priority": "urgent"}, {"priority": 1}):
+    for bad in (
+        {"deadline": "tomorrow"},
+        {"deadline": True},
+        {"deadline": -5},
+        {"deadline": 1.5},
+        {"deadline": 10**20},
+        {"priority": "urgent"},
+        {"priority": 1},
+    ):
         with pytest.raises(InvalidRequest, match="deadline|priority"):
             validate_request({"request_id": "a", "prompt": "p", **bad})
 
@@ -40,7 +48,7 @@ def test_a_bad_deadline_or_priority_is_dead_lettered_as_invalid_with_its_origina
     w = worker(tmp_path)
     payload = json.dumps({"request_id": "bad", "prompt": "p", "priority": "urgent", "deadline": "soon"}).encode()
     asyncio.run(w.pipeline.on_input(consumed(b"bad", payload, message=FakeMessage("input", 0, 0)), w.input))
-    (key, value, headers, _), = w.dlq.sent
+    ((key, value, headers, _),) = w.dlq.sent
     assert value == payload and headers["error_class"] == "invalid_request"
     assert "priority must be one of" in headers["final_error"] and "deadline must be" in headers["final_error"]
     assert w.backend.calls_for("bad") == 0
@@ -68,10 +76,16 @@ def test_a_request_whose_deadline_passes_while_parked_is_dead_lettered_when_due_
 
 def test_a_retry_that_would_fall_due_after_the_deadline_is_dead_lettered_as_expired_at_once(tmp_path):
     w = worker(tmp_path, ScriptedBackend({"soon": 1}))
-    asyncio.run(w.pipeline.on_input(input_event("soon", deadline=w.clock.now + 500), w.input))  # the 1 s tier is too late
+    asyncio.run(
+        w.pipeline.on_input(input_event("soon", deadline=w.clock.now + 500), w.input)
+    )  # the 1 s tier is too late
     assert not w.parked_table and not any(topic.sent for topic in w.tiers)
     headers = dead_letter(w, "soon")
-    assert headers["error_class"] == "expired" and "after its deadline" in headers["final_error"] and "server_error" in headers["final_error"]
+    assert (
+        headers["error_class"] == "expired"
+        and "after its deadline" in headers["final_error"]
+        and "server_error" in headers["final_error"]
+    )
 
 
 def test_a_deadline_that_passes_while_waiting_for_rate_capacity_means_no_call(tmp_path):

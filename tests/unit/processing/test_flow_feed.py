@@ -88,7 +88,9 @@ def test_releasing_a_feed_gives_its_held_events_back_unacked():
     async def run():
         acked, forgotten = [], []
         gate = _gate()
-        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+        window = InFlightWindow(
+            4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset)
+        )
         feed = GatedFeed(window, gate, open_limit=4, closed_limit=10)
         gate.fired([b"hint"])
         for i in range(3):
@@ -177,6 +179,7 @@ def test_an_event_starts_at_once_when_nothing_waits_before_it_and_never_overtake
         def handler(i):
             async def handle():
                 started.append(i)
+
             return handle
 
         await feed.put("p0", FakeEvent(0, acked), handler(0))  # no pump running: started by `put` itself
@@ -193,7 +196,9 @@ def test_an_event_starts_at_once_when_nothing_waits_before_it_and_never_overtake
         pump = asyncio.create_task(feed.run())
         gate.received(b"hint")  # open: the pump takes 1 and is handing it over
         await _until(lambda: feed.held == 0)
-        await asyncio.wait_for(feed.put("p0", FakeEvent(2, acked), handler(2)), 1)  # the window has room, but 1 is not started yet
+        await asyncio.wait_for(
+            feed.put("p0", FakeEvent(2, acked), handler(2)), 1
+        )  # the window has room, but 1 is not started yet
         handing_over.set()
         await _until(lambda: len(acked) == 3)
         assert started == [0, 1, 2] and acked == [0, 1, 2]

@@ -14,8 +14,10 @@ def test_window_acks_each_partition_in_offset_order_even_when_handlers_finish_ou
         gates = {i: asyncio.Event() for i in range(5)}
         window = InFlightWindow(10, on_error=_reraise, on_fatal=lambda exc: None)
         for i in range(5):
+
             async def handler(i=i):
                 await gates[i].wait()
+
             await window.submit("p0", FakeEvent(i, acked), handler)
         for i in (3, 1, 4):  # later offsets finish first: nothing may be acked yet
             gates[i].set()
@@ -34,8 +36,10 @@ def test_window_acks_each_partition_in_offset_order_even_when_handlers_finish_ou
 def test_a_failing_handler_is_routed_and_acked_and_the_partition_moves_on():
     async def run():
         acked, routed, fatal = [], [], []
+
         async def route(event, exc):
             routed.append((event.offset, str(exc)))
+
         window = InFlightWindow(10, on_error=route, on_fatal=fatal.append)
 
         async def boom():
@@ -74,7 +78,9 @@ def test_when_routing_fails_too_the_event_is_never_acked_and_the_worker_stops():
 def test_an_output_for_a_partition_handed_back_gives_its_event_back_and_the_worker_goes_on():
     async def run():
         acked, forgotten, fatal = [], [], []
-        window = InFlightWindow(10, on_error=_reraise, on_fatal=fatal.append, forget=lambda e: forgotten.append(e.offset))
+        window = InFlightWindow(
+            10, on_error=_reraise, on_fatal=fatal.append, forget=lambda e: forgotten.append(e.offset)
+        )
 
         async def late():
             raise NotOwned("partition 0 was handed back")
@@ -105,7 +111,9 @@ def test_a_failed_transaction_stops_the_worker_once_per_step_without_acking(capl
 def test_release_lets_quick_handlers_finish_cancels_held_ones_and_hands_back_the_unacked():
     async def run():
         acked, forgotten = [], []
-        window = InFlightWindow(10, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+        window = InFlightWindow(
+            10, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset)
+        )
         held = asyncio.Event()  # never set: a request held by an open breaker
         cancelled = []
 
@@ -141,9 +149,12 @@ def test_events_taken_between_a_release_and_the_next_assignment_are_handed_back_
     the assignment being revoked (from their queues, or a due hint the timer fired): none
     may start, or it runs for a partition another worker now owns and Faust's wait for
     acks hangs the rebalance until it ends."""
+
     async def run():
         acked, forgotten, handled = [], [], []
-        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+        window = InFlightWindow(
+            4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset)
+        )
 
         async def handle(offset):
             handled.append(offset)
@@ -180,7 +191,9 @@ def test_window_bounds_in_flight_handlers():
 def test_an_event_submitted_during_or_after_a_release_is_given_back_at_once():
     async def run():
         acked, forgotten = [], []
-        window = InFlightWindow(1, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+        window = InFlightWindow(
+            1, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset)
+        )
         gate = asyncio.Event()
 
         async def blocked():
@@ -204,9 +217,12 @@ def test_an_event_held_before_submit_across_a_rebalance_is_given_back_not_handle
     """The input agent holds an event while the input gate is closed; if a rebalance
     releases the window meanwhile, the event belongs to the old assignment (its partition
     was sought back to the committed offset) and must not be handled or acked."""
+
     async def run():
         acked, forgotten, handled = [], [], []
-        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset))
+        window = InFlightWindow(
+            4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset)
+        )
 
         async def handle(offset):
             handled.append(offset)

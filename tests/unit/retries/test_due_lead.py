@@ -3,11 +3,10 @@
 import asyncio
 
 from dlqapp.core.headers import H_RUN_NOW
+from dlqapp.core.record import Record
 from dlqapp.retries.due_hop import is_run_now
 from dlqapp.retries.lead import MIN_LEAD_MS, DueLead
-
-from dlqapp.core.record import Record
-from tests.unit.fakes import consumed, FakeMessage, ScriptedBackend, request, worker
+from tests.unit.fakes import FakeMessage, ScriptedBackend, consumed, request, worker
 
 
 def input_event(request_id: str) -> Record:
@@ -44,7 +43,12 @@ def test_only_a_run_now_header_asks_for_the_attempt_at_once():
         return consumed(b"r1", b"key", headers).headers
 
     assert is_run_now(read([(H_RUN_NOW, b"1")])) and is_run_now(read({H_RUN_NOW: b""}))
-    assert not is_run_now(read(None)) and not is_run_now(read([])) and not is_run_now(read(b"garbage")) and not is_run_now(read([("other", b"1")]))
+    assert (
+        not is_run_now(read(None))
+        and not is_run_now(read([]))
+        and not is_run_now(read(b"garbage"))
+        and not is_run_now(read([("other", b"1")]))
+    )
 
 
 def _parked_retry(tmp_path):

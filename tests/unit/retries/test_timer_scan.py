@@ -22,10 +22,10 @@ def db(tmp_path):
     yield store
     store.close()
 
+
 def stored(doc: dict) -> StateRecord:
     """A request state as the requests table holds it."""
     return StateRecord.decode(json.dumps({"request_id": "r", **doc}).encode())
-
 
 
 def test_fires_due_keys_earliest_first_and_never_future_ones(db):

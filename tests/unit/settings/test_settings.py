@@ -28,7 +28,15 @@ def test_defaults_follow_the_contract():
 
 def test_prefix_applies_to_every_topic():
     s = Settings.from_env({"DLQ_TOPIC_PREFIX": "team-a.", "DLQ_RETRY_DELAYS": "250ms,2s"})
-    assert s.all_topics() == ["team-a.input", "team-a.retry-250ms", "team-a.retry-2s", "team-a.dlq", "team-a.results", "team-a.dlqapp-due", "team-a.dlqapp-commands"]
+    assert s.all_topics() == [
+        "team-a.input",
+        "team-a.retry-250ms",
+        "team-a.retry-2s",
+        "team-a.dlq",
+        "team-a.results",
+        "team-a.dlqapp-due",
+        "team-a.dlqapp-commands",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -62,7 +70,9 @@ def test_retryable_overrides_apply_on_top_of_defaults():
     assert s.retryable[ErrorClass.TIMEOUT] is True
 
 
-@pytest.mark.parametrize("text, ms", [("250ms", 250), ("1s", 1000), ("1.5", 1500), ("1m", 60_000), ("2h", 7_200_000), ("1d", 86_400_000)])
+@pytest.mark.parametrize(
+    "text, ms", [("250ms", 250), ("1s", 1000), ("1.5", 1500), ("1m", 60_000), ("2h", 7_200_000), ("1d", 86_400_000)]
+)
 def test_durations(text, ms):
     assert parse_duration_ms(text) == ms
 

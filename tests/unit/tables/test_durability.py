@@ -41,7 +41,9 @@ class RecordingProducer:
         self.pending: list[asyncio.Future[_Metadata]] = []
         self.auto_confirm = True
 
-    async def send(self, topic: str, key: bytes, value: bytes | None, partition: int, timestamp: Any, headers: Any) -> asyncio.Future[_Metadata]:
+    async def send(
+        self, topic: str, key: bytes, value: bytes | None, partition: int, timestamp: Any, headers: Any
+    ) -> asyncio.Future[_Metadata]:
         self.sent.append((topic, key, value, partition))
         future: asyncio.Future[_Metadata] = asyncio.get_running_loop().create_future()
         if self.auto_confirm:
@@ -93,7 +95,10 @@ async def test_a_write_is_read_back_at_once_and_its_changelog_record_waits_for_t
         assert producer.sent == []  # not yet: the step is not over
         table[b"k"] = b"v2"
         table[b"other"] = b"x"
-    assert producer.sent == [("durability-test-t-changelog", b"k", b"v2", 1), ("durability-test-t-changelog", b"other", b"x", 1)]
+    assert producer.sent == [
+        ("durability-test-t-changelog", b"k", b"v2", 1),
+        ("durability-test-t-changelog", b"other", b"x", 1),
+    ]
     assert table.data._db_for_partition(1).get(b"k") == b"v2"
     assert table.data._db_for_partition(0).get(b"k") is None  # the event's partition only
     del event

@@ -16,26 +16,58 @@ print("imported")
 
 
 def test_importing_every_module_reads_no_environment_and_creates_nothing(tmp_path):
-    env = {**os.environ, "DLQ_PARTITIONS": "not-a-number", "DLQ_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", IMPORT_ALL], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "DLQ_PARTITIONS": "not-a-number",
+        "DLQ_DATA_DIR": str(tmp_path / "data"),
+        "PYTHONPATH": str(ROOT),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_ALL], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and "imported" in result.stdout, result.stderr
     assert list(tmp_path.iterdir()) == []  # no data dir, no log
 
 
 def test_the_app_is_built_on_first_access_and_names_a_bad_setting(tmp_path):
     env = {**os.environ, "DLQ_PARTITIONS": "not-a-number", "PYTHONPATH": str(ROOT)}
-    result = subprocess.run([sys.executable, "-c", "import dlqapp; dlqapp.app"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", "import dlqapp; dlqapp.app"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and "DLQ_PARTITIONS" in result.stderr
 
 
 def test_build_app_registers_every_agent_and_command(tmp_path):
     env = {**os.environ, "DLQ_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
-    agents = subprocess.run([sys.executable, "-c", "import dlqapp; print(sorted(dlqapp.app.agents))"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    agents = subprocess.run(
+        [sys.executable, "-c", "import dlqapp; print(sorted(dlqapp.app.agents))"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert agents.returncode == 0, agents.stderr
     for name in ("input", "due", "dlq", "operator", "tier-1", "tier-2", "tier-3"):
         assert f".{name}'" in agents.stdout or f"'{name}'" in agents.stdout, agents.stdout
-    usage = subprocess.run([sys.executable, "-m", "dlqapp", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    for command in ("dlq-list", "dlq-show", "dlq-reprocess", "dlq-discard", "dlq-stats", "request-status", "generate", "worker"):
+    usage = subprocess.run(
+        [sys.executable, "-m", "dlqapp", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    for command in (
+        "dlq-list",
+        "dlq-show",
+        "dlq-reprocess",
+        "dlq-discard",
+        "dlq-stats",
+        "request-status",
+        "generate",
+        "worker",
+    ):
         assert command in usage.stdout, usage.stdout + usage.stderr
 
 
@@ -50,8 +82,16 @@ def test_the_consumer_fetch_wait_comes_from_dlq_fetch_max_wait(tmp_path):
     )
     for value, expected in ((None, "50"), ("200ms", "200")):
         env = {k: v for k, v in os.environ.items() if k != "DLQ_FETCH_MAX_WAIT"}
-        env.update({"DLQ_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT), **({"DLQ_FETCH_MAX_WAIT": value} if value else {})})
-        result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        env.update(
+            {
+                "DLQ_DATA_DIR": str(tmp_path / "data"),
+                "PYTHONPATH": str(ROOT),
+                **({"DLQ_FETCH_MAX_WAIT": value} if value else {}),
+            }
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == ["OrderedConsumer", expected], result.stdout
 
@@ -59,6 +99,8 @@ def test_the_consumer_fetch_wait_comes_from_dlq_fetch_max_wait(tmp_path):
 def test_table_writes_do_not_stop_the_consumer_at_faust_s_100_message_buffer(tmp_path):
     env = {**os.environ, "DLQ_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(ROOT)}
     probe = "import dlqapp; print(dlqapp.app.producer.buffer.max_messages)"
-    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) >= 10_000
