@@ -15,7 +15,7 @@ from faust import TopicT
 
 from dlqapp.core import states
 from dlqapp.core.clock import Clock
-from dlqapp.core.envelope import Envelope
+from dlqapp.core.envelope import Envelope, lineage_of
 from dlqapp.core.errors import ErrorClass
 from dlqapp.core.headers import H_ORIGINAL_HEADERS, H_PAYLOAD_NULL
 from dlqapp.core.in_flight import InFlight
@@ -81,6 +81,7 @@ class DeadLetterWriter:
             payload=payload or b"",
             original_timestamp=record.timestamp_ms,
             source=record.source,
+            lineage=lineage_of(record.headers),
         )
         envelope.last_error = reason
         extra = {

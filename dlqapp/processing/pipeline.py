@@ -10,6 +10,7 @@ outcome is safe.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from typing import assert_never
@@ -20,6 +21,7 @@ from dlqapp.core import states
 from dlqapp.core.clock import Clock
 from dlqapp.core.envelope import Attempt, Envelope, Result
 from dlqapp.core.errors import ErrorClass
+from dlqapp.core.headers import H_SOURCE
 from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import (
     DeadLetter,
@@ -217,7 +219,8 @@ class Pipeline:
             usage=output.usage or None,
             history=envelope.history,
         )
-        await self.io.send(self.results, envelope.request_id, result.to_bytes(), as_header_pairs(envelope.lineage))
+        headers = {**envelope.lineage, H_SOURCE: json.dumps(envelope.source, separators=(",", ":"))}
+        await self.io.send(self.results, envelope.request_id, result.to_bytes(), as_header_pairs(headers))
         self.io.set_state(
             envelope.request_id,
             states.SUCCEEDED,
