@@ -170,6 +170,8 @@ class Result:
     metadata: dict[str, Any]
     usage: dict[str, Any] | None = None
     history: list[dict[str, Any]] | None = None
+    output_bytes: int | None = None
+    """Set when the output was cut to fit the results topic: its whole size in bytes."""
 
     def to_bytes(self) -> bytes:
         """The JSON published on `results` (fields in declaration order, like `dataclasses.asdict`;
@@ -185,4 +187,7 @@ class Result:
             "usage": self.usage,
             "history": self.history,
         }
+        if self.output_bytes is not None:
+            doc["output_truncated"] = True
+            doc["output_bytes"] = self.output_bytes
         return json.dumps(doc, separators=(",", ":")).encode()

@@ -88,3 +88,30 @@ def is_retryable(failure: Failure, table: dict[ErrorClass, bool]) -> bool:
     if failure.retryable is not None:
         return failure.retryable
     return table.get(failure.error_class, True)
+
+
+class DlqError(Exception):
+    """dlqapp's own failures of a stream step, each named for what happens to its event::
+
+        DlqError
+         ├─ HandBack     the event is not ours any more (its partition was handed back):
+         │               give it back unacked, quietly; the next owner handles it
+         ├─ StopWorker   the worker cannot go on safely (its transaction failed, the broker
+         │               refused a send): stop it without acking; under exactly_once it
+         │               restarts in place and rebuilds its tables
+         └─ Poison       this record breaks its handler: dead-letter it as `poison`
+
+    Any other exception a handler raises is a bug on one record and is treated as `Poison`.
+    """
+
+
+class HandBack(DlqError):
+    """The event's partition was handed back: give the event back unacked, without a word."""
+
+
+class StopWorker(DlqError):
+    """Stop the worker, leaving the event unacked (it is handled again after the restart)."""
+
+
+class Poison(DlqError):
+    """This record cannot be handled: dead-letter it as `poison` with this reason."""

@@ -29,6 +29,10 @@ H_FIRST_SEEN = "first_seen"
 H_ORIGINAL_HEADERS = "original_headers"
 """On an invalid or poison dead letter: the message's own headers, as a JSON object."""
 H_PAYLOAD_NULL = "payload_null"
+H_PAYLOAD_TRUNCATED = "payload_truncated"
+"""On a dead letter whose record was larger than any topic may hold (only a foreign record on
+a topic dlqapp reads can be): `true`, its payload a preview of `payload_bytes` bytes."""
+H_PAYLOAD_BYTES = "payload_bytes"
 H_RUN_NOW = "run_now"
 """On a due message (dlqapp's internal `dlqapp-due` topic): an operator's "run now", attempted at once."""
 

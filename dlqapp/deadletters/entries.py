@@ -21,6 +21,8 @@ from dlqapp.core.headers import (
     H_HISTORY,
     H_LAST_ERROR,
     H_ORIGINAL_TIMESTAMP,
+    H_PAYLOAD_BYTES,
+    H_PAYLOAD_TRUNCATED,
     H_REPLAY_COUNT,
     H_REQUEST_ID,
     H_RETRY_COUNT,
@@ -120,12 +122,16 @@ class DeadLetterEntry:
         """The entry of a `dlq` message (its key, payload and parsed headers)."""
         truncated = max_bytes is not None and len(payload) > max_bytes
         size = len(payload)
+        if headers.get(H_PAYLOAD_TRUNCATED) == "true":  # the record itself holds a preview only
+            truncated, size = True, header_int(headers, H_PAYLOAD_BYTES) or size
         if truncated:
             payload = payload[:PREVIEW_BYTES]
         try:
             text: str | None = payload.decode("utf-8", "replace" if truncated else "strict")
         except UnicodeDecodeError:
             text = None
+        if text is not None and len(payload) > 64 * 1024 and len(json.dumps(text)) > len(payload) * 3 // 2:
+            text = None  # a large payload mostly escapes: base64 keeps the entry small (Settings.table_record_bytes)
         return cls(
             request_id=headers.get(H_REQUEST_ID) or key,
             key=key,

@@ -29,6 +29,7 @@ from dlqapp.core.headers import (
     H_REPLAYED_AT,
     H_REPLAYED_BY,
 )
+from dlqapp.core.in_flight import InFlight
 from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_id
 from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.observability import metrics
@@ -43,6 +44,27 @@ from dlqapp.tables.retention import (
 log = logging.getLogger("dlqapp.deadletters.operator")
 
 
+def live_chain(state: states.StateRecord | None, running_here: bool) -> str | None:
+    """How the request's live chain stands, when it has one (docs/operations.md, the replay
+    rules): an attempt running, a retry parked, a replay not yet picked up, or a message
+    whose attempt died with its worker and will run again. None when it has ended."""
+    if running_here:
+        return "being attempted right now"
+    if state is None:
+        return None
+    if state.state == states.RETRY_SCHEDULED:
+        return f"being retried (attempt {state.attempts} failed; its retry is parked in {state.get('tier')})"
+    if state.state == states.REPROCESSED:
+        return f"being replayed (replay {state.replay_count} is on its way)"
+    if state.state == states.IN_FLIGHT:
+        return "in flight (its message is handled again after its worker stopped)"
+    return None
+
+
+def current_state(state: states.StateRecord | None) -> str | None:
+    return None if state is None else state.state
+
+
 class Operator:
     """Carries out commands on the owning worker."""
 
@@ -55,6 +77,7 @@ class Operator:
         *,
         input_topic: TopicT,
         dlq_topic: TopicT,
+        in_flight: InFlight,
         max_replays: int,
         clock: Clock,
     ) -> None:
@@ -65,6 +88,7 @@ class Operator:
         self.retries = retries
         self.input_topic = input_topic
         self.dlq_topic = dlq_topic
+        self.in_flight = in_flight
         self.max_replays = max_replays
         self.clock = clock
 
@@ -108,6 +132,18 @@ class Operator:
             reason = f"{rid} was replayed {replays} times already (DLQ_MAX_REPLAYS={self.max_replays})"
             return {"request_id": key, "status": ReplayStatus.REFUSED, "reason": reason}
         current = self.io.load_state(rid)
+        live = live_chain(current, rid in self.in_flight)
+        if live is not None:
+            reason = (
+                f"{rid} is {live}: a replay now would give it a second outcome; replay this dead letter once "
+                f"it has ended (or end it first: POST /retries/{rid}/dead-letter/)"
+            )
+            return {
+                "request_id": key,
+                "status": ReplayStatus.REFUSED,
+                "reason": reason,
+                "state": current_state(current),
+            }
         if not command.force and current is not None and current.state == states.SUCCEEDED:
             reason = f"{rid} has succeeded since it was dead-lettered (at {current.updated_at}); replaying would call the model again: send force=true to replay anyway"
             return {"request_id": key, "status": ReplayStatus.REFUSED, "reason": reason, "state": states.SUCCEEDED}

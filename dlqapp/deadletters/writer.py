@@ -17,18 +17,37 @@ from dlqapp.core import states
 from dlqapp.core.clock import Clock
 from dlqapp.core.envelope import Envelope, lineage_of
 from dlqapp.core.errors import ErrorClass
-from dlqapp.core.headers import H_ORIGINAL_HEADERS, H_PAYLOAD_NULL
+from dlqapp.core.headers import (
+    H_ORIGINAL_HEADERS,
+    H_PAYLOAD_BYTES,
+    H_PAYLOAD_NULL,
+    H_PAYLOAD_TRUNCATED,
+    H_REPLAY_COUNT,
+    header_int,
+)
 from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import DeadLetter
 from dlqapp.core.record import Record
 from dlqapp.core.requests import fallback_key, salvage_request_id
-from dlqapp.deadletters.entries import unprocessable_key
+from dlqapp.deadletters.entries import PREVIEW_BYTES, unprocessable_key
+from dlqapp.kafka.transactions import RecordTooLarge
 from dlqapp.observability.logs import log_event
 from dlqapp.tables.partition_io import PartitionIO
 
 log = logging.getLogger("dlqapp.deadletters.writer")
 
 MAX_ORIGINAL_HEADERS_CHARS = 65536
+
+
+def ends_its_chain(state: states.StateRecord | None, record: Record, error_class: ErrorClass) -> bool:
+    """Whether dead-lettering `record` (invalid, or poison) ends its request's chain: the id was
+    never seen; or the record is the operator's replay the request waits for; or, poison, the
+    request's stored attempt was left in flight (its own message broke its handler)."""
+    if state is None:
+        return True
+    if state.state == states.REPROCESSED:
+        return (header_int(record.headers, H_REPLAY_COUNT) or 0) == state.replay_count
+    return error_class is ErrorClass.POISON and state.state == states.IN_FLIGHT
 
 
 class DeadLetterWriter:
@@ -60,9 +79,9 @@ class DeadLetterWriter:
         Its DLQ key is its own (`<request id>~<class>~<digest of its position>`), so it
         never replaces another dead letter of the same request id on the compacted
         `dlq` topic; it sits on that id's partition and `GET /dlq/<request id>/` finds
-        it. It changes a request's state only when the id was never seen before: an
-        invalid copy of a request that succeeded, is being retried or is in flight
-        leaves it as it is.
+        it. It ends the request's state only when the message was the request's live chain
+        (`ends_its_chain`): an invalid copy of a request that succeeded, is being retried
+        or is in flight leaves it as it is.
         """
         payload = record.payload
         request_id = request_id or salvage_request_id(payload)
@@ -94,8 +113,8 @@ class DeadLetterWriter:
         if (
             request_id
             and partition == record.partition
-            and self.io.load_state(request_id) is None
             and request_id not in self.in_flight
+            and ends_its_chain(self.io.load_state(request_id), record, error_class)
         ):
             self.io.set_state(
                 request_id,
@@ -133,5 +152,18 @@ class DeadLetterWriter:
         headers = envelope.headers(
             final_error=outcome.reason, dead_at=at, retry_count=max(envelope.attempts - 1, 0), **extra
         )
-        await self.io.send(self.dlq, key or envelope.request_id, envelope.payload, headers, partition=partition)
+        try:
+            await self.io.send(self.dlq, key or envelope.request_id, envelope.payload, headers, partition=partition)
+        except RecordTooLarge:
+            # Only a record larger than `input` accepts gets here (a foreign one on a tier or
+            # commands topic): its dead letter keeps a preview, never a restart loop.
+            size = len(envelope.payload)
+            headers = envelope.headers(
+                final_error=outcome.reason,
+                dead_at=at,
+                retry_count=max(envelope.attempts - 1, 0),
+                **{H_PAYLOAD_TRUNCATED: "true", H_PAYLOAD_BYTES: str(size)},
+            )
+            preview = envelope.payload[:PREVIEW_BYTES]
+            await self.io.send(self.dlq, key or envelope.request_id, preview, headers, partition=partition)
         return at

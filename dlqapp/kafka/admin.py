@@ -26,6 +26,7 @@ from aiokafka.errors import (
     GroupAuthorizationFailedError,
     KafkaConnectionError,
     KafkaError,
+    KafkaTimeoutError,
     NodeNotReadyError,
     NotCoordinatorError,
     TopicAlreadyExistsError,
@@ -36,12 +37,15 @@ from aiokafka.protocol.metadata import MetadataRequest
 
 from dlqapp.kafka.access import ConnectionCauses, KafkaAccessError, check_access, explain, principal_of
 from dlqapp.settings import Settings
+from dlqapp.settings.model import record_bytes, table_bytes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 COMPACTED = {"cleanup.policy": "compact"}
 MIN_ISR = "min.insync.replicas"
+MAX_MESSAGE_BYTES = "max.message.bytes"
+CHANGELOG_SUFFIX = "-changelog"
 DYNAMIC_TOPIC_CONFIG = 1
 """`config_source` of a setting made on the topic itself (DescribeConfigs v1+)."""
 KNOWN_WITHIN_S = 30.0
@@ -75,9 +79,14 @@ class TopicShape:
 
 
 def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
-    """Topic name → configs dlqapp creates it with."""
-    base = {"max.message.bytes": str(settings.max_message_bytes), MIN_ISR: str(settings.min_insync_replicas)}
-    return {name: ({**COMPACTED, **base} if name == settings.dlq else base) for name in settings.all_topics()}
+    """Topic name → configs dlqapp creates it with: `input` takes records of up to
+    DLQ_MAX_MESSAGE_BYTES, every other topic those and dlqapp's headers."""
+    configs = {}
+    for name in settings.all_topics():
+        size = settings.max_message_bytes if name == settings.input else settings.written_record_bytes
+        base = {MAX_MESSAGE_BYTES: str(size), MIN_ISR: str(settings.min_insync_replicas)}
+        configs[name] = {**COMPACTED, **base} if name == settings.dlq else base
+    return configs
 
 
 async def ensure_topics(settings: Settings, internal: Mapping[str, InternalTopic] | None = None) -> list[str]:
@@ -97,23 +106,26 @@ async def ensure_topics(settings: Settings, internal: Mapping[str, InternalTopic
     )
 
 
-async def retry_while_transient(attempt: Callable[[], Awaitable[T]], on_retry: Callable[[KafkaError], object]) -> T:
+async def retry_while_transient(attempt: Callable[[], Awaitable[T]], on_retry: Callable[[Exception], object]) -> T:
     """`attempt()` again every second while it fails with a transient Kafka error, for up
     to RETRY_FOR_S; `on_retry` hears of each failure that is retried."""
     deadline = time.monotonic() + RETRY_FOR_S
     while True:
         try:
             return await attempt()
-        except KafkaError as exc:
+        except (KafkaError, TimeoutError) as exc:
             if not transient(exc) or time.monotonic() > deadline:
                 raise
             on_retry(exc)
             await asyncio.sleep(1.0)
 
 
-def transient(exc: KafkaError) -> bool:
-    """A broker that is down or not yet fenced, a request that timed out: ask again."""
-    return isinstance(exc, KafkaConnectionError) or bool(getattr(exc, "retriable", False))
+def transient(exc: BaseException) -> bool:
+    """A broker that is down or not yet fenced, a request that timed out (a `create_topics`
+    whose answer a broker down never sends included): ask again."""
+    return isinstance(exc, (KafkaConnectionError, KafkaTimeoutError, TimeoutError)) or bool(
+        getattr(exc, "retriable", False)
+    )
 
 
 async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -> list[str]:
@@ -127,6 +139,9 @@ async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -
         _check_partitions(settings, {n: s for n, s in existing.items() if n in wanted})
         _check_replicas(settings, existing)
         await _check_dlq_compacted(admin, settings, existing)
+        await _check_record_sizes(
+            admin, settings, [n for n in existing if n in wanted or n.endswith(CHANGELOG_SUFFIX)], internal
+        )
         brokers = await _live_brokers(admin)
         missing = [
             name
@@ -262,6 +277,43 @@ async def _check_dlq_compacted(admin: AIOKafkaAdminClient, settings: Settings, e
             f"topic {settings.dlq} has cleanup.policy={policy}, but the DLQ topic must be "
             f"compacted: run `kafka-configs --alter --entity-type topics --entity-name {settings.dlq} "
             "--add-config cleanup.policy=compact`, or set DLQ_DLQ_TOPIC to another topic."
+        )
+
+
+async def _check_record_sizes(
+    admin: AIOKafkaAdminClient, settings: Settings, existing: list[str], internal: Mapping[str, InternalTopic]
+) -> None:
+    """Refuse to start when an existing topic could not hold what dlqapp writes for the largest
+    record `input` accepts (its max.message.bytes): a dead letter or retry of it (its bytes
+    and dlqapp's headers) on the other topics, a DLQ entry of it in the table changelogs.
+    A record that does not fit fails its transaction, and the worker would restart on it
+    forever."""
+    limits = {
+        name: int(value)
+        for name, entries in (await _topic_configs(admin, existing)).items()
+        for entry in entries
+        if entry[0] == MAX_MESSAGE_BYTES and (value := entry[1]) is not None and str(value).isdigit()
+    }
+    largest = limits.get(settings.input, settings.max_message_bytes)
+    if largest > settings.max_message_bytes:
+        raise TopicMismatchError(
+            f"topic {settings.input} accepts records of up to {largest} bytes (its {MAX_MESSAGE_BYTES}), more than "
+            f"DLQ_MAX_MESSAGE_BYTES={settings.max_message_bytes}: set DLQ_MAX_MESSAGE_BYTES={largest} (or more), "
+            f"or lower the topic's {MAX_MESSAGE_BYTES}"
+        )
+    short = []
+    for name, limit in sorted(limits.items()):
+        if name == settings.input:
+            continue
+        need = table_bytes(largest, settings.max_payload_bytes) if name in internal else record_bytes(largest)
+        if limit < need:
+            short.append(f"{name} ({limit} < {need})")
+    if short:
+        raise TopicMismatchError(
+            f"topics too small for the largest record {settings.input} accepts ({largest} bytes) with dlqapp's "
+            f"headers: {', '.join(short)}. Raise each one's {MAX_MESSAGE_BYTES} (kafka-configs --alter "
+            f"--entity-type topics --entity-name NAME --add-config {MAX_MESSAGE_BYTES}=N), or lower "
+            f"DLQ_MAX_MESSAGE_BYTES and {settings.input}'s {MAX_MESSAGE_BYTES}."
         )
 
 

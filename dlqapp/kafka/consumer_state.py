@@ -1,5 +1,5 @@
 """What Faust's consumer knows and does for the app as a whole: events handed back unacked,
-consumer lag, a crash, pausing a topic. Each helper names the private member it touches;
+consumer lag, pausing a topic. Each helper names the private member it touches;
 checked against faust-streaming 0.15.3."""
 
 from __future__ import annotations
@@ -56,11 +56,6 @@ def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
             position = oldest.get(tp, max(read + 1, committed) if read is not None else committed)
             lag.append((tp.topic, tp.partition, max(0, high - position)))
     return lag
-
-
-def crash(app: Any, exc: BaseException) -> None:
-    """Stop the app the way Faust stops it on an agent crash (`App._crash`), without acking."""
-    app._crash(exc)
 
 
 async def set_topic_paused(app: Any, topic: str, paused: bool) -> None:

@@ -126,6 +126,13 @@ class _OrderedConsumer(AIOKafkaConsumer):
         self._fetch_batch = 0
         self._pending_start: tuple[int, dict[Any, int]] | None = None
 
+    @property
+    def delivery_batch(self) -> int:
+        """The fetch batch the delivery loop is handing over (or waiting for) now: every record
+        of an earlier batch has been handed to the streams or the changelog queue
+        (dlqapp.kafka.recovery_end)."""
+        return self._fetch_batch
+
     async def on_partitions_revoked(self, revoked: set[Any]) -> None:
         self.delivery_order.forget(revoked)
         self._pending_start = None

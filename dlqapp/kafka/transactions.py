@@ -27,6 +27,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from aiokafka.errors import (
+    CorruptRecordException,
+    InvalidTimestampError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    UnsupportedForMessageFormatError,
+)
+
+from dlqapp.core.errors import HandBack, Poison, StopWorker
+
 log = logging.getLogger("dlqapp.kafka.transactions")
 
 
@@ -34,13 +45,38 @@ START_TIMEOUT_S = 60.0
 """Longest a new owner waits for its producer's InitProducerId (a refused grant fails at once)."""
 
 
-class TransactionFailed(Exception):
+Position = tuple[str, int, int]
+"""(topic, partition, offset) of a consumed record."""
+
+RECORD_ERRORS = (
+    RecordTooLargeError,
+    RecordListTooLargeError,
+    CorruptRecordException,
+    InvalidTimestampError,
+    UnsupportedForMessageFormatError,
+)
+"""What a broker answers about one record (not the transaction, not the connection)."""
+
+
+class TransactionFailed(StopWorker):
     """A partition's transaction could not be committed: the worker must stop (its tables
-    hold writes that never became visible)."""
+    hold writes that never became visible). `culprits`: the records whose steps made it
+    fail, when known (a step that failed after its first output, a record the broker
+    refused); a broker away or a fenced producer names none."""
+
+    def __init__(self, message: str, culprits: tuple[Position, ...] = ()) -> None:
+        super().__init__(message)
+        self.culprits = culprits
 
 
-class NotOwned(TransactionFailed):
-    """An output for a partition this worker no longer owns (its transaction was closed by a rebalance)."""
+class NotOwned(HandBack):
+    """An output for a partition this worker no longer owns (its transaction was closed by a
+    rebalance): the step's event goes back, unacked, to the partition's next owner."""
+
+
+class RecordTooLarge(Poison):
+    """The producer refused one record as larger than its request size (nothing was added
+    to the transaction, which stays good)."""
 
 
 class TransactionalProducer(Protocol):
@@ -53,6 +89,8 @@ class TransactionalProducer(Protocol):
     async def begin_transaction(self) -> None: ...
 
     async def commit_transaction(self) -> None: ...
+
+    async def abort_transaction(self) -> None: ...
 
     async def send(
         self,
@@ -99,6 +137,11 @@ class StepGate:
             self._changed.notify_all()
 
 
+Seal = Callable[["PartitionTransaction"], Awaitable[None]]
+"""Sends a transaction's last records once no step is inside it (the partition's counts and
+progress, dlqapp.tables.steps), just before it commits."""
+
+
 class PartitionTransaction:
     """The transactional producer of one owned partition number, and its open transaction."""
 
@@ -107,10 +150,13 @@ class PartitionTransaction:
         self.producer = producer
         self.timeout_s = timeout_s
         self.gate = StepGate()
-        self._sends: list[Awaitable[Any]] = []
+        self._sends: list[tuple[Awaitable[Any], Position | None]] = []
         self._commit: asyncio.Future[None] | None = None
         self._closed = False
+        self._failure: TransactionFailed | None = None
+        """Why the transaction closed, when it failed (else it was handed back)."""
         self._spoiled: str | None = None
+        self._culprits: list[Position] = []
         self._committing = asyncio.Lock()
         """One commit at a time: the periodic one, a rebalance's and a shutdown's may meet."""
         self.commits = 0
@@ -128,23 +174,39 @@ class PartitionTransaction:
         self._commit = asyncio.get_running_loop().create_future()
 
     async def send(
-        self, topic: str, key: bytes | None, value: bytes | None, partition: int, headers: Any
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int,
+        headers: Any,
+        culprit: Position | None = None,
     ) -> Awaitable[Any]:
-        """Hand one record to the open transaction (the caller is inside the gate)."""
+        """Hand one record to the open transaction (the caller is inside the gate, or seals it);
+        `culprit` is the consumed record whose step sends it.
+
+        Raises `NotOwned` once the partition was handed back, `RecordTooLarge` when the
+        producer refuses the record for its size (the transaction is untouched), and
+        `TransactionFailed` for any other refusal (the transaction is spoiled)."""
         if self._closed:
-            raise NotOwned(f"partition {self.partition} was handed back; its transaction is closed")
+            raise self._failure or NotOwned(f"partition {self.partition} was handed back; its transaction is closed")
         try:
             pending = await self.producer.send(topic, value, key=key, partition=partition, headers=headers)
-        except Exception as exc:  # e.g. the producer lost its transaction: fatal, not the record's fault
+        except MessageSizeTooLargeError as exc:  # checked before the record joins a batch
+            raise RecordTooLarge(f"a record for {topic} is too large for the producer: {exc}") from exc
+        except Exception as exc:  # e.g. fenced between two transactions: not the record's fault
             self.spoil(f"a send to {topic} failed")
             raise TransactionFailed(
                 f"partition {self.partition}: a send to {topic} failed: {type(exc).__name__}: {exc}"
             ) from exc
-        self._sends.append(pending)
+        self._sends.append((pending, culprit))
         return pending
 
     def committed(self) -> asyncio.Future[None]:
-        """Resolves when the open transaction has committed (fails with `TransactionFailed`)."""
+        """Resolves when the open transaction has committed (fails with `TransactionFailed`).
+
+        Shared by every step of the transaction: await it through `asyncio.shield`, or a
+        cancelled waiter cancels it for all."""
         if self._commit is None:
             raise NotOwned(f"partition {self.partition} has no open transaction")
         return self._commit
@@ -153,20 +215,24 @@ class PartitionTransaction:
     def has_outputs(self) -> bool:
         return bool(self._sends) or self._spoiled is not None
 
-    def spoil(self, reason: str) -> None:
+    def spoil(self, reason: str, culprit: Position | None = None) -> None:
         """The open transaction holds part of a step's outputs: it must never commit."""
         self._spoiled = self._spoiled or reason
+        if culprit is not None:
+            self._culprits.append(culprit)
 
-    async def commit(self) -> None:
+    async def commit(self, seal: Seal | None = None) -> None:
         """Commit the open transaction (when it holds anything) and begin the next one."""
         async with self._committing:
-            await self._commit_unlocked()
+            await self._commit_unlocked(seal)
 
-    async def _commit_unlocked(self) -> None:
+    async def _commit_unlocked(self, seal: Seal | None) -> None:
         if self._closed or not (self._sends or self.gate.inside):
             return
         await self.gate.close()
         try:
+            if seal is not None and self._spoiled is None and self._sends:
+                await seal(self)
             await self._commit_open()
         finally:
             await self.gate.reopen()
@@ -177,20 +243,22 @@ class PartitionTransaction:
         try:
             if self._spoiled is not None:
                 raise TransactionFailed(
-                    f"partition {self.partition}: {self._spoiled}; its transaction is not committed"
+                    f"partition {self.partition}: {self._spoiled}; its transaction is not committed",
+                    tuple(self._culprits),
                 )
             # aiokafka commits even when a send of the transaction failed: check each first
-            await asyncio.wait_for(asyncio.gather(*sends), self.timeout_s)
+            await asyncio.wait_for(asyncio.gather(*(pending for pending, _ in sends)), self.timeout_s)
             await asyncio.wait_for(self.producer.commit_transaction(), self.timeout_s)
         except BaseException as exc:
             failure = (
                 exc
                 if isinstance(exc, TransactionFailed)
                 else TransactionFailed(
-                    f"partition {self.partition}: transaction not committed: {type(exc).__name__}: {exc}"
+                    f"partition {self.partition}: transaction not committed: {type(exc).__name__}: {exc}",
+                    _refused(sends),
                 )
             )
-            self._closed = True
+            self._fail(failure)
             if done is not None and not done.done():
                 done.set_exception(failure)
                 done.exception()  # retrieved: the steps waiting on it see it, nobody else must
@@ -201,25 +269,53 @@ class PartitionTransaction:
         try:
             await self._begin()
         except Exception as exc:  # fenced between two transactions: nothing more may be sent
-            self._closed = True
-            raise TransactionFailed(
+            failure = TransactionFailed(
                 f"partition {self.partition}: the next transaction could not begin: {type(exc).__name__}: {exc}"
-            ) from exc
+            )
+            self._fail(failure)
+            raise failure from exc
 
-    async def close(self) -> None:
+    async def strike(self, records: list[tuple[str, bytes, bytes]]) -> None:
+        """After a failure that named culprits: abort what is left of the transaction, and
+        commit `records` (topic, key, value: the culprits' strikes) in a transaction of their
+        own, so that whoever owns the partition next knows them. Raises when it cannot."""
+        await asyncio.wait_for(self.producer.abort_transaction(), self.timeout_s)
+        await self.producer.begin_transaction()
+        pending = [
+            await self.producer.send(topic, value, key=key, partition=self.partition) for topic, key, value in records
+        ]
+        await asyncio.wait_for(asyncio.gather(*pending), self.timeout_s)
+        await asyncio.wait_for(self.producer.commit_transaction(), self.timeout_s)
+
+    def _fail(self, failure: TransactionFailed) -> None:
+        self._closed = True
+        self._failure = failure
+
+    async def close(self, seal: Seal | None = None) -> None:
         """Commit what is open and stop the producer (the partition was handed back, or the worker stops).
 
         A commit already under way (the periodic one) is waited for: stopping the producer
         under it would leave it waiting for an answer that never comes."""
         async with self._committing:
             try:
-                await self._commit_unlocked()
+                await self._commit_unlocked(seal)
             finally:
                 self._closed = True
                 if self._commit is not None and not self._commit.done():
                     self._commit.set_exception(NotOwned(f"partition {self.partition} was handed back"))
                     self._commit.exception()
                 await self.producer.stop()
+
+
+def _refused(sends: list[tuple[Awaitable[Any], Position | None]]) -> tuple[Position, ...]:
+    """The culprits of the sends the broker refused for the record itself (RECORD_ERRORS)."""
+    culprits = []
+    for pending, culprit in sends:
+        if culprit is None or not isinstance(pending, asyncio.Future) or not pending.done() or pending.cancelled():
+            continue
+        if isinstance(pending.exception(), RECORD_ERRORS):
+            culprits.append(culprit)
+    return tuple(culprits)
 
 
 ProducerFactory = Callable[[str], TransactionalProducer]
@@ -261,39 +357,47 @@ class Transactions:
         if not new:
             return
         results = await asyncio.gather(*(t.start() for t in new.values()), return_exceptions=True)
-        failed = [(p, r) for p, r in zip(new, results) if isinstance(r, BaseException)]
+        failed = [(p, r) for p, r in zip(new, results, strict=True) if isinstance(r, BaseException)]
         for partition, transaction in new.items():
             self._open[partition] = transaction
         if failed:
             partition, exc = failed[0]
             hint = ""
             if "Authorization" in type(exc).__name__:
-                hint = f"; grant WRITE and DESCRIBE on the transactional ids {self.app_id}- (prefixed): `faust -A dlqapp acls` prints the grants"
+                hint = (
+                    f"; grant WRITE and DESCRIBE on the transactional ids {self.app_id}- (prefixed): "
+                    "`faust -A dlqapp acls` prints the grants"
+                )
             raise TransactionFailed(
-                f"transactional producer of partition {partition} ({self.transactional_id(partition)}) did not start: {type(exc).__name__}: {exc}{hint}"
+                f"transactional producer of partition {partition} ({self.transactional_id(partition)}) "
+                f"did not start: {type(exc).__name__}: {exc}{hint}"
             ) from exc
 
-    async def revoke(self, partitions: set[int]) -> None:
+    async def revoke(self, partitions: set[int], seal: Seal | None = None) -> None:
         """Commit and close the transactions of partition numbers handed back."""
         closing = [self._open.pop(p) for p in sorted(partitions) if p in self._open]
-        results = await asyncio.gather(*(t.close() for t in closing), return_exceptions=True)
+        results = await asyncio.gather(*(t.close(seal) for t in closing), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise TransactionFailed(
                 f"a transaction of a partition handed back was not committed: {failed[0]}"
             ) from failed[0]
 
-    async def commit_all(self) -> int:
+    def busy(self) -> list[PartitionTransaction]:
+        """The open transactions that hold outputs (or steps about to add some)."""
+        return [t for t in self._open.values() if t.has_outputs or t.gate.inside]
+
+    async def commit_all(self, seal: Seal | None = None) -> int:
         """Commit every open transaction that holds outputs; returns how many committed."""
-        busy = [t for t in self._open.values() if t.has_outputs or t.gate.inside]
+        busy = self.busy()
         if not busy:
             return 0
-        results = await asyncio.gather(*(t.commit() for t in busy), return_exceptions=True)
+        results = await asyncio.gather(*(t.commit(seal) for t in busy), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
             raise failed[0]
         return len(busy)
 
-    async def close(self) -> None:
+    async def close(self, seal: Seal | None = None) -> None:
         """Commit and close every transaction (the worker stops)."""
-        await self.revoke(set(self._open))
+        await self.revoke(set(self._open), seal)

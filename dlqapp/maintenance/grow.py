@@ -16,7 +16,8 @@ worker of the app stopped:
 
 It is safe to run again after an interruption: moved entries are where they belong, the
 rest move. The running counts (the `stats` table) stay on their partitions; they are read
-as sums, so the totals stay right.
+as sums, so the totals stay right. So does each partition's progress (the `progress`
+table): offsets of existing partitions do not change when partitions are added.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ OWNER_OF_KEY: dict[str, Callable[[bytes], str]] = {
 }
 """Table name → the request id a key of that table belongs to (`stats` stays: see above)."""
 
-STILL_TABLES = ("stats",)
+STILL_TABLES = ("stats", "progress")
 
 
 class GrowRefused(RuntimeError):
@@ -91,7 +92,7 @@ async def grow(settings: Settings, to: int) -> GrowReport:
     finally:
         await admin.close()
     producer = AIOKafkaProducer(
-        **settings.kafka_client(acks="all", enable_idempotence=True, max_request_size=settings.max_message_bytes)
+        **settings.kafka_client(acks="all", enable_idempotence=True, max_request_size=settings.producer_request_bytes)
     )
     await producer.start()
     try:
@@ -137,7 +138,9 @@ async def _read(settings: Settings, topic: str, partition: int, start: int | Non
     tp = TopicPartition(topic, partition)
     consumer = AIOKafkaConsumer(
         **settings.kafka_client(
-            enable_auto_commit=False, auto_offset_reset="earliest", max_partition_fetch_bytes=settings.max_message_bytes
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=settings.table_record_bytes,
         )
     )
     await consumer.start()

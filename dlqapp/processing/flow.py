@@ -1,10 +1,15 @@
-"""Concurrency without losing at-least-once: an in-flight window and a priority limiter.
+"""Concurrency without losing an event: in-flight windows, and the gated input feed.
 
-`InFlightWindow` runs one handler task per event, many at once, but acks events of a
-partition strictly in offset order: an event is acked only once it and every earlier
-event of its partition are done. Faust therefore never sees an out-of-order ack, and
-its offset-commit bug with out-of-order acks (faust #606) cannot commit past a message
-whose outcome is not yet confirmed.
+Every agent hands its events to an `InFlightWindow`: each event runs in a stream step of
+its own (dlqapp.tables.steps), many at once up to the window's limit, and is acked by the
+one ack rule (dlqapp.kafka.acks) once its step committed and every earlier event of its
+partition was acked. What happens when a step fails is decided by its error's class
+(dlqapp.core.errors), here and nowhere else:
+
+- `HandBack`: the event goes back unacked, quietly (its partition was handed back);
+- `StopWorker`: the worker stops (restarts in place under exactly_once), the event unacked;
+- `Poison` or any other exception: the event is dead-lettered as `poison` in a step of its
+  own (`on_poison`) and acked like any other; if that fails too, the worker stops.
 
 `SlotLimiter` (dlqapp.flowcontrol.slots) bounds backend calls and serves due retries
 before fresh input.
@@ -16,60 +21,67 @@ import asyncio
 import contextvars
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Hashable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Protocol
 
-from dlqapp.kafka.transactions import NotOwned, TransactionFailed
+from dlqapp.core.errors import HandBack, StopWorker
+from dlqapp.kafka.acks import Acks, Ticket
 from dlqapp.processing.crashguard import CrashGuard, PoisonMessage
-from dlqapp.tables.durability import changelog_barrier
+from dlqapp.tables.progress import Progress
+from dlqapp.tables.steps import StreamSteps
 
 log = logging.getLogger(__name__)
 
+STRIKES_TO_POISON = 2
+"""A record that broke this many transactions (on any worker) is dead-lettered as `poison`
+instead of being handled again."""
 
-class Ackable(Protocol):
-    def ack(self) -> bool: ...
-
-
-OnError = Callable[[Any, BaseException], Awaitable[None]]
-"""Called with an event whose handler raised; must route it (e.g. to the DLQ) or raise."""
+Handler = Callable[[], Awaitable[object]]
+"""Handles one event inside its step; what it returns goes to `on_done` (an operator's answer)."""
+OnPoison = Callable[[Ticket, BaseException], Awaitable[object]]
+"""Dead-letters the event of a step that failed (inside a step of its own); what it returns
+goes to `on_done` like a handler's answer."""
+OnDone = Callable[[Ticket, object], Awaitable[None]]
+"""Called once an event's step committed, with what its handler returned."""
 
 
 class InFlightWindow:
-    """At most `limit` handlers in flight; acks per partition in arrival order.
-
-    A handler that raises is not a reason to stop: `on_error` routes its event (the
-    pipeline dead-letters it as `poison`) and the event is acked like any other. Only
-    when `on_error` itself fails (the broker is gone) does `on_fatal` stop the worker,
-    leaving the event unacked for redelivery.
-    """
+    """At most `limit` steps running; each event acked by the one ack rule (module doc)."""
 
     def __init__(
         self,
         limit: int,
-        on_error: OnError,
-        on_fatal: Callable[[BaseException], None],
-        forget: Callable[[Any], None] = lambda event: None,
+        *,
+        steps: StreamSteps,
+        acks: Acks,
+        on_poison: OnPoison,
+        on_stop: Callable[[BaseException], None],
         guard: CrashGuard | None = None,
+        on_done: OnDone | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self._slots = asyncio.Semaphore(limit)
-        self._pending: dict[Hashable, deque[list[Any]]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._on_error = on_error
-        self._on_fatal = on_fatal
-        self._forget = forget
+        self._progress = progress
+        self._steps = steps
+        self._acks = acks
+        self._on_poison = on_poison
+        self._on_stop = on_stop
         self._guard = guard
+        self._on_done = on_done
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._running: dict[asyncio.Task[None], Ticket] = {}
         self._accepting = asyncio.Event()
         self._accepting.set()
         self._generation = 0
 
     @property
     def in_flight(self) -> int:
-        """Handlers running now."""
-        return len(self._tasks)
+        """Steps running now."""
+        return len(self._running)
 
     @property
     def has_room(self) -> bool:
-        """A handler can start now without waiting."""
+        """A step can start now without waiting."""
         return not self._slots.locked()
 
     @property
@@ -84,129 +96,133 @@ class InFlightWindow:
 
     async def submit(
         self,
-        partition: Hashable,
-        event: Ackable,
-        handler: Callable[[], Awaitable[None]],
+        ticket: Ticket,
+        handler: Handler,
         *,
         context: contextvars.Context | None = None,
         generation: int | None = None,
     ) -> None:
-        """Start `handler()` for `event`; waits while the window is full.
+        """Start `handler()` for the ticket's event; waits while the window is full.
 
         The task runs in `context`, by default a copy of the caller's, so Faust's
-        `current_event()` (and with it table writes) refers to `event` inside the handler.
-        An event received in an older `generation` (default: now), submitted while the
-        window is being released (or after a shutdown), or released while it waited, is
-        given back unacked: after a rebalance its partition was sought back to the
-        committed offset, so acking it now could let a commit pass an earlier message.
-        """
+        `current_event()` refers to the event inside the handler. An event received in an
+        older `generation` (default: now), submitted while the window is being released (or
+        after a shutdown), or released while it waited, is handed back unacked: after a
+        rebalance its partition was sought back to the committed offset."""
         if generation is None:
             generation = self._generation
         if generation == self._generation and self._accepting.is_set():
             await self._slots.acquire()
             if generation == self._generation and self._accepting.is_set():
-                self._start(partition, event, handler, context)
+                task = asyncio.create_task(self._run(ticket, handler), context=context)
+                self._tasks.add(task)
+                self._running[task] = ticket
+                task.add_done_callback(self._finished)
                 return
             self._slots.release()
-        self._forget(event)
+        self._acks.hand_back(ticket)
 
-    def _start(
-        self,
-        partition: Hashable,
-        event: Ackable,
-        handler: Callable[[], Awaitable[None]],
-        context: contextvars.Context | None,
-    ) -> None:
-        entry = [event, False]
-        self._pending.setdefault(partition, deque()).append(entry)
-        task = asyncio.create_task(self._run(partition, entry, handler), context=context)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._running.pop(task, None)
 
-    async def _run(self, partition: Hashable, entry: list[Any], handler: Callable[[], Awaitable[None]]) -> None:
+    async def _run(self, ticket: Ticket, handler: Handler) -> None:
         try:
-            try:
-                async with changelog_barrier():
-                    await self._handle(entry[0], handler)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # one message's failure: route it, move on
-                async with changelog_barrier():
-                    await self._on_error(entry[0], exc)
+            outcome = await self._step(ticket, handler)
         except asyncio.CancelledError:
+            self._acks.hand_back(ticket)  # released: the partition's next owner handles it
             raise
-        except NotOwned:  # exactly_once: its partition was handed back meanwhile; the next owner handles it
-            self._forget(entry[0])
-            return
-        except BaseException as exc:  # routing failed too (or, exactly_once, the step's transaction): never ack, stop
-            if not isinstance(
-                exc, TransactionFailed
-            ):  # that one every step of the transaction sees: the restart says it
-                log.exception("handler failed and its event could not be routed; the worker stops")
-            self._on_fatal(exc)
-            return
         finally:
             self._slots.release()
-        entry[1] = True
-        self._ack_ready(partition)
-
-    async def _handle(self, event: Any, handler: Callable[[], Awaitable[None]]) -> None:
-        """The handler, unless the crash-loop guard names the event poison; alone when it asks for care."""
-        if self._guard is None:
-            await handler()
+        if outcome is None:
             return
-        message = event.message
-        position = (message.topic, message.partition, message.offset)
+        committed, answer = outcome
+        self._acks.ended(ticket, committed)
+        if self._on_done is not None:
+            await self._when_committed(committed, lambda: self._on_done(ticket, answer))  # type: ignore[misc]
+
+    async def _step(self, ticket: Ticket, handler: Handler) -> tuple[asyncio.Future[None] | None, object] | None:
+        """Run the handler in a step; route a failure by its class. None: the event is not done."""
+        try:
+            try:
+                async with self._steps.step(ticket.partition, ticket.position) as step:
+                    answer = await self._handle(ticket, handler)
+                return step.committed, answer
+            except (HandBack, StopWorker):
+                raise
+            except Exception as exc:  # this record's failure (Poison, or a bug): dead-letter it, move on
+                async with self._steps.step(ticket.partition) as step:
+                    answer = await self._on_poison(ticket, exc)
+                    if ticket.strikes and self._progress is not None:
+                        self._progress.forget_strike(ticket.topic_partition[0], ticket.offset)
+                return step.committed, answer
+        except HandBack:  # its partition was handed back meanwhile: the next owner handles it
+            self._acks.hand_back(ticket)
+        except StopWorker as exc:
+            self._on_stop(exc)
+        except Exception as exc:  # dead-lettering failed too: never ack, stop
+            log.exception("a step failed and its event could not be dead-lettered; the worker stops")
+            self._on_stop(exc)
+        return None
+
+    async def _handle(self, ticket: Ticket, handler: Handler) -> object:
+        """The handler, unless the crash-loop guard names the event poison; alone when it asks for care."""
+        if ticket.strikes >= STRIKES_TO_POISON:
+            raise PoisonMessage(
+                f"its transaction failed {ticket.strikes} times (its step failed after its first output, "
+                "or the broker refused what it sent)"
+            )
+        if self._guard is None:
+            return await handler()
+        position = ticket.position
         if self._guard.is_poison(position):
             raise PoisonMessage(
-                f"the worker died {self._guard.crashes(position)} times in a row while handling this message (DLQ_POISON_AFTER_CRASHES)"
+                f"the worker died {self._guard.crashes(position)} times in a row while handling this message "
+                "(DLQ_POISON_AFTER_CRASHES)"
             )
         self._guard.seen(position)
         if self._guard.needs_care(position):
             async with self._guard.careful(position):
-                await handler()
-        else:
-            await handler()
+                return await handler()
+        return await handler()
 
-    def forget(self, event: Any) -> None:
-        """Give `event` back unacked without starting it."""
-        self._forget(event)
+    async def _when_committed(
+        self, committed: asyncio.Future[None] | None, then: Callable[[], Awaitable[None]]
+    ) -> None:
+        if committed is not None:
+            try:
+                await asyncio.shield(committed)
+            except BaseException:  # not committed: the worker restarts, nothing to say
+                return
+        await then()
 
-    def _ack_ready(self, partition: Hashable) -> None:
-        queue = self._pending.get(partition)
-        while queue and queue[0][1]:
-            queue.popleft()[0].ack()
+    def hand_back(self, ticket: Ticket) -> None:
+        """Give the ticket's event back unacked without starting it."""
+        self._acks.hand_back(ticket)
 
     async def join(self) -> None:
-        """Wait for every handler started so far."""
+        """Wait for every step started so far."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def release(self, grace_s: float) -> int:
-        """Give back every event not yet acked (shutdown, rebalance). Returns how many.
+        """Give back every event whose step has not ended (shutdown, rebalance). Returns how many.
 
-        Running handlers get `grace_s` to finish; the rest (held by the breaker, waiting
-        for a slot, or in a long call) are cancelled. Events not acked are handed back
-        unacked (`forget`): their offsets are never committed, so the next owner of the
-        partition handles them again. The window stays closed until `reopen` (the next
-        assignment): every event taken until then belongs to the assignment being revoked
-        and is handed back too, never started, so nothing runs for a partition this worker
-        may no longer own and Faust's wait for acks ends at once.
-        """
+        Running steps get `grace_s` to finish; the rest (held by the breaker, waiting for a
+        slot, or in a long call) are cancelled and their events handed back unacked: their
+        offsets are never committed, so the next owner of the partition handles them again.
+        The window stays closed until `reopen` (the next assignment): every event taken
+        until then belongs to the assignment being revoked and is handed back too, never
+        started, so nothing runs for a partition this worker may no longer own."""
         self._accepting.clear()
         self._generation += 1
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace_s)
         pending = list(self._tasks)
+        released = len(pending)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        released = 0
-        for queue in self._pending.values():
-            for event, _ in queue:
-                self._forget(event)
-                released += 1
-        self._pending.clear()
         return released
 
     def reopen(self) -> None:
@@ -246,7 +262,7 @@ class GatedFeed:
         self._gate = gate
         self._open_limit = open_limit
         self._closed_limit = max(closed_limit, open_limit)
-        self._held: deque[tuple[Hashable, Any, Callable[[], Awaitable[None]], contextvars.Context, int]] = deque()
+        self._held: deque[tuple[Ticket, Handler, contextvars.Context, int]] = deque()
         self._more = asyncio.Event()
         self._room = asyncio.Event()
         self._submitting = False
@@ -262,18 +278,18 @@ class GatedFeed:
         """Input arrives faster than it starts: held events pile up, or the window is half full."""
         return len(self._held) >= self.backlog_at or self._window.in_flight * 2 >= self._open_limit
 
-    async def put(self, partition: Hashable, event: Any, handler: Callable[[], Awaitable[None]]) -> None:
-        """Keep `event` (with the caller's context, for its table writes) until the gate lets it start.
+    async def put(self, ticket: Ticket, handler: Handler) -> None:
+        """Keep the ticket's event (with the caller's context) until the gate lets it start.
 
         An event taken while the window is being released belongs to the assignment being
-        revoked: it is given back at once."""
+        revoked: it is handed back at once."""
         if not self._window.accepting:
-            self._window.forget(event)
+            self._window.hand_back(ticket)
             return
         if not self._held and not self._submitting and self._gate.is_open and self._window.has_room:
-            await self._window.submit(partition, event, handler)  # nothing before it: start it now, no hop
+            await self._window.submit(ticket, handler)  # nothing before it: start it now, no hop
             return
-        self._held.append((partition, event, handler, contextvars.copy_context(), self._window.generation))
+        self._held.append((ticket, handler, contextvars.copy_context(), self._window.generation))
         self._more.set()
         if len(self._held) == self.backlog_at and not self._gate.is_open:
             self._gate.reconsider()  # input piles up behind the closed gate: time to pause fetching
@@ -298,50 +314,85 @@ class GatedFeed:
             await self._gate.wait_open()
             if not self._held:
                 continue
-            partition, event, handler, context, generation = self._held.popleft()
+            ticket, handler, context, generation = self._held.popleft()
             self._room.set()
             self._submitting = True  # `put` must not start a later event meanwhile
             try:
-                await self._window.submit(partition, event, handler, context=context, generation=generation)
+                await self._window.submit(ticket, handler, context=context, generation=generation)
             finally:
                 self._submitting = False
 
     def release(self) -> int:
-        """Give every held event back unacked (a rebalance or a shutdown). Returns how many."""
+        """Hand every held event back unacked (a rebalance or a shutdown). Returns how many."""
         released = len(self._held)
         while self._held:
-            self._window.forget(self._held.popleft()[1])
+            self._window.hand_back(self._held.popleft()[0])
         self._room.set()
         return released
 
 
 class InFlightWindows:
-    """The worker's in-flight windows (input, due), created and released together."""
+    """The worker's in-flight windows, created and released together, and the door every
+    agent's events come through (`admit`)."""
 
-    def __init__(self, limit: int, drain_timeout_s: float) -> None:
+    def __init__(
+        self,
+        limit: int,
+        drain_timeout_s: float,
+        *,
+        steps: StreamSteps,
+        acks: Acks,
+        progress: Progress | None,
+        guard: CrashGuard | None,
+    ) -> None:
         self.limit = limit
         self.drain_timeout_s = drain_timeout_s
+        self.steps = steps
+        self.acks = acks
+        self.progress = progress
+        self.guard = guard
         self._windows: list[InFlightWindow] = []
         self._feeds: list[GatedFeed] = []
+
+    def admit(self, event: object) -> Ticket | None:
+        """The door: track `event` for its ack; None when its outputs are already committed
+        (exactly_once: below its topic's progress), acked without being handled again."""
+        ticket = self.acks.track(event)
+        if self.progress is not None:
+            topic, partition = ticket.topic_partition
+            if self.progress.already_done(topic, partition, ticket.offset):
+                self.acks.ended(ticket, None)
+                return None
+            ticket.strikes = self.progress.strikes(topic, partition, ticket.offset)
+        return ticket
+
+    def new(
+        self,
+        on_poison: OnPoison,
+        on_stop: Callable[[BaseException], None],
+        *,
+        limit: int | None = None,
+        on_done: OnDone | None = None,
+    ) -> InFlightWindow:
+        """A window of `limit` steps (default: the windows' limit)."""
+        window = InFlightWindow(
+            limit or self.limit,
+            steps=self.steps,
+            acks=self.acks,
+            on_poison=on_poison,
+            on_stop=on_stop,
+            guard=self.guard,
+            on_done=on_done,
+            progress=self.progress,
+        )
+        self._windows.append(window)
+        return window
 
     def feed(self, window: InFlightWindow, gate: Gate, closed_limit: int) -> GatedFeed:
         """A gated feed into `window`, released with it (see GatedFeed)."""
         feed = GatedFeed(window, gate, open_limit=self.limit, closed_limit=closed_limit)
         self._feeds.append(feed)
         return feed
-
-    def new(
-        self,
-        on_error: OnError,
-        on_fatal: Callable[[BaseException], None],
-        forget: Callable[[Any], None],
-        guard: CrashGuard | None,
-        limit: int | None = None,
-    ) -> InFlightWindow:
-        """A window of `limit` handlers (default: the windows' limit)."""
-        window = InFlightWindow(limit or self.limit, on_error=on_error, on_fatal=on_fatal, forget=forget, guard=guard)
-        self._windows.append(window)
-        return window
 
     @property
     def in_flight(self) -> int:
@@ -351,14 +402,18 @@ class InFlightWindows:
         """Hand back what every window and feed holds (see InFlightWindow.release); they
         stay closed until `reopen`.
 
-        The feeds last: their agents may take events while the windows give running
-        handlers their grace period, and those belong to the assignment being revoked."""
+        The feeds last: their agents may take events while the windows give running steps
+        their grace period, and those belong to the assignment being revoked."""
         released = 0
         for window in self._windows:
             released += await window.release(self.drain_timeout_s)
-        return released + sum(feed.release() for feed in self._feeds)
+        released += sum(feed.release() for feed in self._feeds)
+        return released + self.acks.hand_back_running()
 
     def reopen(self) -> None:
-        """A new assignment has begun: the windows take events again."""
+        """A new assignment has begun: the door forgets the old one, the windows take events again."""
+        self.acks.reset()
+        if self.progress is not None:
+            self.progress.reset()
         for window in self._windows:
             window.reopen()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Callable
 from typing import assert_never
 
 from faust import TopicT
@@ -21,7 +22,7 @@ from dlqapp.core import states
 from dlqapp.core.clock import Clock
 from dlqapp.core.envelope import Attempt, Envelope, Result
 from dlqapp.core.errors import ErrorClass
-from dlqapp.core.headers import H_SOURCE
+from dlqapp.core.headers import H_REPLAY_COUNT, H_SOURCE, header_int
 from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import (
     DeadLetter,
@@ -40,16 +41,18 @@ from dlqapp.core.requests import InvalidRequest, Request, parse_request, salvage
 from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.flowcontrol.slots import PRIORITIES
+from dlqapp.kafka.transactions import RecordTooLarge
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.caller import BackendCaller, DeadlinePassed
 from dlqapp.retries.parking import RetryParking
-from dlqapp.tables.durability import after_step_sent
 from dlqapp.tables.partition_io import PartitionIO, as_header_pairs
 
 log = logging.getLogger("dlqapp.processing.pipeline")
 
 FALLBACK_LABEL = "fallback"
+RESULT_SHRINKS = 40
+"""Halvings a result too large for the results topic may take (history first, then its output)."""
 INPUT_LABEL = "input"
 """Metric label of first attempts (retries are labelled by their tier)."""
 
@@ -69,8 +72,13 @@ class Pipeline:
         in_flight: InFlight,
         max_payload_bytes: int,
         clock: Clock,
+        after_sent: Callable[[Callable[[], None]], None],
+        redelivery_by_time: bool = False,
         rng: random.Random | None = None,
     ) -> None:
+        """`after_sent(hook)` runs `hook` once the current step's writes are on their way
+        (dlqapp.tables.steps.StreamSteps.after_sent); `redelivery_by_time`: take a message
+        written before its request was first seen for a redelivery (at_least_once)."""
         self.caller = caller
         self.policy = policy
         self.io = io
@@ -80,6 +88,8 @@ class Pipeline:
         self.in_flight = in_flight
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
+        self.after_sent = after_sent
+        self.redelivery_by_time = redelivery_by_time
         self._rng = rng or random.Random()
 
     # -- intake -----------------------------------------------------------------------
@@ -97,34 +107,46 @@ class Pipeline:
         if not self.io.owns(record, request_id):
             await self.io.forward(record, topic, request_id)
             return
-        if self.is_duplicate(request_id, record.topic, record.written_ms):
+        if self.is_duplicate(request_id, record):
             return
         envelope = Envelope.fresh(request_id, record.payload or b"", record.headers, record.written_ms, record.source)
         await self.attempt(envelope, request, record.topic, None, priority=PRIORITIES[request.priority])
 
-    def is_duplicate(self, request_id: str, source: str, written_ms: int | None = None) -> bool:
-        """True (and counted) when the request is in flight here, being retried or succeeded,
-        or when this message was written before the request was first seen (the same message
-        again, redelivered after a crash; only a copy sent later is a new request). A request
-        the table says is in flight but this worker is not running is not a duplicate."""
+    def is_duplicate(self, request_id: str, record: Record) -> bool:
+        """True (and counted) when this message must not start an attempt chain of its own
+        (docs/how-it-works.md, Dedup):
+
+        - an attempt of the request is running here, or its retry is parked, or it succeeded;
+        - an operator's replay of it is on its way and this message is not that replay;
+        - under at_least_once only, the message was written before the request was first
+          seen (the same message again, redelivered after a crash). Under exactly_once a
+          redelivered message never gets here: its outputs committed with the partition's
+          progress, and the door skips it (dlqapp.tables.progress), whatever the clocks say.
+
+        A request the table says is in flight, but that no attempt here is running, is not a
+        duplicate: its attempt died with its worker or its partition, and nothing else would
+        end it. Nor is a request dead-lettered or discarded: a new copy is a new chain."""
         previous = self.io.load_state(request_id)
         if request_id in self.in_flight:
             if previous is None:  # first seen moments ago: count it now, its outcome will find this record
                 previous = states.transition(None, request_id, states.IN_FLIGHT, self.clock())
                 self.io.counters.add("received")
         elif previous is None or previous.state == states.IN_FLIGHT:
-            # in flight by the table, not here: the attempt died with its worker or its
-            # partition (a rebalance, a fenced transaction), and nothing else will end it
             return False
+        elif previous.state == states.REPROCESSED:
+            if (header_int(record.headers, H_REPLAY_COUNT) or 0) == previous.replay_count:
+                return False  # the replay itself
         elif previous.state not in states.SETTLED_FOR_DEDUP and not (
-            written_ms is not None and written_ms <= previous.first_seen
+            self.redelivery_by_time and record.written_ms <= previous.first_seen
         ):
             return False
-        self.io.store_state(request_id, states.count_duplicate(previous, self.clock(), source))
+        self.io.store_state(request_id, states.count_duplicate(previous, self.clock(), record.topic))
         self.io.counters.add("duplicates_skipped")
         metrics.duplicates.inc()
         metrics.requests.labels("duplicate_skipped").inc()
-        log_event(log, logging.INFO, "duplicate_skipped", request_id=request_id, topic=source, state=previous.state)
+        log_event(
+            log, logging.INFO, "duplicate_skipped", request_id=request_id, topic=record.topic, state=previous.state
+        )
         return True
 
     def already_succeeded(self, record: Record) -> bool:
@@ -181,7 +203,7 @@ class Pipeline:
             await self.carry_out(outcome, envelope, request, record)
         finally:
             # idle once this step's writes are on their way: the next attempt's must follow them
-            after_step_sent(lambda: self.in_flight.discard(request.request_id))
+            self.after_sent(lambda: self.in_flight.discard(request.request_id))
 
     # -- outcomes ---------------------------------------------------------------------
 
@@ -205,6 +227,21 @@ class Pipeline:
             case _:
                 assert_never(outcome)
 
+    async def _send_result(self, result: Result, headers: list[tuple[str, bytes]]) -> None:
+        """Publish `result`; one larger than the topic holds loses its history, then half its
+        output at a time (`output_truncated`): the call was paid for, its answer must land."""
+        for _ in range(RESULT_SHRINKS):
+            try:
+                await self.io.send(self.results, result.request_id, result.to_bytes(), headers)
+                return
+            except RecordTooLarge:
+                if result.history:
+                    result.history = None
+                else:
+                    result.output_bytes = result.output_bytes or len(result.output.encode())
+                    result.output = result.output[: len(result.output) // 2]
+        raise RecordTooLarge(f"the result of {result.request_id} does not fit the results topic")
+
     async def _publish_result(self, outcome: Succeeded, envelope: Envelope, request: Request | None) -> None:
         at = self.clock()
         output = outcome.output
@@ -220,7 +257,7 @@ class Pipeline:
             history=envelope.history,
         )
         headers = {**envelope.lineage, H_SOURCE: json.dumps(envelope.source, separators=(",", ":"))}
-        await self.io.send(self.results, envelope.request_id, result.to_bytes(), as_header_pairs(headers))
+        await self._send_result(result, as_header_pairs(headers))
         self.io.set_state(
             envelope.request_id,
             states.SUCCEEDED,

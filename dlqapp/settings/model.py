@@ -37,6 +37,20 @@ from dlqapp.settings.parsing import (
     parse_duration_ms,
 )
 
+RECORD_HEADROOM_BYTES = 1024 * 1024
+"""Room for dlqapp's own headers beside a record's bytes (attempt history, errors, the original
+headers of an invalid record: each bounded well below it)."""
+
+
+def record_bytes(input_bytes: int) -> int:
+    """The largest record dlqapp writes to a topic for an input record of `input_bytes`."""
+    return input_bytes + RECORD_HEADROOM_BYTES
+
+
+def table_bytes(input_bytes: int, max_payload_bytes: int) -> int:
+    """The largest table record for an input record of `input_bytes` (see Settings.table_record_bytes)."""
+    return input_bytes + min(input_bytes, max_payload_bytes) // 2 + 2 * RECORD_HEADROOM_BYTES
+
 
 class SettingsError(ValueError):
     """A setting has an invalid value; the message names its environment variable."""
@@ -175,7 +189,10 @@ class Settings:
         "DLQ_MAX_MESSAGE_BYTES",
         "16777216",
         _positive_int,
-        "Largest Kafka message dlqapp topics accept and its producer sends (oversized input still reaches the DLQ intact).",
+        "Largest record producers may write to `input` (the input topic's max.message.bytes). dlqapp's other "
+        "topics take it plus 1 MiB for dlqapp's headers (table changelogs a little more), so any record the "
+        "input accepts reaches the DLQ with its bytes intact; a worker refuses to start when existing topics "
+        "cannot hold that.",
     )
     max_payload_bytes: int = _setting(
         "DLQ_MAX_PAYLOAD_BYTES",
@@ -572,6 +589,23 @@ class Settings:
             max_open_ms=self.breaker_max_open_ms,
             probes=self.breaker_probes,
         )
+
+    @property
+    def written_record_bytes(self) -> int:
+        """The largest record dlqapp writes to a topic: an input record (DLQ_MAX_MESSAGE_BYTES)
+        with dlqapp's headers beside it. The max.message.bytes of every topic but `input`."""
+        return record_bytes(self.max_message_bytes)
+
+    @property
+    def table_record_bytes(self) -> int:
+        """The largest table record (a changelog's max.message.bytes): a DLQ entry holds its
+        payload (up to DLQ_MAX_PAYLOAD_BYTES) as text or base64, and its headers twice."""
+        return table_bytes(self.max_message_bytes, self.max_payload_bytes)
+
+    @property
+    def producer_request_bytes(self) -> int:
+        """The producers' max request size: the largest record and a batch's framing."""
+        return self.table_record_bytes + 64 * 1024
 
     def all_topics(self) -> list[str]:
         """Every topic dlqapp creates and consumes."""

@@ -1,14 +1,16 @@
 """Running counts for `/dlq/stats/` and `/metrics`, kept as events happen.
 
-Each partition has one counter blob in the `stats` table (key `p<partition>`), so the
-counts survive restarts and move with their partition; a read costs the same with a
-thousand or a million requests in the tables. Counts change only inside the stream of
-their partition (the event being handled names it); the blob is written at the end of a
-handler, at most every `FLUSH_INTERVAL_S` per partition while other handlers of the
-partition are still running, so a request costs no extra changelog write in a busy
-partition. The last handler of a burst always writes: a partition at rest has its exact
-counts on the broker, and a crash can lose only the increments of the last interval of
-a partition still busy (which its next handlers would have written).
+Each partition has one counter blob in the `stats` table (key `p<partition>`), so the counts
+survive restarts and move with their partition; a read costs the same with a thousand or a
+million requests in the tables. Counts move only inside a stream step (`add`); a step's
+counts join its partition's when it ends (dlqapp.tables.steps), and the blob is written:
+
+- under exactly_once, into the partition's transaction when it is sealed, so the counts
+  commit with the outputs and states that moved them: after a `kill -9` they agree with
+  the topics exactly;
+- under at_least_once, at the end of a step, at most every `FLUSH_INTERVAL_S` per partition
+  while other steps of the partition are running (the last step of a burst always writes):
+  a crash can lose only the increments of the last interval of a busy partition.
 """
 
 from __future__ import annotations
@@ -16,20 +18,18 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
-
-from faust import current_event
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol
 
 from dlqapp.kafka.faust_tables import active_partitions, read_partition
 
 FLUSH_INTERVAL_S = 0.25
 
 
-def faust_step_partition() -> int | None:
-    """The partition of Faust's current stream step (None outside one)."""
-    event = current_event()
-    return None if event is None else event.message.partition
+class CurrentStep(Protocol):
+    """Where the current step's counts are kept (dlqapp.tables.steps.StepContext)."""
+
+    def required(self, what: str) -> Any: ...
 
 
 def _key(partition: int) -> bytes:
@@ -37,23 +37,21 @@ def _key(partition: int) -> bytes:
 
 
 class Counters:
-    """Per-partition counters: `add` in a stream step, `flush_due` at its end, `total` to read."""
+    """Per-partition counters: `add` in a stream step; the steps write them (module doc)."""
 
     def __init__(
         self,
         table: Any,
-        open_steps: Callable[[int], int],
+        steps: CurrentStep,
         observe: Callable[[str, int], None] = lambda name, amount: None,
-        step_partition: Callable[[], int | None] | None = None,
+        read: Callable[[int, bytes], bytes | None] | None = None,
     ) -> None:
-        """`open_steps(partition)` says how many handlers of the partition are running (the
-        caller's included); `observe(name, amount)` sees every counted change (the health
-        page's minute rates)."""
+        """`observe(name, amount)` sees every counted change (the health page's minute rates);
+        `read(partition, key)` reads the stored blob of a partition (default: its RocksDB)."""
         self.table = table
-        self.open_steps = open_steps
-        self.step_partition = step_partition or faust_step_partition
-        """The partition of the stream step running now (None outside one)."""
+        self.steps = steps
         self.observe = observe
+        self.read = read or (lambda partition, key: read_partition(table, partition, key))
         self._counts: dict[int, Counter[str]] = {}
         self._written_at: dict[int, float] = {}
         self._dirty: set[int] = set()
@@ -61,42 +59,52 @@ class Counters:
         self._stale: dict[int, tuple[Counter[str], bytes | None]] = {}
 
     def add(self, name: str, amount: int = 1) -> None:
-        """Count `amount` more of `name` on the current event's partition."""
-        partition = self.step_partition()
-        if partition is None:
-            return
-        self._load(partition)[name] += amount
-        self._dirty.add(partition)
+        """Count `amount` more of `name` in the current step (its partition's once it ends)."""
+        self.steps.required(f"counting {name}").counts[name] += amount
         self.observe(name, amount)
 
-    def flush_due(self) -> None:
-        """Write the current partition's blob if it changed, unless it was written lately
-        and another handler of the partition is still running (it will write it)."""
-        partition = self.step_partition()
-        if partition is None or partition not in self._dirty:
+    def merge(self, partition: int, counts: Counter[str]) -> None:
+        """A step of `partition` ended (under exactly_once: inside its transaction): its counts join."""
+        if counts:
+            self._load(partition).update(counts)
+            self._dirty.add(partition)
+
+    def flush_due(self, partition: int, open_steps: int) -> None:
+        """at_least_once, at the end of a step: write the partition's blob if it changed, unless it
+        was written lately and another step of the partition is still running (it will)."""
+        if partition not in self._dirty:
             return
         now = time.monotonic()
-        if now - self._written_at.get(partition, 0.0) >= FLUSH_INTERVAL_S or self.open_steps(partition) <= 1:
-            blob = json.dumps(self._counts[partition], separators=(",", ":")).encode()
+        if now - self._written_at.get(partition, 0.0) >= FLUSH_INTERVAL_S or open_steps <= 1:
+            blob = self._blob(partition)
             self.table[_key(partition)] = blob
             self._written[partition] = blob
             self._written_at[partition] = now
             self._dirty.discard(partition)
 
-    async def write_unwritten(self, send: Callable[[bytes, bytes, int], Awaitable[None]]) -> int:
-        """Write every partition's counts not yet written with `send(key, blob, partition)`
-        (straight to the changelog): on a rebalance or a shutdown no stream step is left to
-        write them, and the next owner would start from older counts. Returns how many."""
-        written = 0
+    def unwritten(self, partition: int) -> tuple[Any, bytes, bytes] | None:
+        """(table, key, blob) of the partition's counts when they changed since last written."""
+        if partition not in self._dirty:
+            return None
+        return self.table, _key(partition), self._blob(partition)
+
+    def written(self, partition: int, blob: bytes) -> None:
+        """The partition's blob was written (sealed into its transaction)."""
+        self._written[partition] = blob
+        self._written_at[partition] = time.monotonic()
+        self._dirty.discard(partition)
+
+    def all_unwritten(self) -> Iterator[tuple[int, Any, bytes, bytes]]:
+        """(partition, table, key, blob) of every partition whose counts changed since written."""
         for partition in sorted(self._dirty):
-            blob = json.dumps(self._counts[partition], separators=(",", ":")).encode()
-            await send(_key(partition), blob, partition)
-            # Not `_written`: this worker's store gets the blob only when it recovers the
-            # changelog, so a partition that stays must still compare with the last step's blob.
-            self._written_at[partition] = time.monotonic()
-            written += 1
-        self._dirty.clear()
-        return written
+            yield partition, self.table, _key(partition), self._blob(partition)
+
+    def written_elsewhere(self, partition: int) -> None:
+        """The blob went straight to the changelog (a rebalance, a shutdown). Not `_written`:
+        this worker's store gets it only when it recovers the changelog, so a partition that
+        stays must still compare with the last step's blob."""
+        self._written_at[partition] = time.monotonic()
+        self._dirty.discard(partition)
 
     def on_revoked(self) -> None:
         """A rebalance: keep what was counted, to resume with it should the partition come
@@ -120,10 +128,13 @@ class Counters:
         """The sum over the partitions of `table` this worker actively owns."""
         return self.total(active_partitions(table), lambda partition, key: read_partition(table, partition, key))
 
+    def _blob(self, partition: int) -> bytes:
+        return json.dumps(self._counts[partition], separators=(",", ":")).encode()
+
     def _load(self, partition: int) -> Counter[str]:
         counts = self._counts.get(partition)
         if counts is None:
-            stored = self.table.get(_key(partition))
+            stored = self.read(partition, _key(partition))
             kept, written = self._stale.pop(partition, (None, None))
             if kept is not None and stored == written:
                 counts = kept  # nobody else counted meanwhile: keep the increments not yet written

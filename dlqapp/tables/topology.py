@@ -18,6 +18,7 @@ from dlqapp.core.commands import UNDECODABLE
 from dlqapp.core.tiers import Tier
 from dlqapp.settings import Settings
 from dlqapp.tables.rocksdb_memory import MEMTABLE_BUDGET, SHARED_CACHE
+from dlqapp.tables.steps import StepContext
 
 TOLERANT_JSON = "dlqapp-json"
 
@@ -68,6 +69,9 @@ class Topology:
     dead_letters_by_time: Table
     replay_ledger: Table
     stats: Table
+    progress: Table
+    steps: StepContext
+    """Where the stream step running now is found: every table's writes belong to it."""
 
     def tier(self, index: int) -> TierTopic:
         return self.tiers[index]
@@ -75,6 +79,7 @@ class Topology:
 
 def declare(app: faust.App, settings: Settings) -> Topology:
     """Declare dlqapp's topics and tables on `app` (once, from the composition root)."""
+    steps = StepContext()
 
     def topic(name: str) -> TopicT:
         return app.topic(name, partitions=settings.partitions, schema=_raw())
@@ -87,10 +92,11 @@ def declare(app: faust.App, settings: Settings) -> Topology:
             key_type=bytes,
             value_type=bytes,
             extra_topic_configs={
-                "max.message.bytes": str(settings.max_message_bytes),
+                "max.message.bytes": str(settings.table_record_bytes),
                 "min.insync.replicas": str(settings.min_insync_replicas),
             },
             options=_rocksdb_options(settings),
+            steps=steps,
         )
 
     return Topology(
@@ -116,6 +122,10 @@ def declare(app: faust.App, settings: Settings) -> Topology:
             "replay-ledger", "Operator actions per request id: who replayed or discarded what, and when."
         ),
         stats=table("stats", "Running counts, one blob per partition (dlqapp.tables.counters)."),
+        progress=table(
+            "progress", "Per topic, the offset handling has committed up to; records that broke a transaction."
+        ),
+        steps=steps,
     )
 
 

@@ -1,11 +1,16 @@
 """Faust wiring: one agent per topic. Logic lives in the components they call.
 
-- `input` and `due`: many handlers in flight at once (an in-flight window each), acked in
-  offset order; a handler that raises dead-letters its message as `poison`.
+Every agent takes its events through the same door (`InFlightWindows.admit`: tracked for the
+one ack rule, skipped when its outputs already committed) into an in-flight window: each
+event runs in a stream step of its own and is acked only after that step committed and
+every earlier event of its partition was acked (dlqapp.processing.flow).
+
+- `input` and `due`: many steps at once; a step that fails dead-letters its record as `poison`.
 - one agent per retry tier: parks what lands on the tier topic, many at once (each park
   waits for its changelog write; one at a time, a burst of 300 failures took 2 s to park,
   and retries of the last ones fell due before they were parked).
-- `dlq`: records every dead letter; `operator`: replays, discards, expiries, one at a time.
+- `dlq`: records every dead letter, one at a time; `operator`: replays, discards, expiries,
+  one at a time, each answered (`ask()`) once its step committed.
 """
 
 from __future__ import annotations
@@ -13,22 +18,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka.errors import KafkaError
 from faust import EventT, StreamT
 from faust.types import AgentT
 
 from dlqapp.core.errors import ErrorClass
 from dlqapp.core.record import Record
-from dlqapp.kafka.consumer_state import crash, forget_unacked
+from dlqapp.kafka.acks import Ticket
+from dlqapp.kafka.faust_agents import answer_asker, asked_value
 from dlqapp.kafka.records import record_of
-from dlqapp.kafka.transactions import TransactionFailed
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
-from dlqapp.tables.durability import after_commit, changelog_barrier, write_to_changelog
+from dlqapp.processing.flow import Handler, InFlightWindow
 from dlqapp.tables.topology import TierTopic
 from dlqapp.wiring.faust_app import fail_transactions
 from dlqapp.wiring.restart import after_grace
@@ -38,8 +42,8 @@ log = logging.getLogger("dlqapp.wiring.agents")
 DUE_WINDOW = 4096
 """Due retries the due agent holds at once. Most of them only wait for their due time (the
 timer hands them over up to DLQ_DUE_LEAD_MAX early), which costs no backend slot; with the
-input window's size (2 x DLQ_CONCURRENCY) a burst of retries due together filled it, and
-the rest waited in the agent's queue past their due time."""
+input window's size a burst of retries due together filled it, and the rest waited in the
+agent's queue past their due time."""
 FATAL_EXIT_CODE = 70
 FATAL_GRACE_S = 15.0
 
@@ -65,7 +69,8 @@ class WorkerLifecycle:
         the next assignment) or a shutdown."""
         try:
             released = await self.parts.windows.release()
-            await self._write_counts()
+            if not self.parts.steps.exactly_once:  # exactly_once: sealed into the last commit
+                await self._write_counts()
         finally:
             self.parts.offsets.reset()  # the next assignment starts from committed offsets
         if reopen:
@@ -82,11 +87,8 @@ class WorkerLifecycle:
         self.parts.windows.reopen()
 
     async def _write_counts(self) -> None:
-        stats = self.parts.topology.stats
         try:
-            await self.parts.counters.write_unwritten(
-                lambda key, blob, partition: write_to_changelog(stats, key, blob, partition)
-            )
+            await self.parts.steps.write_unwritten_counts()
         except Exception as exc:  # the broker is gone: the counts of the last moment are lost, as in a crash
             log_event(log, logging.WARNING, "counts_not_written", error=repr(exc))
 
@@ -102,39 +104,36 @@ def register_agents(app: Any, parts: Any) -> Agents:
         app.agent(tier_topic.topic, name=f"tier-{tier_topic.tier.index + 1}")(handlers.tier_agent(tier_topic))
     app.agent(topology.dlq, name="dlq")(handlers.dlq_agent())
     operator = app.agent(topology.commands, name="operator")(handlers.operator_agent())
+    handlers.operator = operator
     return Agents(operator=operator)
 
 
 class _Handlers:
-    """The agent bodies, and what they do when a handler fails."""
+    """The agent bodies, and what happens when a step fails."""
 
     def __init__(self, app: Any, parts: Any) -> None:
         self.app = app
         self.parts = parts
+        self.operator: AgentT | None = None
+        """The operator agent, which answers `ask()` (registered after its body is built)."""
 
-    def fatal(self, exc: BaseException) -> None:
-        """The broker failed us: stop the worker without acking, so the event is redelivered.
+    def stop(self, exc: BaseException) -> None:
+        """The worker cannot go on: stop it without acking, so the event is redelivered.
 
-        Faust's crash path stops the services; should the process linger, it is ended
-        after a grace period (like kill -9, which at-least-once delivery already covers).
-        """
-        if isinstance(exc, TransactionFailed) or self.parts.transactions is not None:
-            # exactly_once (e.g. ProducerFenced on a send): the tables hold writes that will
-            # never commit, so rebuild them and rejoin (dlqapp.wiring.restart)
+        Under exactly_once the worker restarts in place and rebuilds its tables (its
+        transaction's writes never became visible: dlqapp.wiring.restart). Otherwise Faust's
+        crash path stops the services; should the process linger, it is ended after a grace
+        period (like kill -9, which at-least-once delivery already covers)."""
+        if self.parts.steps.exactly_once:
             fail_transactions(self.app, exc)
             return
         log.critical("fatal error, stopping the worker: %r", exc)
-        crash(self.app, exc)
+        self.app.crash(exc)
         after_grace(FATAL_GRACE_S, lambda: os._exit(FATAL_EXIT_CODE))
 
-    async def poison(self, event: EventT, exc: BaseException) -> None:
-        """A handler failed on this message: dead-letter it as `poison` and move on.
-
-        Kafka errors are not the message's fault: they stop the worker (not acked).
-        """
-        if isinstance(exc, (KafkaError, TransactionFailed)):
-            raise exc
-        record = self.record(event)  # the failure path: the handler's record went with it
+    async def poison(self, ticket: Ticket, exc: BaseException) -> None:
+        """A step failed on this record: dead-letter it as `poison` (in a step of its own)."""
+        record = self.record(ticket.event)  # the failure path: the handler's record went with it
         where = record.position
         if isinstance(exc, PoisonMessage) and self.parts.pipeline.already_succeeded(record):
             # In progress at every crash only because it is first in line after each restart
@@ -162,37 +161,26 @@ class _Handlers:
         """The door: `event` read once into a `Record` (dlqapp.kafka.records)."""
         return record_of(event, self.parts.clock)
 
-    def watch(self, event: EventT) -> None:
-        """Notice a hole in the offsets handed to this agent (dlqapp.kafka.offset_watch)."""
+    def admit(self, event: EventT) -> Ticket | None:
+        """The door of every agent: note the offset, track the event for its ack (None: its
+        outputs are committed already; it is acked without being handled)."""
         message = event.message
         self.parts.offsets.seen(message.topic, message.partition, message.offset)
+        return self.parts.windows.admit(event)
 
-    def window(self, limit: int | None = None) -> Any:
-        return self.parts.windows.new(
-            self.poison, self.fatal, lambda event: forget_unacked(self.app, event), self.parts.crash_guard, limit
-        )
+    def window(self, limit: int | None = None, on_done: Any = None, on_poison: Any = None) -> InFlightWindow:
+        return self.parts.windows.new(on_poison or self.poison, self.stop, limit=limit, on_done=on_done)
 
-    async def each_event(self, stream: StreamT, handle: Callable[[EventT], Awaitable[None]]) -> None:
-        """Handle events one at a time; a failing one is dead-lettered as poison, never fatal.
-
-        Each event is acked once its outputs are committed: at once under at-least-once,
-        at its partition's next commit under exactly-once (the next event need not wait
-        for it; acks stay in offset order, a partition's commits being in order)."""
+    async def each_event(
+        self, stream: StreamT, window: InFlightWindow, handle: Callable[[Record], Awaitable[object]]
+    ) -> None:
+        """Every event of `stream` through the door into `window`."""
         async for event in stream.noack().events():
-            self.watch(event)
-            try:
-                barrier = changelog_barrier(wait_for_commit=False)
-                async with barrier:
-                    await handle(event)
-            except Exception as exc:
-                try:
-                    barrier = changelog_barrier(wait_for_commit=False)
-                    async with barrier:
-                        await self.poison(event, exc)
-                except Exception as fatal:
-                    self.fatal(fatal)
-                    raise
-            after_commit(barrier.committed, event.ack)  # never when it fails: the worker restarts
+            ticket = self.admit(event)
+            if ticket is not None:
+                record = self.record(event)
+                handler: Handler = lambda record=record: handle(record)  # noqa: E731
+                await window.submit(ticket, handler)
 
     def input_agent(self) -> Callable[[StreamT], Awaitable[None]]:
         pipeline, topic, gate = self.parts.pipeline, self.parts.topology.input, self.parts.input_gate
@@ -209,13 +197,14 @@ class _Handlers:
             gate.pause_fetching_when(feed.backlogged)
             pump = asyncio.create_task(feed.run())
             pump.add_done_callback(
-                lambda task: task.cancelled() or task.exception() is None or self.fatal(task.exception())
+                lambda task: task.cancelled() or task.exception() is None or self.stop(task.exception())  # type: ignore[arg-type]
             )
             try:
                 async for event in stream.noack().events():
-                    self.watch(event)
-                    record = self.record(event)
-                    await feed.put(record.partition, event, lambda record=record: pipeline.on_input(record, topic))
+                    ticket = self.admit(event)
+                    if ticket is not None:
+                        record = self.record(event)
+                        await feed.put(ticket, lambda record=record: pipeline.on_input(record, topic))
             finally:
                 pump.cancel()
 
@@ -226,11 +215,7 @@ class _Handlers:
 
         async def due(stream: StreamT) -> None:
             """Due retries handed over by the timer: attempted ahead of fresh input."""
-            window = self.window(DUE_WINDOW)
-            async for event in stream.noack().events():
-                self.watch(event)
-                record = self.record(event)
-                await window.submit(record.partition, event, lambda record=record: scheduler.on_due(record))
+            await self.each_event(stream, self.window(DUE_WINDOW), scheduler.on_due)
 
         return due
 
@@ -238,15 +223,9 @@ class _Handlers:
         scheduler = self.parts.scheduler
 
         async def park(stream: StreamT) -> None:
-            window = self.window()
-            async for event in stream.noack().events():
-                self.watch(event)
-                record = self.record(event)
-                await window.submit(
-                    record.partition,
-                    event,
-                    lambda record=record: scheduler.park(record, tier_topic.tier, tier_topic.topic),
-                )
+            await self.each_event(
+                stream, self.window(), lambda record: scheduler.park(record, tier_topic.tier, tier_topic.topic)
+            )
 
         park.__doc__ = f"Parks retries of tier {tier_topic.tier.label} until their due time."
         return park
@@ -255,36 +234,42 @@ class _Handlers:
         recorder = self.parts.recorder
 
         async def dlq(stream: StreamT) -> None:
-            """Dead letters: the DLQ table, the JSON-lines log, the alert line."""
-            await self.each_event(stream, lambda event: recorder.on_message(self.record(event)))
+            """Dead letters, one at a time: the DLQ table, the JSON-lines log, the alert line."""
+            await self.each_event(stream, self.window(limit=1), recorder.on_message)
 
         return dlq
 
-    def operator_agent(self) -> Callable[[StreamT], AsyncIterator[dict[str, Any]]]:
+    def operator_agent(self) -> Callable[[StreamT], Awaitable[None]]:
         operator, dead_letters = self.parts.operator, self.parts.dead_letters
 
-        async def operator_commands(stream: StreamT) -> AsyncIterator[dict[str, Any]]:
-            """Operator commands, one at a time, on the owning worker; answers `ask()`."""
-            async for command in stream:
-                try:
-                    async with changelog_barrier():
-                        answer = await operator.execute(command)
-                    yield answer
-                except ValueError as exc:  # not a command: dead-letter it (it was not an operator's)
-                    event = stream.current_event
-                    if event is not None:
-                        async with (
-                            changelog_barrier()
-                        ):  # a stream step of its own: its send joins the partition's transaction
-                            await dead_letters.write_unprocessable(
-                                self.record(event),
-                                ErrorClass.INVALID_REQUEST,
-                                f"invalid operator command: {exc}"[:1000],
-                            )
-                    yield {"status": "invalid", "reason": str(exc)}
-                except Exception as exc:  # answer the asker instead of leaving it to time out
-                    log.exception("operator command failed: %r", command)
-                    request_id = command.get("request_id") if isinstance(command, dict) else None
-                    yield {"request_id": request_id, "status": "error", "reason": f"{type(exc).__name__}: {exc}"}
+        async def answer(ticket: Ticket, reply: object) -> None:
+            if reply is not None and self.operator is not None:
+                await answer_asker(self.operator, ticket.event, reply)
+
+        async def failed(ticket: Ticket, exc: BaseException) -> dict[str, Any]:
+            """A command whose step failed: dead-lettered as poison, and the asker told."""
+            await self.poison(ticket, exc)
+            command = asked_value(ticket.event)
+            request_id = command.get("request_id") if isinstance(command, dict) else None
+            return {"request_id": request_id, "status": "error", "reason": f"{type(exc).__name__}: {exc}"[:500]}
+
+        async def operator_commands(stream: StreamT) -> None:
+            """Operator commands, one at a time, on the owning worker; answers `ask()` once committed."""
+            window = self.window(limit=1, on_done=answer, on_poison=failed)
+            async for event in stream.noack().events():
+                ticket = self.admit(event)
+                if ticket is None:
+                    continue
+
+                async def handle(event: EventT = event) -> object:
+                    try:
+                        return await operator.execute(asked_value(event))
+                    except ValueError as exc:  # not a command: dead-letter it (it was not an operator's)
+                        await dead_letters.write_unprocessable(
+                            self.record(event), ErrorClass.INVALID_REQUEST, f"invalid operator command: {exc}"[:1000]
+                        )
+                        return {"status": "invalid", "reason": str(exc)}
+
+                await window.submit(ticket, handle)
 
         return operator_commands

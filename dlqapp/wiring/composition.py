@@ -14,6 +14,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -32,8 +33,10 @@ from dlqapp.flowcontrol.gate import RateGate, metric_label
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import InferenceBackend, create_backend
-from dlqapp.kafka.consumer_state import consumer_lag
+from dlqapp.kafka.acks import Acks
+from dlqapp.kafka.consumer_state import consumer_lag, forget_unacked
 from dlqapp.kafka.faust_producer import producer_send
+from dlqapp.kafka.faust_tables import keys_with_prefix, partition_db
 from dlqapp.kafka.offset_watch import OffsetWatch
 from dlqapp.kafka.transactions import ProducerFactory, Transactions
 from dlqapp.observability import metrics
@@ -53,14 +56,15 @@ from dlqapp.retries.parking import RetryParking
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.settings import Settings
 from dlqapp.tables.counters import Counters
-from dlqapp.tables.durability import at_end_of_step, open_steps, send_in_step, use_transactions
 from dlqapp.tables.partition_io import PartitionIO, Send
+from dlqapp.tables.progress import STRIKE_PREFIX, Progress
 from dlqapp.tables.retention import (
     Sweeper,
     SweptTable,
     ledger_last_change,
     request_last_change,
 )
+from dlqapp.tables.steps import StreamSteps
 from dlqapp.tables.topology import Topology, declare, register_codecs
 from dlqapp.wiring.faust_app import DlqApp, create_app, fail_transactions, install_event_loop, load_settings
 from dlqapp.wiring.services import (
@@ -80,8 +84,11 @@ class Components:
 
     settings: Settings
     topology: Topology
-    transactions: Transactions | None
-    """Under exactly_once: the open transaction of each owned partition number."""
+    steps: StreamSteps
+    """Stream steps and, under exactly_once, the open transaction of each owned partition number."""
+    acks: Acks
+    progress: Progress | None
+    """Under exactly_once: where each partition's handling stands, committed with its outputs."""
     clock: Clock
     backend: InferenceBackend
     counters: Counters
@@ -111,13 +118,14 @@ class Outside:
     the real ones; unit tests give in-memory fakes to the same `build_components`."""
 
     send: Send
+    """The plain producer's send (outputs and changelog records under at_least_once)."""
     backend: InferenceBackend
     due_hop: DueHop
     input_share: Callable[[], float]
     """The fraction of the input partitions this worker owns now (its share of the rate limits)."""
+    hand_back: Callable[[Any], None]
+    """Gives a consumed event back to the consumer unacked."""
     clock: Clock = now_ms
-    step_partition: Callable[[], int | None] | None = None
-    """The partition of the stream step running now (default: Faust's current event's)."""
     new_producer: ProducerFactory | None = None
     """Under exactly_once: makes the transactional producer of a `transactional.id`."""
 
@@ -125,10 +133,11 @@ class Outside:
 def outside_of(app: DlqApp, settings: Settings, topology: Topology) -> Outside:
     """The real world of a worker on `app`."""
     return Outside(
-        send=send_in_step if settings.exactly_once else producer_send(app),
+        send=producer_send(app),
         backend=create_backend(settings),
         due_hop=DueHop(settings.kafka_client(client_id="dlqapp-due-hop"), topology.due.get_topic_name()),
         input_share=lambda: input_share(app, settings),
+        hand_back=lambda event: forget_unacked(app, event),
         new_producer=transactional_producer(settings) if settings.exactly_once else None,
     )
 
@@ -144,7 +153,7 @@ def transactional_producer(settings: Settings) -> ProducerFactory:
                 enable_idempotence=True,
                 acks="all",
                 transaction_timeout_ms=settings.transaction_timeout_ms,
-                max_request_size=settings.max_message_bytes,
+                max_request_size=settings.producer_request_bytes,
                 linger_ms=settings.producer_linger_ms,
             )
         )
@@ -156,10 +165,23 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
     """Every component of a worker, wired from the settings."""
     clock, backend = outside.clock, outside.backend
     rates = MinuteRates()
-    counters = Counters(
-        topology.stats, open_steps, lambda name, amount: rates.add(name, amount, clock()), outside.step_partition
+    counters = Counters(topology.stats, topology.steps, lambda name, amount: rates.add(name, amount, clock()))
+    acks = Acks(outside.hand_back)
+    transactions = (
+        Transactions(settings.app_id, outside.new_producer, settings.transaction_timeout_ms / 1000)
+        if outside.new_producer
+        else None
     )
-    io = PartitionIO(settings.partitions, topology.requests, counters, clock, outside.send)
+    progress = progress_of(topology, acks) if transactions is not None else None
+    steps = StreamSteps(
+        topology.steps,
+        transactions=transactions,
+        send=outside.send,
+        counters=counters,
+        seal_tables=progress.seal if progress is not None else lambda partition: [],
+        strikes=progress.strike_records if progress is not None else lambda partition, culprits: [],
+    )
+    io = PartitionIO(settings.partitions, topology.requests, counters, clock, steps.send)
     parked = ParkedRetries(topology.parked_retries, settings.tiers)
     policy = RetryPolicy(
         backoff=Backoff(settings.retry_delays_ms, settings.backoff, settings.backoff_jitter),
@@ -188,6 +210,8 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         in_flight=in_flight,
         max_payload_bytes=settings.max_payload_bytes,
         clock=clock,
+        after_sent=steps.after_sent,
+        redelivery_by_time=not settings.exactly_once,
         rng=random.Random(),
     )
     input_gate = InputGate(lambda: caller.breaker.state == CLOSED, clock)
@@ -226,6 +250,7 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         RetryActions(parked, scheduler, dead_letters, in_flight, io),
         input_topic=topology.input,
         dlq_topic=topology.dlq,
+        in_flight=in_flight,
         max_replays=settings.max_replays,
         clock=clock,
     )
@@ -240,14 +265,11 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         settings.state_retention_ms,
         expire=operator.send_expired(topology.commands),
     )
-    transactions = (
-        Transactions(settings.app_id, outside.new_producer, settings.transaction_timeout_ms / 1000)
-        if outside.new_producer
-        else None
-    )
     return Components(
         settings=settings,
-        transactions=transactions,
+        steps=steps,
+        acks=acks,
+        progress=progress,
         topology=topology,
         clock=clock,
         backend=backend,
@@ -262,7 +284,14 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         recorder=recorder,
         operator=operator,
         crash_guard=crash_guard,
-        windows=InFlightWindows(window_limit(settings), settings.drain_timeout_ms / 1000),
+        windows=InFlightWindows(
+            window_limit(settings),
+            settings.drain_timeout_ms / 1000,
+            steps=steps,
+            acks=acks,
+            progress=progress,
+            guard=crash_guard,
+        ),
         sweeper=sweeper,
         alerts=alerts,
         replay_jobs=ReplayJobs(),
@@ -277,9 +306,21 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
 
 def window_limit(settings: Settings) -> int:
     """Events each agent may handle at once: twice the backend slots (a call's event and the
-    next one's); under exactly_once four times, as a step also waits for its transaction's
-    commit (up to DLQ_COMMIT_INTERVAL) after its call has given its slot back."""
-    return settings.concurrency * (4 if settings.exactly_once else 2)
+    next one's). A step's place in the window ends with the step, not at its commit."""
+    return settings.concurrency * 2
+
+
+def progress_of(topology: Topology, acks: Acks) -> Progress:
+    """The `progress` table over its local stores, fed by the acks' positions."""
+    table = topology.progress
+    return Progress(
+        table,
+        acks.progress,
+        read=lambda partition, key: partition_db(table, partition).get(key),
+        has_strikes=lambda partition: any(
+            True for _ in keys_with_prefix(partition_db(table, partition), STRIKE_PREFIX, 1)
+        ),
+    )
 
 
 def slot_limiter(settings: Settings) -> SlotLimiter:
@@ -322,9 +363,6 @@ def build_app(settings: Settings | None = None) -> DlqApp:
     app = create_app(settings)
     topology = declare(app, settings)
     parts = build_components(settings, topology, outside_of(app, settings, topology))
-    app.parts = parts
-    at_end_of_step(parts.counters.flush_due)
-    use_transactions(parts.transactions)
     agents = register_agents(app, parts)
     _register_services(app, parts)
     register_views(app, Api(app, parts, agents.operator))
@@ -342,9 +380,9 @@ def _register_services(app: DlqApp, parts: Components) -> None:
     app.service(LoopLag())
     if parts.alerts is not None:
         app.service(AlertWebhook(parts.alerts))
-    if parts.transactions is not None:
+    if parts.steps.exactly_once:
         app.service(
-            TransactionCommits(parts.transactions, settings.commit_interval_ms, lambda exc: fail_transactions(app, exc))
+            TransactionCommits(parts.steps, settings.commit_interval_ms, lambda exc: fail_transactions(app, exc))
         )
 
 

@@ -22,7 +22,7 @@ from mode.utils.times import want_seconds
 
 from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.kafka.access import KafkaAccessError
-from dlqapp.kafka.admin import InternalTopic, TopicMismatchError, ensure_topics
+from dlqapp.kafka.admin import MAX_MESSAGE_BYTES, InternalTopic, TopicMismatchError, ensure_topics
 from dlqapp.kafka.faust_consumer import dlq_consumer_class
 from dlqapp.kafka.faust_producer import (
     PatientTransport,
@@ -35,7 +35,8 @@ from dlqapp.kafka.recovery_end import end_recoveries
 from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.tables.durability import ConfirmedTable
-from dlqapp.wiring.restart import restart_after_stop
+from dlqapp.wiring.restart import Restarts, StopWatch
+from dlqapp.wiring.worker import DlqWorker
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +96,23 @@ class DlqApp(faust.App):
     hands unfinished work back on shutdown and rebalances (its `lifecycle`)."""
 
     dlq_settings: Settings
+    restarts: Restarts
+    """Whether and when this worker restarts itself (dlqapp.wiring.restart)."""
+    stop_watch: StopWatch
     lifecycle: Lifecycle | None = None
     parts: Any = None
     """The worker's components (dlqapp.wiring.composition.Components), for views and commands."""
     _recovery_start: tuple[float, dict[Any, int]] | None = None
     _ready_logged = False
+
+    def stop_requested(self) -> None:
+        """SIGTERM or Ctrl-C (dlqapp.wiring.worker): never restart from now on, and be gone in bounded time."""
+        self.restarts.request_stop()
+        self.stop_watch.start()
+
+    def crash(self, reason: BaseException) -> None:
+        """Stop the way Faust stops on an agent crash (`Service._crash`), leaving events unacked."""
+        self._crash(reason)
 
     def attach(self, lifecycle: Lifecycle, parts: Any) -> None:
         """Called once by the composition root."""
@@ -156,7 +169,8 @@ class DlqApp(faust.App):
         changelogs (compacted), the leader topic and this worker's reply topic."""
         topics = {
             table.changelog_topic_name: InternalTopic(
-                table.partitions or self.conf.topic_partitions, {"cleanup.policy": "compact"}
+                table.partitions or self.conf.topic_partitions,
+                {"cleanup.policy": "compact", MAX_MESSAGE_BYTES: str(self.dlq_settings.table_record_bytes)},
             )
             for table in self.tables.values()
         }
@@ -214,14 +228,18 @@ class DlqApp(faust.App):
             {tp: -1 if offset is None else offset for tp, offset in recovery.active_offsets.items()},
         )
 
+    def _transactions(self) -> Any:
+        steps = getattr(self.parts, "steps", None)
+        return None if steps is None else steps.transactions
+
     def transaction_partitions(self) -> set[int]:
-        transactions = getattr(self.parts, "transactions", None)
+        transactions = self._transactions()
         return set(transactions.partitions) if transactions is not None else set()
 
     async def _open_transactions(self, partitions: set[int]) -> None:
         """Under exactly_once: fence the previous owners of newly owned partition numbers
         before their changelogs are read (Faust's recovery starts in `super()`)."""
-        transactions = getattr(self.parts, "transactions", None)
+        transactions = self._transactions()
         if transactions is None or not partitions:
             return
         try:
@@ -231,12 +249,11 @@ class DlqApp(faust.App):
             raise
 
     async def _close_transactions(self, partitions: set[int]) -> None:
-        """Under exactly_once: commit and close the transactions of partitions handed back."""
-        transactions = getattr(self.parts, "transactions", None)
-        if transactions is None or not partitions:
+        """Under exactly_once: seal, commit and close the transactions of partitions handed back."""
+        if self._transactions() is None or not partitions:
             return
         try:
-            await transactions.revoke(partitions)
+            await self.parts.steps.revoke(partitions)
         except Exception as exc:
             fail_transactions(self, exc)
 
@@ -250,6 +267,7 @@ class DlqApp(faust.App):
         log_event(log, logging.INFO, "tables_recovered", records=records, seconds=round(time.monotonic() - began, 2))
         if not self._ready_logged:
             self._ready_logged = True
+            self.restarts.ready()
             log_event(log, logging.INFO, "ready", console=f"{self.conf.canonical_url}/ui/".replace("//ui", "/ui"))
 
     def _new_transport(self) -> Any:
@@ -290,7 +308,7 @@ def fail_transactions(app: Any, exc: BaseException) -> None:
     """A partition's transaction could not commit: its steps' outputs never became visible
     and their events stay unacked, but the local tables hold their writes, so the worker
     restarts itself and rebuilds them from the changelogs (dlqapp.wiring.restart)."""
-    restart_after_stop(app, exc, ready=bool(getattr(app, "_ready_logged", False)))
+    app.restarts.restart_after_stop(app, exc, ready=bool(getattr(app, "_ready_logged", False)))
 
 
 def wipe_local_tables(settings: Settings, tabledir: Any) -> None:
@@ -340,7 +358,8 @@ def create_app(settings: Settings) -> DlqApp:
         broker_max_poll_records=settings.max_poll_records,
         producer_acks=-1,
         producer_linger=settings.producer_linger_ms / 1000,
-        producer_max_request_size=settings.max_message_bytes,
+        producer_max_request_size=settings.producer_request_bytes,
+        consumer_max_fetch_size=max(4 * 1024 * 1024, settings.table_record_bytes),
         web_bind=settings.web_host,
         web_host=settings.web_host,
         web_port=settings.web_port,
@@ -355,8 +374,11 @@ def create_app(settings: Settings) -> DlqApp:
         stream_wait_empty=True,
         table_standby_replicas=1,
         Table=ConfirmedTable,
+        Worker=DlqWorker,
     )
     if settings.web_advertised_url:
         app.conf.canonical_url = settings.web_advertised_url
     app.dlq_settings = settings
+    app.restarts = Restarts()
+    app.stop_watch = StopWatch(settings.drain_timeout_ms / 1000)
     return app

@@ -19,11 +19,11 @@ from dlqapp.core.clock import Clock
 from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.kafka.consumer_state import set_topic_paused
-from dlqapp.kafka.transactions import Transactions
 from dlqapp.observability import metrics
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.tables.retention import Sweeper
+from dlqapp.tables.steps import StreamSteps
 
 log = logging.getLogger("dlqapp.wiring.services")
 
@@ -193,10 +193,10 @@ class TransactionCommits(Service):
     commit stops the worker (`on_failure`)."""
 
     def __init__(
-        self, transactions: Transactions, interval_ms: int, on_failure: Callable[[BaseException], None], **kwargs: Any
+        self, steps: StreamSteps, interval_ms: int, on_failure: Callable[[BaseException], None], **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        self.transactions = transactions
+        self.steps = steps
         self.interval_s = interval_ms / 1000
         self.on_failure = on_failure
 
@@ -205,7 +205,7 @@ class TransactionCommits(Service):
         while not self.should_stop:
             await self.sleep(self.interval_s)
             try:
-                await self.transactions.commit_all()
+                await self.steps.commit_all()
             except Exception as exc:
                 self.on_failure(exc)
                 return

@@ -11,7 +11,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from tests.kafka_io import all_keys_seen, produce, read_topic, request_bytes
 from tests.support import Worker, unique_ids
 
-TABLES = ("parked-retries", "requests", "dead-letters", "dead-letters-by-time", "replay-ledger", "stats")
+TABLES = ("parked-retries", "requests", "dead-letters", "dead-letters-by-time", "replay-ledger", "stats", "progress")
 
 
 async def shapes(bootstrap: str, topics: list[str]) -> dict[str, tuple[int, str]]:
@@ -90,7 +90,12 @@ def test_an_existing_topic_gets_min_insync_replicas_and_keeps_its_other_settings
         create_topic(
             worker.bootstrap,
             dlq,
-            {"cleanup.policy": "compact", "min.insync.replicas": "2", "retention.ms": "123456789"},
+            {
+                "cleanup.policy": "compact",
+                "min.insync.replicas": "2",
+                "retention.ms": "123456789",
+                "max.message.bytes": "20000000",  # room for the largest input record and its headers
+            },
         )
     )
     worker.start()

@@ -17,6 +17,7 @@ from dlqapp.core.record import Record
 from dlqapp.inference import InferenceOutput
 from dlqapp.kafka.records import record_of
 from dlqapp.settings import Settings
+from dlqapp.tables.steps import StepContext
 from dlqapp.tables.topology import TierTopic, Topology
 from dlqapp.wiring.composition import Components, Outside, build_components
 
@@ -179,7 +180,42 @@ def fake_topology(settings: Settings) -> Topology:
         dead_letters_by_time=FakeTable("dead-letters-by-time"),
         replay_ledger=FakeTable("replay-ledger"),
         stats=FakeTable("stats"),
+        progress=FakeTable("progress"),
+        steps=StepContext(),
     )
+
+
+STEP_ENTRY_POINTS = {
+    "pipeline": {"on_input"},
+    "scheduler": {"on_due", "park"},
+    "operator": {"execute"},
+    "recorder": {"on_message"},
+}
+"""What the agents call on each component, each call in a stream step of its own."""
+
+
+class InSteps:
+    """A component whose agent entry points each run in a stream step of partition 0, as an
+    agent's window runs them (dlqapp.processing.flow)."""
+
+    def __init__(self, target: Any, steps: Any, entry_points: set[str]) -> None:
+        object.__setattr__(self, "_target", target)
+        object.__setattr__(self, "_steps", steps)
+        object.__setattr__(self, "_entry_points", entry_points)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._target, name, value)  # a test standing in for one of its methods
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._target, name)
+        if name not in self._entry_points:
+            return attribute
+
+        async def in_step(*args: Any, **kwargs: Any) -> Any:
+            async with self._steps.step(0):
+                return await attribute(*args, **kwargs)
+
+        return in_step
 
 
 @dataclass
@@ -192,7 +228,10 @@ class Worker:
     parts: Components
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.parts, name)  # w.pipeline, w.scheduler, w.operator, w.io, …
+        component = getattr(self.parts, name)  # w.pipeline, w.scheduler, w.operator, w.io, …
+        if name in STEP_ENTRY_POINTS:
+            return InSteps(component, self.parts.steps, STEP_ENTRY_POINTS[name])
+        return component
 
     @property
     def input(self) -> FakeTopic:
@@ -262,8 +301,8 @@ def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool 
         backend=backend,
         due_hop=FakeDueHop(),
         input_share=lambda: 1.0,
+        hand_back=lambda event: None,
         clock=clock,
-        step_partition=lambda: 0,
     )
     return Worker(backend, clock, topology, build_components(settings, topology, outside))
 

@@ -234,10 +234,16 @@ def test_a_request_whose_attempt_died_in_flight_runs_when_its_message_comes_agai
 def test_the_same_message_redelivered_after_its_request_was_dead_lettered_is_a_duplicate_but_a_later_copy_is_new(
     tmp_path,
 ):
-    """After a crash the input message that started a request can come again (its offset was
-    not committed); by then the request may be dead-lettered, and calling it again would pay
-    twice and give it a result beside its dead letter. A copy written later is a new request."""
-    w = worker(tmp_path, ScriptedBackend({"r10": 1}, error=ErrorClass.AUTH_ERROR))
+    """at_least_once: after a crash the input message that started a request can come again
+    (its offset was not committed); by then the request may be dead-lettered, and calling it
+    again would pay twice and give it a result beside its dead letter. A copy written later is
+    a new request. (Under exactly_once the door skips a redelivered message by the partition's
+    committed progress instead: tests/unit/kafka/test_acks.py, tests/unit/processing.)"""
+    w = worker(
+        tmp_path,
+        ScriptedBackend({"r10": 1}, error=ErrorClass.AUTH_ERROR),
+        DLQ_PROCESSING_GUARANTEE="at_least_once",
+    )
     sent_at = w.clock.now / 1000 - 5  # written five seconds before the worker first saw it
     run(
         w.pipeline.on_input(
@@ -260,3 +266,45 @@ def test_the_same_message_redelivered_after_its_request_was_dead_lettered_is_a_d
     assert (
         w.backend.calls_for("r10") == 2 and state_of(w, "r10")["state"] == "succeeded"
     )  # re-sent later: a new request
+
+
+def test_under_exactly_once_a_copy_of_a_dead_lettered_request_is_a_new_chain_whatever_the_producers_clock():
+    """A producer whose clock runs behind wrote the copy 'before' the request was first seen:
+    under exactly_once that says nothing (redeliveries never reach the pipeline), so the copy
+    is judged by the request's state alone: dead-lettered, it runs again."""
+    import tempfile
+
+    w = worker(tempfile.mkdtemp(), ScriptedBackend({"r20": 1}, error=ErrorClass.AUTH_ERROR))
+    run(w.pipeline.on_input(input_event("r20"), w.input))
+    assert state_of(w, "r20")["state"] == "dead_lettered"
+    behind = w.clock.now / 1000 - 300  # five minutes behind
+    run(
+        w.pipeline.on_input(
+            consumed(b"r20", request("r20"), message=FakeMessage("input", 0, 1, timestamp=behind)), w.input
+        )
+    )
+    assert w.backend.calls_for("r20") == 2 and state_of(w, "r20")["state"] == "succeeded"
+
+
+def test_a_copy_sent_while_a_replay_is_on_its_way_is_a_duplicate_and_the_replay_itself_runs(tmp_path):
+    w = worker(tmp_path, ScriptedBackend({"r21": 1}, error=ErrorClass.AUTH_ERROR))
+    run(w.pipeline.on_input(input_event("r21"), w.input))
+    (dead,) = [key for key, *_ in w.dlq.sent]
+    run(
+        w.recorder.on_message(
+            consumed(
+                dead,
+                w.dlq.sent[0][1],
+                w.dlq.sent[0][2] and {k: v.encode() for k, v in w.dlq.sent[0][2].items()},
+                FakeMessage("dlq", 0, 0),
+            )
+        )
+    )
+    answer = run(w.operator.execute({"action": "replay", "request_id": "r21", "actor": "op"}))
+    assert answer["status"] == "reprocessed" and state_of(w, "r21")["state"] == "reprocessed"
+    run(w.pipeline.on_input(input_event("r21", offset=5), w.input))  # the producer's copy, first
+    assert w.backend.calls_for("r21") == 1 and state_of(w, "r21")["duplicates"] == 1
+    key, value, headers, _ = w.input.sent[-1]  # the replay message
+    replay = consumed(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("input", 0, 6))
+    run(w.pipeline.on_input(replay, w.input))
+    assert w.backend.calls_for("r21") == 2 and state_of(w, "r21")["state"] == "succeeded"

@@ -3,8 +3,8 @@ the open and closed limits, backlog, and release across rebalances."""
 
 import asyncio
 
-from dlqapp.processing.flow import GatedFeed, InFlightWindow
-from tests.unit.processing.flow_fakes import FakeEvent, _reraise
+from dlqapp.processing.flow import GatedFeed
+from tests.unit.processing.flow_fakes import FakeEvent, Harness, _reraise
 
 
 def _gate():
@@ -22,15 +22,16 @@ def test_a_closed_gate_keeps_taking_events_and_starts_them_in_order_once_it_open
     current = contextvars.ContextVar("current")
 
     async def run():
+        h = Harness()
         acked, seen = [], []
         gate = _gate()
-        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None)
+        window = h.window(4)
         feed = GatedFeed(window, gate, open_limit=4, closed_limit=50)
         pump = asyncio.create_task(feed.run())
         gate.fired([b"hint"])  # closed
         for i in range(30):  # far more than the window: none of these puts may block
             current.set(i)
-            await asyncio.wait_for(feed.put("p0", FakeEvent(i, acked), lambda: _record(seen, current)), 1)
+            await asyncio.wait_for(feed.put(h.acks.track(FakeEvent(i, acked)), lambda: _record(seen, current)), 1)
         await asyncio.sleep(0.01)
         assert seen == [] and feed.held == 30
         gate.received(b"hint")  # open
@@ -55,21 +56,22 @@ async def _until(condition, timeout=2.0):
 
 def test_an_open_gate_pushes_back_at_the_open_limit_and_a_closing_gate_lifts_it():
     async def run():
+        h = Harness()
         acked = []
         gate = _gate()
         release = asyncio.Event()
-        window = InFlightWindow(1, on_error=_reraise, on_fatal=lambda exc: None)
+        window = h.window(1)
         feed = GatedFeed(window, gate, open_limit=2, closed_limit=5)
         pump = asyncio.create_task(feed.run())
 
         async def slow():
             await release.wait()
 
-        await feed.put("p0", FakeEvent(0, acked), slow)  # started: the window's only slot
+        await feed.put(h.acks.track(FakeEvent(0, acked)), slow)  # started: the window's only slot
         await _until(lambda: feed.held == 0)
-        await feed.put("p0", FakeEvent(1, acked), slow)  # the pump waits for a slot with it
-        await feed.put("p0", FakeEvent(2, acked), slow)
-        blocked = asyncio.create_task(feed.put("p0", FakeEvent(3, acked), slow))  # 2 held: at the open limit
+        await feed.put(h.acks.track(FakeEvent(1, acked)), slow)  # the pump waits for a slot with it
+        await feed.put(h.acks.track(FakeEvent(2, acked)), slow)
+        blocked = asyncio.create_task(feed.put(h.acks.track(FakeEvent(3, acked)), slow))  # 2 held: at the open limit
         await asyncio.sleep(0.02)
         assert not blocked.done()
         gate.fired([b"hint"])  # closing lifts the limit to 5
@@ -86,15 +88,14 @@ def test_an_open_gate_pushes_back_at_the_open_limit_and_a_closing_gate_lifts_it(
 
 def test_releasing_a_feed_gives_its_held_events_back_unacked():
     async def run():
-        acked, forgotten = [], []
+        h = Harness()
+        acked, forgotten = [], h.forgotten
         gate = _gate()
-        window = InFlightWindow(
-            4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset)
-        )
+        window = h.window(4)
         feed = GatedFeed(window, gate, open_limit=4, closed_limit=10)
         gate.fired([b"hint"])
         for i in range(3):
-            await feed.put("p0", FakeEvent(i, acked), _reraise)
+            await feed.put(h.acks.track(FakeEvent(i, acked)), _reraise)
         assert feed.release() == 3 and forgotten == [0, 1, 2] and feed.held == 0 and acked == []
 
     asyncio.run(run())
@@ -102,8 +103,9 @@ def test_releasing_a_feed_gives_its_held_events_back_unacked():
 
 def test_input_piling_up_behind_a_closed_gate_counts_as_backlogged_and_asks_the_gate_to_pause_fetching():
     async def run():
+        h = Harness()
         gate = _gate()
-        window = InFlightWindow(8, on_error=_reraise, on_fatal=lambda exc: None)
+        window = h.window(8)
         feed = GatedFeed(window, gate, open_limit=8, closed_limit=500)
         feed.backlog_at = 5
         gate.pause_fetching_when(feed.backlogged)
@@ -116,7 +118,7 @@ def test_input_piling_up_behind_a_closed_gate_counts_as_backlogged_and_asks_the_
         gate.fired([b"hint"])
         await _until(lambda: applied[-1:] == [False])  # closed, but input is quiet: fetching goes on
         for i in range(5):
-            await feed.put("p0", FakeEvent(i, []), _reraise)
+            await feed.put(h.acks.track(FakeEvent(i, [])), _reraise)
         await _until(lambda: applied[-1:] == [True])  # five held: now fetching pauses
         assert feed.backlogged()
         runner.cancel()
@@ -132,9 +134,10 @@ def test_events_taken_while_the_windows_are_released_are_given_back_not_started_
     from dlqapp.processing.flow import InFlightWindows
 
     async def run():
-        acked, forgotten, started = [], [], []
-        windows = InFlightWindows(limit=4, drain_timeout_s=0.2)
-        window = windows.new(_reraise, lambda exc: None, lambda e: forgotten.append(e.offset), None)
+        h = Harness()
+        acked, forgotten, started = [], h.forgotten, []
+        windows = InFlightWindows(limit=4, drain_timeout_s=0.2, steps=h.steps, acks=h.acks, progress=None, guard=None)
+        window = windows.new(_reraise, lambda exc: None)
         gate = _gate()
         feed = windows.feed(window, gate, closed_limit=10)
         pump = asyncio.create_task(feed.run())
@@ -144,20 +147,20 @@ def test_events_taken_while_the_windows_are_released_are_given_back_not_started_
             started.append("held")
             await hold.wait()
 
-        await feed.put("p0", FakeEvent(0, acked), held)
+        await feed.put(h.acks.track(FakeEvent(0, acked)), held)
         await _until(lambda: started == ["held"])
         releasing = asyncio.create_task(windows.release())  # 0 gets its grace period
         await asyncio.sleep(0.01)
-        await feed.put("p0", FakeEvent(1, acked), held)  # taken during the release
+        await feed.put(h.acks.track(FakeEvent(1, acked)), held)  # taken during the release
         gate.fired([b"hint"])
-        await feed.put("p0", FakeEvent(2, acked), held)  # and while the gate is closed
+        await feed.put(h.acks.track(FakeEvent(2, acked)), held)  # and while the gate is closed
         await releasing
         gate.received(b"hint")
-        await feed.put("p0", FakeEvent(3, acked), held)  # after it, before the next assignment
+        await feed.put(h.acks.track(FakeEvent(3, acked)), held)  # after it, before the next assignment
         await asyncio.sleep(0.05)
         assert started == ["held"] and acked == [] and sorted(forgotten) == [0, 1, 2, 3]
         windows.reopen()  # the next assignment
-        await feed.put("p0", FakeEvent(4, acked), held)
+        await feed.put(h.acks.track(FakeEvent(4, acked)), held)
         await _until(lambda: started == ["held", "held"])
         assert sorted(forgotten) == [0, 1, 2, 3]
         pump.cancel()
@@ -171,9 +174,10 @@ def test_an_event_starts_at_once_when_nothing_waits_before_it_and_never_overtake
     earlier one to the window waits behind it, so handlers start (and are acked) in offset order."""
 
     async def run():
+        h = Harness()
         acked, started = [], []
         gate = _gate()
-        window = InFlightWindow(4, on_error=_reraise, on_fatal=lambda exc: None)
+        window = h.window(4)
         feed = GatedFeed(window, gate, open_limit=8, closed_limit=8)
 
         def handler(i):
@@ -182,10 +186,10 @@ def test_an_event_starts_at_once_when_nothing_waits_before_it_and_never_overtake
 
             return handle
 
-        await feed.put("p0", FakeEvent(0, acked), handler(0))  # no pump running: started by `put` itself
+        await feed.put(h.acks.track(FakeEvent(0, acked)), handler(0))  # no pump running: started by `put` itself
         await _until(lambda: acked == [0])
         gate.fired([b"hint"])  # closed: the next one is held
-        await feed.put("p0", FakeEvent(1, acked), handler(1))
+        await feed.put(h.acks.track(FakeEvent(1, acked)), handler(1))
         submit, handing_over = window.submit, asyncio.Event()
 
         async def slow_submit(*args, **kwargs):  # the pump is suspended in the middle of a hand-over
@@ -197,7 +201,7 @@ def test_an_event_starts_at_once_when_nothing_waits_before_it_and_never_overtake
         gate.received(b"hint")  # open: the pump takes 1 and is handing it over
         await _until(lambda: feed.held == 0)
         await asyncio.wait_for(
-            feed.put("p0", FakeEvent(2, acked), handler(2)), 1
+            feed.put(h.acks.track(FakeEvent(2, acked)), handler(2)), 1
         )  # the window has room, but 1 is not started yet
         handing_over.set()
         await _until(lambda: len(acked) == 3)

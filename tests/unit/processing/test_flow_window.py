@@ -4,21 +4,21 @@ handlers, and what a release (rebalance or shutdown) does with the events in it.
 import asyncio
 
 from dlqapp.kafka.transactions import NotOwned, TransactionFailed
-from dlqapp.processing.flow import InFlightWindow
-from tests.unit.processing.flow_fakes import FakeEvent, _reraise
+from tests.unit.processing.flow_fakes import FakeEvent, Harness
 
 
 def test_window_acks_each_partition_in_offset_order_even_when_handlers_finish_out_of_order():
     async def run():
+        h = Harness()
         acked = []
         gates = {i: asyncio.Event() for i in range(5)}
-        window = InFlightWindow(10, on_error=_reraise, on_fatal=lambda exc: None)
+        window = h.window(10)
         for i in range(5):
 
             async def handler(i=i):
                 await gates[i].wait()
 
-            await window.submit("p0", FakeEvent(i, acked), handler)
+            await h.submit(window, FakeEvent(i, acked), handler)
         for i in (3, 1, 4):  # later offsets finish first: nothing may be acked yet
             gates[i].set()
         await asyncio.sleep(0.01)
@@ -35,12 +35,13 @@ def test_window_acks_each_partition_in_offset_order_even_when_handlers_finish_ou
 
 def test_a_failing_handler_is_routed_and_acked_and_the_partition_moves_on():
     async def run():
+        h = Harness()
         acked, routed, fatal = [], [], []
 
-        async def route(event, exc):
-            routed.append((event.offset, str(exc)))
+        async def route(ticket, exc):
+            routed.append((ticket.offset, str(exc)))
 
-        window = InFlightWindow(10, on_error=route, on_fatal=fatal.append)
+        window = h.window(10, on_poison=route, on_stop=fatal.append)
 
         async def boom():
             raise RuntimeError("bug")
@@ -48,8 +49,8 @@ def test_a_failing_handler_is_routed_and_acked_and_the_partition_moves_on():
         async def fine():
             return None
 
-        await window.submit("p0", FakeEvent(0, acked), boom)
-        await window.submit("p0", FakeEvent(1, acked), fine)
+        await h.submit(window, FakeEvent(0, acked), boom)
+        await h.submit(window, FakeEvent(1, acked), fine)
         await window.join()
         assert routed == [(0, "bug")] and acked == [0, 1] and fatal == []
 
@@ -58,8 +59,9 @@ def test_a_failing_handler_is_routed_and_acked_and_the_partition_moves_on():
 
 def test_when_routing_fails_too_the_event_is_never_acked_and_the_worker_stops():
     async def run():
+        h = Harness()
         acked, fatal = [], []
-        window = InFlightWindow(10, on_error=_reraise, on_fatal=fatal.append)
+        window = h.window(10, on_stop=fatal.append)
 
         async def boom():
             raise RuntimeError("broker gone")
@@ -67,8 +69,8 @@ def test_when_routing_fails_too_the_event_is_never_acked_and_the_worker_stops():
         async def fine():
             return None
 
-        await window.submit("p0", FakeEvent(0, acked), boom)
-        await window.submit("p0", FakeEvent(1, acked), fine)
+        await h.submit(window, FakeEvent(0, acked), boom)
+        await h.submit(window, FakeEvent(1, acked), fine)
         await window.join()
         assert acked == [] and isinstance(fatal[0], RuntimeError)
 
@@ -77,15 +79,14 @@ def test_when_routing_fails_too_the_event_is_never_acked_and_the_worker_stops():
 
 def test_an_output_for_a_partition_handed_back_gives_its_event_back_and_the_worker_goes_on():
     async def run():
-        acked, forgotten, fatal = [], [], []
-        window = InFlightWindow(
-            10, on_error=_reraise, on_fatal=fatal.append, forget=lambda e: forgotten.append(e.offset)
-        )
+        h = Harness()
+        acked, forgotten, fatal = [], h.forgotten, []
+        window = h.window(10, on_stop=fatal.append)
 
         async def late():
             raise NotOwned("partition 0 was handed back")
 
-        await window.submit("p0", FakeEvent(0, acked), late)
+        await h.submit(window, FakeEvent(0, acked), late)
         await window.join()
         assert forgotten == [0] and acked == [] and fatal == []
 
@@ -94,13 +95,14 @@ def test_an_output_for_a_partition_handed_back_gives_its_event_back_and_the_work
 
 def test_a_failed_transaction_stops_the_worker_once_per_step_without_acking(caplog):
     async def run():
+        h = Harness()
         acked, fatal = [], []
-        window = InFlightWindow(10, on_error=_reraise, on_fatal=fatal.append)
+        window = h.window(10, on_stop=fatal.append)
 
         async def committed_never():
             raise TransactionFailed("partition 0: transaction not committed")
 
-        await window.submit("p0", FakeEvent(0, acked), committed_never)
+        await h.submit(window, FakeEvent(0, acked), committed_never)
         await window.join()
         assert acked == [] and [type(exc) for exc in fatal] == [TransactionFailed]
 
@@ -110,10 +112,9 @@ def test_a_failed_transaction_stops_the_worker_once_per_step_without_acking(capl
 
 def test_release_lets_quick_handlers_finish_cancels_held_ones_and_hands_back_the_unacked():
     async def run():
-        acked, forgotten = [], []
-        window = InFlightWindow(
-            10, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset)
-        )
+        h = Harness()
+        acked, forgotten = [], h.forgotten
+        window = h.window(10)
         held = asyncio.Event()  # never set: a request held by an open breaker
         cancelled = []
 
@@ -127,17 +128,18 @@ def test_release_lets_quick_handlers_finish_cancels_held_ones_and_hands_back_the
                 cancelled.append(True)
                 raise
 
-        await window.submit("p0", FakeEvent(0, acked), quick)
-        await window.submit("p0", FakeEvent(1, acked), stuck)
-        await window.submit("p0", FakeEvent(2, acked), quick)
-        await window.submit("p1", FakeEvent(10, acked), quick)
+        await h.submit(window, FakeEvent(0, acked), quick)
+        await h.submit(window, FakeEvent(1, acked), stuck)
+        await h.submit(window, FakeEvent(2, acked), quick)
+        await h.submit(window, FakeEvent(10, acked, partition=1), quick)
         released = await asyncio.wait_for(window.release(grace_s=0.5), 5)
         assert acked == [0, 10]  # done and at the head of their partitions
         assert cancelled == [True]
-        assert sorted(forgotten) == [1, 2] and released == 2  # 2 finished behind 1: not acked either
+        assert sorted(forgotten) == [1, 2] and released == 1  # 1 cancelled; 2 finished behind it: not acked either
         assert window.in_flight == 0
         window.reopen()  # the next assignment
-        await window.submit("p0", FakeEvent(3, acked), quick)
+        h.acks.reset()
+        await h.submit(window, FakeEvent(3, acked), quick)
         await window.join()
         assert acked == [0, 10, 3]
 
@@ -151,19 +153,19 @@ def test_events_taken_between_a_release_and_the_next_assignment_are_handed_back_
     acks hangs the rebalance until it ends."""
 
     async def run():
-        acked, forgotten, handled = [], [], []
-        window = InFlightWindow(
-            4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset)
-        )
+        h = Harness()
+        acked, forgotten, handled = [], h.forgotten, []
+        window = h.window(4)
 
         async def handle(offset):
             handled.append(offset)
 
         await window.release(grace_s=0.05)
-        await window.submit("p0", FakeEvent(5, acked), lambda: handle(5))
+        await h.submit(window, FakeEvent(5, acked), lambda: handle(5))
         assert window.in_flight == 0 and forgotten == [5] and not window.accepting
         window.reopen()
-        await window.submit("p0", FakeEvent(6, acked), lambda: handle(6))
+        h.acks.reset()
+        await h.submit(window, FakeEvent(6, acked), lambda: handle(6))
         await window.join()
         assert handled == [6] and acked == [6] and forgotten == [5]
 
@@ -172,12 +174,13 @@ def test_events_taken_between_a_release_and_the_next_assignment_are_handed_back_
 
 def test_window_bounds_in_flight_handlers():
     async def run():
-        window = InFlightWindow(2, on_error=_reraise, on_fatal=lambda exc: None)
+        h = Harness()
+        window = h.window(2)
         gate = asyncio.Event()
         acked = []
         for i in range(2):
-            await window.submit("p", FakeEvent(i, acked), gate.wait)
-        third = asyncio.create_task(window.submit("p", FakeEvent(2, acked), gate.wait))
+            await h.submit(window, FakeEvent(i, acked), gate.wait)
+        third = asyncio.create_task(h.submit(window, FakeEvent(2, acked), gate.wait))
         await asyncio.sleep(0.01)
         assert not third.done()
         gate.set()
@@ -190,10 +193,9 @@ def test_window_bounds_in_flight_handlers():
 
 def test_an_event_submitted_during_or_after_a_release_is_given_back_at_once():
     async def run():
-        acked, forgotten = [], []
-        window = InFlightWindow(
-            1, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset)
-        )
+        h = Harness()
+        acked, forgotten = [], h.forgotten
+        window = h.window(1)
         gate = asyncio.Event()
 
         async def blocked():
@@ -202,12 +204,12 @@ def test_an_event_submitted_during_or_after_a_release_is_given_back_at_once():
         async def quick():
             return None
 
-        await window.submit("p0", FakeEvent(0, acked), blocked)
-        waiting = asyncio.create_task(window.submit("p0", FakeEvent(1, acked), quick))  # waits for the only slot
+        await h.submit(window, FakeEvent(0, acked), blocked)
+        waiting = asyncio.create_task(h.submit(window, FakeEvent(1, acked), quick))  # waits for the only slot
         await asyncio.sleep(0.01)
         await window.release(grace_s=0.05)  # shutdown: 0 is cancelled and handed back
         await asyncio.wait_for(waiting, 1)  # 1 did not start: handed back too
-        await asyncio.wait_for(window.submit("p0", FakeEvent(2, acked), quick), 1)  # after the shutdown
+        await asyncio.wait_for(h.submit(window, FakeEvent(2, acked), quick), 1)  # after the shutdown
         assert acked == [] and sorted(forgotten) == [0, 1, 2]
 
     asyncio.run(run())
@@ -219,19 +221,20 @@ def test_an_event_held_before_submit_across_a_rebalance_is_given_back_not_handle
     was sought back to the committed offset) and must not be handled or acked."""
 
     async def run():
-        acked, forgotten, handled = [], [], []
-        window = InFlightWindow(
-            4, on_error=_reraise, on_fatal=lambda exc: None, forget=lambda e: forgotten.append(e.offset)
-        )
+        h = Harness()
+        acked, forgotten, handled = [], h.forgotten, []
+        window = h.window(4)
 
         async def handle(offset):
             handled.append(offset)
 
         taken_in = window.generation  # event 7 taken while the gate is closed
+        seven = h.acks.track(FakeEvent(7, acked))
         await window.release(grace_s=0.05)  # a rebalance while the gate holds it
         window.reopen()  # the next assignment
-        await window.submit("p0", FakeEvent(7, acked), lambda: handle(7), generation=taken_in)  # the gate opens
-        await window.submit("p0", FakeEvent(3, acked), lambda: handle(3))  # the re-read, new generation
+        h.acks.reset()
+        await window.submit(seven, lambda: handle(7), generation=taken_in)  # the gate opens
+        await h.submit(window, FakeEvent(3, acked), lambda: handle(3))  # the re-read, new generation
         await window.join()
         assert handled == [3] and acked == [3] and forgotten == [7]
 
