@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 log = logging.getLogger("dlqapp.kafka.transactions")
@@ -61,7 +61,7 @@ class TransactionalProducer(Protocol):
         key: bytes | None = None,
         partition: int | None = None,
         headers: Any = None,
-    ) -> Awaitable[Any]: ...
+    ) -> asyncio.Future[Any]: ...
 
 
 class StepGate:
@@ -107,7 +107,7 @@ class PartitionTransaction:
         self.producer = producer
         self.timeout_s = timeout_s
         self.gate = StepGate()
-        self._sends: list[Awaitable[Any]] = []
+        self._sends: list[asyncio.Future[Any]] = []
         self._commit: asyncio.Future[None] | None = None
         self._closed = False
         self._spoiled: str | None = None
@@ -129,7 +129,7 @@ class PartitionTransaction:
 
     async def send(
         self, topic: str, key: bytes | None, value: bytes | None, partition: int, headers: Any
-    ) -> Awaitable[Any]:
+    ) -> asyncio.Future[Any]:
         """Hand one record to the open transaction (the caller is inside the gate)."""
         if self._closed:
             raise NotOwned(f"partition {self.partition} was handed back; its transaction is closed")
@@ -261,16 +261,20 @@ class Transactions:
         if not new:
             return
         results = await asyncio.gather(*(t.start() for t in new.values()), return_exceptions=True)
-        failed = [(p, r) for p, r in zip(new, results) if isinstance(r, BaseException)]
+        failed = [(p, r) for p, r in zip(new, results, strict=True) if isinstance(r, BaseException)]
         for partition, transaction in new.items():
             self._open[partition] = transaction
         if failed:
             partition, exc = failed[0]
             hint = ""
             if "Authorization" in type(exc).__name__:
-                hint = f"; grant WRITE and DESCRIBE on the transactional ids {self.app_id}- (prefixed): `faust -A dlqapp acls` prints the grants"
+                hint = (
+                    f"; grant WRITE and DESCRIBE on the transactional ids {self.app_id}- (prefixed): "
+                    "`faust -A dlqapp acls` prints the grants"
+                )
             raise TransactionFailed(
-                f"transactional producer of partition {partition} ({self.transactional_id(partition)}) did not start: {type(exc).__name__}: {exc}{hint}"
+                f"transactional producer of partition {partition} ({self.transactional_id(partition)}) did not "
+                f"start: {type(exc).__name__}: {exc}{hint}"
             ) from exc
 
     async def revoke(self, partitions: set[int]) -> None:

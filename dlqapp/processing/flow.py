@@ -159,7 +159,8 @@ class InFlightWindow:
         position = (message.topic, message.partition, message.offset)
         if self._guard.is_poison(position):
             raise PoisonMessage(
-                f"the worker died {self._guard.crashes(position)} times in a row while handling this message (DLQ_POISON_AFTER_CRASHES)"
+                f"the worker died {self._guard.crashes(position)} times in a row while handling this message "
+                "(DLQ_POISON_AFTER_CRASHES)"
             )
         self._guard.seen(position)
         if self._guard.needs_care(position):
@@ -279,7 +280,7 @@ class GatedFeed:
             self._gate.reconsider()  # input piles up behind the closed gate: time to pause fetching
         while len(self._held) >= (self._open_limit if self._gate.is_open else self._closed_limit):
             self._room.clear()
-            waits = [asyncio.ensure_future(self._room.wait())]
+            waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._room.wait())]
             if self._gate.is_open:
                 waits.append(asyncio.ensure_future(self._gate.wait_closed()))
             try:

@@ -330,8 +330,13 @@ def after_commit(committed: asyncio.Future[None] | None, hook: Callable[[], None
     committed; never when it failed."""
     if committed is None:
         hook()
-    else:
-        committed.add_done_callback(lambda done: done.cancelled() or done.exception() is not None or hook())
+        return
+
+    def run_hook(done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            hook()
+
+    committed.add_done_callback(run_hook)
 
 
 async def _send_unconfirmed(step: _Step) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import faust
 from faust import TopicT
 from faust.serializers import codecs
-from faust.tables import Table
+from faust.types import TableT
 
 from dlqapp.core.commands import UNDECODABLE
 from dlqapp.core.tiers import Tier
@@ -62,12 +62,12 @@ class Topology:
     dlq: TopicT
     results: TopicT
     commands: TopicT
-    parked_retries: Table
-    requests: Table
-    dead_letters: Table
-    dead_letters_by_time: Table
-    replay_ledger: Table
-    stats: Table
+    parked_retries: TableT
+    requests: TableT
+    dead_letters: TableT
+    dead_letters_by_time: TableT
+    replay_ledger: TableT
+    stats: TableT
 
     def tier(self, index: int) -> TierTopic:
         return self.tiers[index]
@@ -79,7 +79,7 @@ def declare(app: faust.App, settings: Settings) -> Topology:
     def topic(name: str) -> TopicT:
         return app.topic(name, partitions=settings.partitions, schema=_raw())
 
-    def table(name: str, help: str) -> Table:
+    def table(name: str, help: str) -> TableT:
         return app.Table(
             name,
             partitions=settings.partitions,

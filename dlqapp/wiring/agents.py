@@ -15,10 +15,10 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from aiokafka.errors import KafkaError
-from faust import EventT, StreamT
+from faust import EventT, Stream, StreamT
 from faust.types import AgentT
 
 from dlqapp.core.errors import ErrorClass
@@ -105,6 +105,12 @@ def register_agents(app: Any, parts: Any) -> Agents:
     return Agents(operator=operator)
 
 
+def manual_acks(stream: StreamT) -> StreamT:
+    """`stream.noack()`: the agent acks each event itself. Faust hands agents its `Stream`,
+    whose `noack` the `StreamT` interface does not declare."""
+    return cast(Stream, stream).noack()
+
+
 class _Handlers:
     """The agent bodies, and what they do when a handler fails."""
 
@@ -178,7 +184,7 @@ class _Handlers:
         Each event is acked once its outputs are committed: at once under at-least-once,
         at its partition's next commit under exactly-once (the next event need not wait
         for it; acks stay in offset order, a partition's commits being in order)."""
-        async for event in stream.noack().events():
+        async for event in manual_acks(stream).events():
             self.watch(event)
             try:
                 barrier = changelog_barrier(wait_for_commit=False)
@@ -208,11 +214,14 @@ class _Handlers:
             )
             gate.pause_fetching_when(feed.backlogged)
             pump = asyncio.create_task(feed.run())
-            pump.add_done_callback(
-                lambda task: task.cancelled() or task.exception() is None or self.fatal(task.exception())
-            )
+
+            def stop_if_failed(task: asyncio.Task[None]) -> None:
+                if not task.cancelled() and (exc := task.exception()) is not None:
+                    self.fatal(exc)
+
+            pump.add_done_callback(stop_if_failed)
             try:
-                async for event in stream.noack().events():
+                async for event in manual_acks(stream).events():
                     self.watch(event)
                     record = self.record(event)
                     await feed.put(record.partition, event, lambda record=record: pipeline.on_input(record, topic))
@@ -227,7 +236,7 @@ class _Handlers:
         async def due(stream: StreamT) -> None:
             """Due retries handed over by the timer: attempted ahead of fresh input."""
             window = self.window(DUE_WINDOW)
-            async for event in stream.noack().events():
+            async for event in manual_acks(stream).events():
                 self.watch(event)
                 record = self.record(event)
                 await window.submit(record.partition, event, lambda record=record: scheduler.on_due(record))
@@ -239,7 +248,7 @@ class _Handlers:
 
         async def park(stream: StreamT) -> None:
             window = self.window()
-            async for event in stream.noack().events():
+            async for event in manual_acks(stream).events():
                 self.watch(event)
                 record = self.record(event)
                 await window.submit(
@@ -273,9 +282,8 @@ class _Handlers:
                 except ValueError as exc:  # not a command: dead-letter it (it was not an operator's)
                     event = stream.current_event
                     if event is not None:
-                        async with (
-                            changelog_barrier()
-                        ):  # a stream step of its own: its send joins the partition's transaction
+                        # a stream step of its own: its send joins the partition's transaction
+                        async with changelog_barrier():
                             await dead_letters.write_unprocessable(
                                 self.record(event),
                                 ErrorClass.INVALID_REQUEST,

@@ -16,6 +16,7 @@ it cannot reach) exits with `FAILED_AT_START_EXIT_CODE` and the error, never a r
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -62,8 +63,6 @@ def after_grace(seconds: float, then: Callable[[], Any]) -> None:
 def _exec_self() -> None:
     """Replace this process with a fresh run of the same command line."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):  # a closed stream: nothing to flush
             stream.flush()
-        except Exception:  # a closed stream: nothing to flush
-            pass
     os.execv(sys.executable, list(sys.orig_argv))

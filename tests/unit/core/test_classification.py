@@ -1,4 +1,3 @@
-
 import pytest
 
 from dlqapp.core.errors import (

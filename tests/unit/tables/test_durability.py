@@ -208,7 +208,7 @@ async def test_a_failed_step_still_sends_what_it_wrote_and_the_failure_propagate
 
 @synchronously
 async def test_the_changelog_offset_is_noted_after_the_broker_confirmed_and_at_most_every_interval(table, monkeypatch):
-    table, producer = table
+    table, _ = table
     now = [1000.0]
     monkeypatch.setattr(durability, "monotonic", lambda: now[0])
     event = in_stream(0)
