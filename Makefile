@@ -1,11 +1,11 @@
 # dlqapp: the two set-up commands, and a few more.
-.PHONY: run test unit chaos interop bench venv kafka-start kafka-stop clean
+.PHONY: run test unit lint chaos interop bench venv kafka-start kafka-stop clean
 
 run:            ## Kafka + one worker (simulated backend) in the foreground; Ctrl-C stops both
 	@scripts/run
 
 TEST_WORKERS ?= 2
-test:           ## the whole suite (TEST_WORKERS test files at a time); starts (and stops) its own Kafka unless KAFKA_BOOTSTRAP is set
+test:           ## make lint, then the whole suite (TEST_WORKERS test files at a time); starts (and stops) its own Kafka unless KAFKA_BOOTSTRAP is set
 	@scripts/test -n $(TEST_WORKERS) --dist loadgroup
 
 chaos:          ## the full-size chaos suite (100k requests, kill -9, broker restart, 3 workers, a 3-broker cluster)
@@ -17,8 +17,11 @@ interop:        ## the whole gateway interop group (a real LiteLLM proxy, Kafka'
 bench:          ## benchmarks side by side with the baselines (about 60 min); writes bench/results/
 	@scripts/venv test && .venv/bin/python bench/run.py
 
-unit:           ## only the fast unit tests (no broker)
-	@scripts/venv test && .venv/bin/python -m pytest tests/unit -q
+unit:           ## make lint, then only the fast unit tests (no broker)
+	@scripts/lint && .venv/bin/python -m pytest tests/unit -q
+
+lint:           ## the static checks: ruff format --check, ruff check, mypy (venv's pinned versions; config in pyproject.toml)
+	@scripts/lint
 
 venv:
 	@scripts/venv test

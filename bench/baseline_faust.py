@@ -40,6 +40,7 @@ def build(args: argparse.Namespace, ready_fd: int) -> faust.App:
     async def pass_through(stream: faust.StreamT) -> None:
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency))
         slots = asyncio.Semaphore(args.concurrency)
+        handling: set[asyncio.Future[None]] = set()  # a reference to each task until it is done
 
         async def handle(event: faust.EventT) -> None:
             try:
@@ -51,7 +52,9 @@ def build(args: argparse.Namespace, ready_fd: int) -> faust.App:
 
         async for event in stream.noack().events():
             await slots.acquire()
-            asyncio.ensure_future(handle(event))
+            task = asyncio.ensure_future(handle(event))
+            handling.add(task)
+            task.add_done_callback(handling.discard)
 
     @app.task
     async def say_ready() -> None:

@@ -112,16 +112,20 @@ def run_demo(bootstrap: str, tmp: Path, runs: int = 3) -> dict[str, Any]:
 
 def markdown(demo: dict[str, Any]) -> list[str]:
     lines = [
-        f"### The README demo ({COUNT} requests at 100/s, 10 % failing for good), {len(demo['runs'])} runs, median (min–max)",
+        f"### The README demo ({COUNT} requests at 100/s, 10 % failing for good), {len(demo['runs'])} runs, median "
+        "(min–max)",
         "",
-        f"Breaker moves: {demo['breaker_moves']['median']:g} (max {demo['breaker_moves']['max']:g}); counts equal the topics in every run: {demo['counts_agree']}.",
+        f"Breaker moves: {demo['breaker_moves']['median']:g} (max {demo['breaker_moves']['max']:g}); counts equal "
+        f"the topics in every run: {demo['counts_agree']}.",
         "",
         "| tier | retries | lateness p50 (ms) | p99 (ms) | max (ms) |",
         "|---|---|---|---|---|",
     ]
     for tier, f in demo["lateness_by_tier"].items():
         lines.append(
-            f"| {tier} | {f['count']['median']:g} | {f['p50_ms']['median']:g} ({f['p50_ms']['min']:g}–{f['p50_ms']['max']:g}) | "
-            f"{f['p99_ms']['median']:g} ({f['p99_ms']['min']:g}–{f['p99_ms']['max']:g}) | {f['max_ms']['median']:g} ({f['max_ms']['min']:g}–{f['max_ms']['max']:g}) |"
+            f"| {tier} | {f['count']['median']:g} | {f['p50_ms']['median']:g} "
+            f"({f['p50_ms']['min']:g}–{f['p50_ms']['max']:g}) | "
+            f"{f['p99_ms']['median']:g} ({f['p99_ms']['min']:g}–{f['p99_ms']['max']:g}) | {f['max_ms']['median']:g} "
+            f"({f['max_ms']['min']:g}–{f['max_ms']['max']:g}) |"
         )
     return lines

@@ -74,7 +74,7 @@ def markdown(r: dict[str, Any]) -> str:
         ("guarantee", _md_guarantee),
     ):
         if section in r:
-            lines += render(r[section]) + [""]
+            lines += [*render(r[section]), ""]
     return "\n".join(lines)
 
 
@@ -82,9 +82,11 @@ def _md_throughput(t: dict[str, Any]) -> list[str]:
     lines = ["| System | Requests/s (median) | Runs |", "|---|---|---|"]
     for name in SYSTEMS:
         lines.append(f"| {name} | {t[name]['requests_per_s']:.1f} | {', '.join(f'{x:.1f}' for x in t[name]['runs'])} |")
-    return lines + [
+    return [
+        *lines,
         "",
-        f"dlqapp / A = **{t['ratio_dlqapp_to_a']:.1f}×**, dlqapp / B = **{t['ratio_dlqapp_to_b']:.2f}×** (10% failures: {t['ratio_dlqapp_10pct_to_b']:.2f}× of B)",
+        f"dlqapp / A = **{t['ratio_dlqapp_to_a']:.1f}×**, dlqapp / B = **{t['ratio_dlqapp_to_b']:.2f}×** (10% "
+        f"failures: {t['ratio_dlqapp_10pct_to_b']:.2f}× of B)",
     ]
 
 
@@ -102,7 +104,8 @@ def _md_cost_rows(section: dict[str, Any], systems: tuple[str, ...]) -> list[str
         v = section[name]
         runs = ", ".join(f"{row['requests_per_s']:.1f}" for row in v["runs"])
         lines.append(
-            f"| {name} | {_cell(v['requests_per_s'])} | {runs} | {_cell(v['cpu_s_per_1k'], 2)} | {_cell(v['mock_cpu_s_per_1k'], 2)} |"
+            f"| {name} | {_cell(v['requests_per_s'])} | {runs} | {_cell(v['cpu_s_per_1k'], 2)} | "
+            f"{_cell(v['mock_cpu_s_per_1k'], 2)} |"
         )
     return lines
 
@@ -124,7 +127,8 @@ def _md_guarantee(g: dict[str, Any]) -> list[str]:
         lines.append(f"exactly_once / at_least_once = {_md_ratio(section['ratio_exactly_once_to_at_least_once'])}")
         lines.append("")
     lines.append(
-        f"exactly_once at the LLM scale / ceiling ({g['llm_scale']['ceiling_per_s']:.0f}/s) = **{g['llm_scale']['exactly_once_to_ceiling']:.2f}×**"
+        f"exactly_once at the LLM scale / ceiling ({g['llm_scale']['ceiling_per_s']:.0f}/s) = "
+        f"**{g['llm_scale']['exactly_once_to_ceiling']:.2f}×**"
     )
     lines += ["", "| Guarantee | Rate | e2e p50 ms | e2e p99 ms |", "|---|---|---|---|"]
     for mode, figures in g["paced"].items():
@@ -141,22 +145,26 @@ def _md_overhead(o: dict[str, Any]) -> list[str]:
     lines += _md_cost_rows(
         o, ("baseline_b_aiokafka", "baseline_c_faust", "dlqapp_0pct_failures", "dlqapp_10pct_failures")
     )
-    return lines + [
+    return [
+        *lines,
         "",
-        f"dlqapp / B = {_md_ratio(o['ratio_dlqapp_to_b'])}; dlqapp / C (Faust's floor) = {_md_ratio(o['ratio_dlqapp_to_c'])}; C / B = {_md_ratio(o['ratio_c_to_b'])}; "
+        f"dlqapp / B = {_md_ratio(o['ratio_dlqapp_to_b'])}; dlqapp / C (Faust's floor) = "
+        f"{_md_ratio(o['ratio_dlqapp_to_c'])}; C / B = {_md_ratio(o['ratio_c_to_b'])}; "
         f"dlqapp with 10% transient failures / dlqapp at 0% = {_md_ratio(o['ratio_10pct_to_0pct'])}",
     ]
 
 
 def _md_llm_scale(s: dict[str, Any]) -> list[str]:
     lines = [
-        f"## llm_scale: mock LLM at {s['latency_ms']} ± {s['jitter_ms']} ms, {s['concurrency']} in flight (ceiling {s['ceiling_per_s']:.0f}/s), {s['requests']:,} requests per run",
+        f"## llm_scale: mock LLM at {s['latency_ms']} ± {s['jitter_ms']} ms, {s['concurrency']} in flight (ceiling "
+        f"{s['ceiling_per_s']:.0f}/s), {s['requests']:,} requests per run",
         "",
     ]
     lines += _md_cost_rows(s, ("baseline_b_aiokafka", "dlqapp_0pct_failures"))
     lines += [
         "",
-        f"dlqapp / B = {_md_ratio(s['ratio_dlqapp_to_b'])}; dlqapp / ceiling = **{s['ratio_dlqapp_to_ceiling']:.2f}×**, B / ceiling = {s['ratio_b_to_ceiling']:.2f}×",
+        f"dlqapp / B = {_md_ratio(s['ratio_dlqapp_to_b'])}; dlqapp / ceiling = "
+        f"**{s['ratio_dlqapp_to_ceiling']:.2f}×**, B / ceiling = {s['ratio_b_to_ceiling']:.2f}×",
         "",
     ]
     rss = s["rss"]
@@ -188,14 +196,17 @@ def _md_lateness(lateness: dict[str, Any]) -> list[str]:
     for label in LATENESS_SCENARIOS:
         for tier, v in lateness[label].items():
             lines.append(
-                f"| {label} | {tier} | {v['n']} | {cell(v['p50_ms'])} | {cell(v['p99_ms'])} | {v['max_ms']} | {cell(lateness[label + '_loop_lag_max_ms'])} |"
+                f"| {label} | {tier} | {v['n']} | {cell(v['p50_ms'])} | {cell(v['p99_ms'])} | {v['max_ms']} | "
+                f"{cell(lateness[label + '_loop_lag_max_ms'])} |"
             )
     worst = lambda label: cell(lateness[label + "_worst_tier_p99_ms"])  # noqa: E731
     lines += [
         "",
-        f"Worst tier p99: idle {worst('idle')} ms, paced under the flood {worst('paced_under_flood')} ms, burst {worst('burst')} ms, "
-        f"burst under the flood {worst('under_flood')} ms. At the median: paced flood / idle **{lateness['paced_flood_to_idle_worst_tier_p99']:.1f}×**, "
-        f"burst flood / burst **{lateness['flood_to_burst_worst_tier_p99']:.1f}×**, burst flood / idle {lateness['flood_to_idle_worst_tier_p99']:.1f}×",
+        f"Worst tier p99: idle {worst('idle')} ms, paced under the flood {worst('paced_under_flood')} ms, "
+        f"burst {worst('burst')} ms, burst under the flood {worst('under_flood')} ms. "
+        f"At the median: paced flood / idle **{lateness['paced_flood_to_idle_worst_tier_p99']:.1f}×**, "
+        f"burst flood / burst **{lateness['flood_to_burst_worst_tier_p99']:.1f}×**, "
+        f"burst flood / idle {lateness['flood_to_idle_worst_tier_p99']:.1f}×",
     ]
     return lines
 
@@ -203,11 +214,13 @@ def _md_lateness(lateness: dict[str, Any]) -> list[str]:
 def _md_timer(timer: dict[str, Any]) -> list[str]:
     churn = next(iter(timer.values()))["after_churn"]
     lines = [
-        f"| Timer tick (standalone scan) | Tick ms (median) | Ratio to 1k | Disk bytes/entry | After {churn:,} fired: from first key ms | from kept start ms |",
+        "| Timer tick (standalone scan) | Tick ms (median) | Ratio to 1k | Disk bytes/entry "
+        f"| After {churn:,} fired: from first key ms | from kept start ms |",
         "|---|---|---|---|---|---|",
     ]
     return lines + [
-        f"| {int(size):,} parked | {v['tick_ms_median']:.3f} | {v['tick_ratio_to_1k']:.2f} | {v['disk_bytes_per_entry']:.0f} "
+        f"| {int(size):,} parked | {v['tick_ms_median']:.3f} | {v['tick_ratio_to_1k']:.2f} "
+        f"| {v['disk_bytes_per_entry']:.0f} "
         f"| {v['tick_after_churn_from_first_key_ms']:.3f} | {v['tick_after_churn_from_kept_start_ms']:.3f} |"
         for size, v in timer.items()
     ]
@@ -217,21 +230,26 @@ def _md_parked_scale(scale: dict[str, Any]) -> list[str]:
     lines = [
         f"Worker RSS with nothing parked (after warm-up): {scale['empty_worker_rss_bytes'] / 2**20:.0f} MiB",
         "",
-        "| Worker holding | Load s | RSS MiB | Peak RSS MiB | RSS bytes/parked | per parked since the previous level | Lateness p50 ms | p99 ms | max ms | p99 ratio to first |",
+        "| Worker holding | Load s | RSS MiB | Peak RSS MiB | RSS bytes/parked | per parked since the previous level "
+        "| Lateness p50 ms | p99 ms | max ms | p99 ratio to first |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level, v in scale.items():
         if isinstance(v, dict):
             lines.append(
-                f"| {int(level):,} parked | {v['load_s']} | {v['rss_bytes'] / 2**20:.0f} | {v['peak_rss_bytes'] / 2**20:.0f} | {v['rss_bytes_per_parked']:.0f} | {v['rss_bytes_per_added_parked']:.0f} "
-                f"| {v['lateness_p50_ms']} | {v['lateness_p99_ms']} | {v['lateness_max_ms']} | {v['lateness_p99_ratio_to_first']:.2f} |"
+                f"| {int(level):,} parked | {v['load_s']} | {v['rss_bytes'] / 2**20:.0f} "
+                f"| {v['peak_rss_bytes'] / 2**20:.0f} | {v['rss_bytes_per_parked']:.0f} "
+                f"| {v['rss_bytes_per_added_parked']:.0f} "
+                f"| {v['lateness_p50_ms']} | {v['lateness_p99_ms']} | {v['lateness_max_ms']} "
+                f"| {v['lateness_p99_ratio_to_first']:.2f} |"
             )
     return lines
 
 
 def _md_recovery(rec: dict[str, Any]) -> list[str]:
     return [
-        f"Recovery with {rec['parked']:,} parked retries: kill -9 → ready {rec['kill_to_ready_s']} s, → processing {rec['kill_to_processing_s']} s; {rec['parked_after_restart']:,} parked after restart."
+        f"Recovery with {rec['parked']:,} parked retries: kill -9 → ready {rec['kill_to_ready_s']} s, → processing "
+        f"{rec['kill_to_processing_s']} s; {rec['parked_after_restart']:,} parked after restart."
     ]
 
 
@@ -242,22 +260,26 @@ def _md_partitions(p: dict[str, Any]) -> list[str]:
     ]
     for count, f in p.items():
         lines.append(
-            f"| {count} | {_cell(f['start_to_ready_s'])} | {_cell(f['rss_mib'], 0)} | {_cell(f['idle_cpu_pct'])} | {_cell(f['loop_lag_ms'], 0)} |"
+            f"| {count} | {_cell(f['start_to_ready_s'])} | {_cell(f['rss_mib'], 0)} | {_cell(f['idle_cpu_pct'])} | "
+            f"{_cell(f['loop_lag_ms'], 0)} |"
         )
     return lines
 
 
 def _md_scale_out(o: dict[str, Any]) -> list[str]:
     lines = [
-        f"Workers joining under {o['rate_per_s']} requests/s ({o['requests']:,} requests a run, {o['partitions']} partitions, 1 s backend latency, 10% failing once; "
+        f"Workers joining under {o['rate_per_s']} requests/s ({o['requests']:,} requests a run, "
+        f"{o['partitions']} partitions, 1 s backend latency, 10% failing once; "
         f"median (min–max) of {o['runs']} runs): lost {o['lost']}.",
         "",
-        "| Step | Results/s | Latency p50, s | Latency p99, s | Retry lateness p50, ms | Retry lateness p99, ms | Longest pause, s |",
+        "| Step | Results/s | Latency p50, s | Latency p99, s "
+        "| Retry lateness p50, ms | Retry lateness p99, ms | Longest pause, s |",
         "|---|---|---|---|---|---|---|",
     ]
     for label, f in o["steps"].items():
         lines.append(
-            f"| {label} | {_cell(f['results_per_s'])} | {_cell(f['latency_p50_s'])} | {_cell(f['latency_p99_s'])} | {_cell(f['retry_lateness_p50_ms'], 0)} "
+            f"| {label} | {_cell(f['results_per_s'])} | {_cell(f['latency_p50_s'])} | {_cell(f['latency_p99_s'])} "
+            f"| {_cell(f['retry_lateness_p50_ms'], 0)} "
             f"| {_cell(f['retry_lateness_p99_ms'], 0)} | {_cell(f['longest_pause_s'])} |"
         )
     return lines
@@ -267,34 +289,41 @@ def _md_stats_cost(cost: dict[str, Any]) -> list[str]:
     rows = [
         "## /dlq/stats/ and /metrics cost (median of runs, min–max)",
         "",
-        "| request states in the table | start s (1st run restores) | stats p50 ms | stats p99 ms | metrics p50 ms | metrics p99 ms | RSS MiB |",
+        "| request states in the table | start s (1st run restores) "
+        "| stats p50 ms | stats p99 ms | metrics p50 ms | metrics p99 ms | RSS MiB |",
         "|---|---|---|---|---|---|---|",
     ]
     cell = lambda s: f"{s['median']:.1f} ({s['min']:.1f}–{s['max']:.1f})"  # noqa: E731
     for row in cost.values():
         if isinstance(row, dict) and "requests" in row:
             rows.append(
-                f"| {row['requests']:,} | {cell(row['start_s'])} | {cell(row['stats_p50_ms'])} | {cell(row['stats_p99_ms'])} | {cell(row['metrics_p50_ms'])} | {cell(row['metrics_p99_ms'])} | {cell(row['rss_mib'])} |"
+                f"| {row['requests']:,} | {cell(row['start_s'])} | {cell(row['stats_p50_ms'])} | "
+                f"{cell(row['stats_p99_ms'])} | {cell(row['metrics_p50_ms'])} | {cell(row['metrics_p99_ms'])} | "
+                f"{cell(row['rss_mib'])} |"
             )
     ratio = cost["p99_ratio_large_to_small"]
     rows.append(
-        f"\nstats p99 ratio, large to small, per run: median {ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f}×)"
+        f"\nstats p99 ratio, large to small, per run: median {ratio['median']:.2f}× "
+        f"({ratio['min']:.2f}–{ratio['max']:.2f}×)"
     )
     return rows
 
 
 def _md_flow_control(flow: dict[str, Any]) -> list[str]:
     rows = [
-        f"## Flow control: {flow['requests']:,} requests, provider limited to {flow['provider_rpm']} rpm, {flow['latency_ms']} ms latency",
+        f"## Flow control: {flow['requests']:,} requests, provider limited to {flow['provider_rpm']} rpm, "
+        f"{flow['latency_ms']} ms latency",
         "",
-        "| dlqapp | 429s sent | share of calls | attempts per request | succeeded | dead-lettered | completion s | outcomes/min |",
+        "| dlqapp | 429s sent | share of calls | attempts per request "
+        "| succeeded | dead-lettered | completion s | outcomes/min |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name in FLOW_SETUPS:
         if name in flow:
             v = flow[name]
             rows.append(
-                f"| {name} | {v['429s']:,} | {v['429_share']:.1%} | {v['attempts_per_request']:.2f} | {v['succeeded']:,} | {v['dead_lettered']:,} | {v['completion_s']} | {v['outcomes_per_min']} |"
+                f"| {name} | {v['429s']:,} | {v['429_share']:.1%} | {v['attempts_per_request']:.2f} | "
+                f"{v['succeeded']:,} | {v['dead_lettered']:,} | {v['completion_s']} | {v['outcomes_per_min']} |"
             )
     return rows
 
@@ -334,12 +363,12 @@ def _plot_throughput(plt: Any, throughput: dict[str, Any], out: Path) -> None:
 
 def _plot_cost(plt: Any, loads: list[tuple[str, dict[str, Any]]], out: Path) -> None:
     fig, axes = plt.subplots(1, len(loads), figsize=(5 * len(loads), 4), squeeze=False)
-    for ax, (name, section) in zip(axes[0], loads):
+    for ax, (name, section) in zip(axes[0], loads, strict=True):
         systems = [n for n in COST_LABELS if n in section]
         medians = [section[n]["requests_per_s"]["median"] for n in systems]
         errors = [
-            [m - section[n]["requests_per_s"]["min"] for n, m in zip(systems, medians)],
-            [section[n]["requests_per_s"]["max"] - m for n, m in zip(systems, medians)],
+            [m - section[n]["requests_per_s"]["min"] for n, m in zip(systems, medians, strict=True)],
+            [section[n]["requests_per_s"]["max"] - m for n, m in zip(systems, medians, strict=True)],
         ]
         ax.bar(
             [COST_LABELS[n][0] for n in systems],

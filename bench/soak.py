@@ -221,11 +221,14 @@ def markdown(soak: dict[str, Any]) -> list[str]:
     g, c = soak["goals"], soak["config"]
     late = g["lateness_p99_ms_steady"] or {}
     lines = [
-        f"### Soak: {c['rate_per_s']} requests/s for {c['duration_s'] / 60:g} min, {c['fail_once']} fail once, {c['fail_always']} always, a {c['outage_s']} s outage halfway",
+        f"### Soak: {c['rate_per_s']} requests/s for {c['duration_s'] / 60:g} min, {c['fail_once']} fail once, "
+        f"{c['fail_always']} always, a {c['outage_s']} s outage halfway",
         "",
         f"Produced {soak['produced']:,}, lost {soak['lost']}, duplicate outcomes {soak['duplicate_outcomes']}. "
-        f"Breaker moves: {g['moves_before_outage']} before the outage, {g['moves_during_outage']} around it, {g['moves_after_outage']} after. "
-        f"Steady state: lag at most {g['max_lag_steady']} (goal below {g['lag_goal']}), lateness p99 median {late.get('median')} ms (max {late.get('max')} ms); "
+        f"Breaker moves: {g['moves_before_outage']} before the outage, {g['moves_during_outage']} around it, "
+        f"{g['moves_after_outage']} after. "
+        f"Steady state: lag at most {g['max_lag_steady']} (goal below {g['lag_goal']}), lateness p99 median "
+        f"{late.get('median')} ms (max {late.get('max')} ms); "
         f"RSS growth over the last two thirds {g['rss_growth_last_two_thirds']:.1%}."
         if g["rss_growth_last_two_thirds"] is not None
         else "",
@@ -235,7 +238,8 @@ def markdown(soak: dict[str, Any]) -> list[str]:
     ]
     for r in soak["series"]:
         lines.append(
-            f"| {r['t_s']:.0f} | {r['in_per_s']} | {r['out_per_s']} | {r['consumer_lag']} | {r['lateness_p99_ms']} | {r['breaker']} | {r['moves']} | {r['held']} | {r['rss_mib']} | {r['cpu_pct']} |"
+            f"| {r['t_s']:.0f} | {r['in_per_s']} | {r['out_per_s']} | {r['consumer_lag']} | {r['lateness_p99_ms']} | "
+            f"{r['breaker']} | {r['moves']} | {r['held']} | {r['rss_mib']} | {r['cpu_pct']} |"
         )
     return lines
 
@@ -257,7 +261,7 @@ def plot(soak: dict[str, Any], out: Path) -> None:
         ([("rss_mib", "RSS"), ("cpu_pct", "CPU %")], "MiB / %"),
     ]
     axes[2].set_yscale("symlog", linthresh=100)
-    for ax, (lines, unit) in zip(axes, panels):
+    for ax, (lines, unit) in zip(axes, panels, strict=True):
         for key, label in lines:
             ax.plot(t, [r[key] if r[key] is not None else float("nan") for r in series], label=label)
         ax.axvspan(

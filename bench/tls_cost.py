@@ -108,7 +108,8 @@ def run_tls_cost(bootstrap: str, tmp: Path, runs: int = 3, requests: int = 0) ->
                         rows[broker.name].append(measure(broker, load, mock, tmp, count))
                         row = rows[broker.name][-1]
                         print(
-                            f"  {load.name} run {run + 1} {broker.name}: {row['requests_per_s']:.1f} req/s, {row['cpu_s_per_1k']:.2f} CPU s/1k",
+                            f"  {load.name} run {run + 1} {broker.name}: {row['requests_per_s']:.1f} req/s, "
+                            f"{row['cpu_s_per_1k']:.2f} CPU s/1k",
                             flush=True,
                         )
             finally:
@@ -135,7 +136,8 @@ def run_tls_cost(bootstrap: str, tmp: Path, runs: int = 3, requests: int = 0) ->
 
 def markdown(cost: dict[str, Any]) -> list[str]:
     lines = [
-        f"### TLS cost: dlqapp on plaintext beside SASL_SSL ({cost['security']}), {cost['runs']} runs each, median (min–max)",
+        f"### TLS cost: dlqapp on plaintext beside SASL_SSL ({cost['security']}), "
+        f"{cost['runs']} runs each, median (min–max)",
         "",
         "| load | broker | requests/s | CPU s per 1,000 |",
         "|---|---|---|---|",
@@ -147,7 +149,9 @@ def markdown(cost: dict[str, Any]) -> list[str]:
         for broker in ("plaintext", "sasl_ssl"):
             r, c = section[broker]["requests_per_s"], section[broker]["cpu_s_per_1k"]
             lines.append(
-                f"| {load} ({section['latency_ms']} ms, {section['concurrency']} in flight) | {broker} | {r['median']:.0f} ({r['min']:.0f}–{r['max']:.0f}) | {c['median']:.2f} ({c['min']:.2f}–{c['max']:.2f}) |"
+                f"| {load} ({section['latency_ms']} ms, {section['concurrency']} in flight) | {broker} | "
+                f"{r['median']:.0f} ({r['min']:.0f}–{r['max']:.0f}) | "
+                f"{c['median']:.2f} ({c['min']:.2f}–{c['max']:.2f}) |"
             )
         ratio = section["ratio_sasl_ssl_to_plaintext"]
         lines.append(

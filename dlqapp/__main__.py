@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 
 def main() -> None:
     """Run Faust's command line with this app."""
@@ -13,4 +11,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -115,7 +115,7 @@ class SecureKafka:
             results = list(
                 pool.map(lambda line: self.kafka_tool("org.apache.kafka.tools.AclCommand", *line.split()), lines)
             )
-        for line, result in zip(lines, results):
+        for line, result in zip(lines, results, strict=True):
             assert result.returncode == 0, f"AclCommand {line}: {result.stderr[-2000:]}"
         return lines
 

@@ -48,6 +48,21 @@ def wait_until(
         time.sleep(interval)
 
 
+def page_with_total(worker: Worker, path: str, total: int) -> Callable[[], Any]:
+    """A `wait_until` predicate: the page `worker` answers at `path`, once its `total` is `total`."""
+
+    def page() -> Any:
+        body = worker.get(path)[1]
+        return body.get("total") == total and body
+
+    return page
+
+
+def in_state(worker: Worker, state: str, *request_ids: str) -> Callable[[], bool]:
+    """A `wait_until` predicate: `worker` shows every one of `request_ids` in `state`."""
+    return lambda: all(worker.get(f"/requests/{rid}/")[1]["state"] == state for rid in request_ids)
+
+
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
@@ -162,14 +177,14 @@ class Worker:
         }
 
     def start(self, wait: bool = True) -> Worker:
-        log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [str(FAUST), "-A", "dlqapp", "worker", "-l", "info", "--web-port", str(self.web_port)],
-            cwd=self.tmp,
-            env=self.env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+        with open(self.log_path, "ab") as log:  # the worker writes to its own copy of the handle
+            self.process = subprocess.Popen(
+                [str(FAUST), "-A", "dlqapp", "worker", "-l", "info", "--web-port", str(self.web_port)],
+                cwd=self.tmp,
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         if wait:
             self.wait_ready()
         return self
@@ -267,10 +282,10 @@ class MockLLM:
         return self.url + "/v1"
 
     def start(self) -> MockLLM:
-        log = open(self.tmp / f"mock-llm-{self.port}.log", "ab")
-        self.process = subprocess.Popen(
-            [str(MOCK_LLM), "--port", str(self.port), *self.args], stdout=log, stderr=subprocess.STDOUT
-        )
+        with open(self.tmp / f"mock-llm-{self.port}.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [str(MOCK_LLM), "--port", str(self.port), *self.args], stdout=log, stderr=subprocess.STDOUT
+            )
         wait_until(lambda: self._up(), 30, "the mock LLM to listen")
         return self
 

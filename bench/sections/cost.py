@@ -31,7 +31,8 @@ Lineup = dict[str, tuple[Callable[[], Running], MockLLM]]
 def ratios(section: dict[str, Any], system: str, base: str) -> dict[str, Any]:
     """`system` / `base` in requests/s: of the medians, and per run (each run measured both in turn)."""
     per_run = [
-        a["requests_per_s"] / b["requests_per_s"] for a, b in zip(section[system]["runs"], section[base]["runs"])
+        a["requests_per_s"] / b["requests_per_s"]
+        for a, b in zip(section[system]["runs"], section[base]["runs"], strict=True)
     ]
     return {
         "of_medians": section[system]["requests_per_s"]["median"] / section[base]["requests_per_s"]["median"],
@@ -96,7 +97,8 @@ def side_by_side(bench: Bench, section: str, systems: Lineup, count: int, runs: 
             )
             row = rows[name][-1]
             print(
-                f"  run {run + 1} {name}: {row['requests_per_s']:.1f} req/s, {row['cpu_s_per_1k']:.2f} CPU s/1k (mock {row['mock_cpu_s_per_1k']:.2f})",
+                f"  run {run + 1} {name}: {row['requests_per_s']:.1f} req/s, {row['cpu_s_per_1k']:.2f} CPU s/1k "
+                f"(mock {row['mock_cpu_s_per_1k']:.2f})",
                 flush=True,
             )
     out: dict[str, Any] = {"requests": count}

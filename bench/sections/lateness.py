@@ -31,8 +31,8 @@ def probe_lateness(
     bootstrap: str, worker: Worker, probes: int, flood_size: int = 0, per_second: int | None = None
 ) -> dict[str, list[float]]:
     """Lateness (attempt start − scheduled_time, ms) per tier of `probes` requests that fail
-    three times (a retryable error of their own, not an outage): all at once (their retries fall due together), or `per_second`; optionally
-    while `flood_size` fresh requests arrive."""
+    three times (a retryable error of their own, not an outage): all at once (their retries
+    fall due together), or `per_second`; optionally while `flood_size` fresh requests arrive."""
     ids = unique_ids("probe", probes)
     # a request's own retryable failure: a burst of 5xx would look like an outage and open the
     # circuit breaker, which holds retries by design (README, Circuit breaker)
@@ -107,7 +107,9 @@ def lateness(bench: Bench) -> dict[str, Any]:
     flood = 300 if bench.quick else 20_000
     runs = 1 if bench.quick else LATENESS_RUNS
     out: dict[str, Any] = {}
-    scenarios = tuple(zip(LATENESS_SCENARIOS, (0, flood, 0, flood), (PROBES_PER_S, PROBES_PER_S, None, None)))
+    scenarios = tuple(
+        zip(LATENESS_SCENARIOS, (0, flood, 0, flood), (PROBES_PER_S, PROBES_PER_S, None, None), strict=True)
+    )
     for label, flood_size, per_second in scenarios:
         per_run: list[dict[str, Any]] = []
         samples: list[float] = []

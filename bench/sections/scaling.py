@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import pairwise
 from typing import Any
 
 from bench.drivers import LoopLagSampler, produce_paced, wait_results
@@ -68,8 +69,8 @@ def scale_out(bench: Bench) -> dict[str, Any]:
     long, requests at `SCALE_RATE` per second on the simulated backend at 1 s latency
     (one worker's ceiling: DLQ_CONCURRENCY per second), 10% failing once (a retry each,
     1 s later). Per step: results per second, request latency (input written → result
-    written), retry lateness (attempt − due time), the longest pause between results; at the end, every request's outcome. Median
-    and range of `SCALE_RUNS` runs."""
+    written), retry lateness (attempt − due time), the longest pause between results; at
+    the end, every request's outcome. Median and range of `SCALE_RUNS` runs."""
     step_s = 10 if bench.quick else SCALE_STEP_S
     rate = 30 if bench.quick else SCALE_RATE
     runs = [_scale_once(bench, step_s, rate) for _ in range(1 if bench.quick else SCALE_RUNS)]
@@ -130,7 +131,7 @@ def _step_figures(outcomes: list[Record], sent: dict[str, int], low: float, high
         for r in outcomes
         if low <= r.timestamp < high and r.key.decode() in sent
     ]
-    gaps = [b - a for a, b in zip(inside, inside[1:])]
+    gaps = [b - a for a, b in pairwise(inside)]
     retried = [r for r in outcomes if low <= r.timestamp < high and r.topic.endswith("results")]
     late = [a["at"] - a["scheduled"] for r in retried for a in (r.json.get("history") or [])[1:] if a.get("scheduled")]
     return {

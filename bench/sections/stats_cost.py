@@ -29,7 +29,7 @@ def seed_request_states(bootstrap: str, changelog: str, count: int) -> list[str]
     for i in range(0, count, 50_000):
         chunk = ids[i : i + 50_000]
         values = [states.transition(None, rid, states.SUCCEEDED, at, attempts=1).encode() for rid in chunk]
-        produce(bootstrap, changelog, [(rid.encode(), value) for rid, value in zip(chunk, values)])
+        produce(bootstrap, changelog, [(rid.encode(), value) for rid, value in zip(chunk, values, strict=True)])
     return ids
 
 
@@ -99,5 +99,7 @@ def stats_cost(bench: Bench) -> dict[str, Any]:
             **{name: spread([row[name] for row in rows]) for name in rows[0]},
         }
     small, large = (samples[n] for n in sizes)
-    out["p99_ratio_large_to_small"] = spread([b["stats_p99_ms"] / a["stats_p99_ms"] for a, b in zip(small, large)])
+    out["p99_ratio_large_to_small"] = spread(
+        [b["stats_p99_ms"] / a["stats_p99_ms"] for a, b in zip(small, large, strict=True)]
+    )
     return out

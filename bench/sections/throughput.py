@@ -68,16 +68,17 @@ def _start_paced(bench: Bench, name: str, count: int) -> tuple[str, str, Callabl
 def paced_latency(bench: Bench) -> dict[str, Any]:
     """End-to-end p50/p99 at a steady rate well below capacity (produce → result)."""
     rate, seconds = (50, 2) if bench.quick else (200, 15)
+    count = rate * seconds
     out = {}
     for name in ("baseline_b_aiokafka", "dlqapp_0pct_failures"):
-        input_topic, results_topic, stop = _start_paced(bench, name, rate * seconds)
+        input_topic, results_topic, stop = _start_paced(bench, name, count)
         try:
-            ids = unique_ids("p", rate * seconds)
+            ids = unique_ids("p", count)
             produce_paced(bench.bootstrap, input_topic, requests_for(ids), rate)
             results = wait_results(bench.bootstrap, results_topic, ids, timeout=300)
             inputs = {
                 r.key.decode(): r.timestamp
-                for r in read_topic(bench.bootstrap, input_topic, lambda rs: len(rs) >= len(ids), 60)
+                for r in read_topic(bench.bootstrap, input_topic, lambda rs: len(rs) >= count, 60)
             }
             e2e = [r.timestamp - inputs[r.key.decode()] for r in results]
             out[name] = {"rate_per_s": rate, "e2e_p50_ms": percentile(e2e, 0.5), "e2e_p99_ms": percentile(e2e, 0.99)}

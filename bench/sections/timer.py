@@ -168,7 +168,8 @@ def parked_scale(bench: Bench) -> dict[str, Any]:
             out[f"{level:,} parked_samples"] = [x for v in per_tier.values() for x in v]
             previous_rss = memory["rss_bytes"]
             print(
-                f"  worker with {level} parked: {json.dumps({k: v for k, v in out[str(level)].items() if k != 'per_tier'})}",
+                f"  worker with {level} parked: "
+                f"{json.dumps({k: v for k, v in out[str(level)].items() if k != 'per_tier'})}",
                 flush=True,
             )
         base = out[str(levels[0])]["lateness_p99_ms"]

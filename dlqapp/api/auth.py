@@ -68,7 +68,9 @@ class AccessPolicy:
         if origin in self.origins:
             return True
         parts = urlsplit(origin)
-        return bool(host_header) and parts.scheme in ("http", "https") and parts.netloc == host_header.strip().lower()
+        if not host_header:
+            return False
+        return parts.scheme in ("http", "https") and parts.netloc == host_header.strip().lower()
 
 
 def refusal(

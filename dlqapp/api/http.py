@@ -80,7 +80,8 @@ async def read_json(request: web.Request) -> Any:
 
 def actor_of(request: web.Request) -> str:
     """Who asked: the X-DLQ-Actor header, else the client address."""
-    return (request.headers.get("X-DLQ-Actor") or f"api@{request.remote}")[:200]
+    # faust's Request type has no `remote`; its aiohttp driver hands views aiohttp's Request, which has
+    return (request.headers.get("X-DLQ-Actor") or f"api@{request.remote}")[:200]  # type: ignore[attr-defined]
 
 
 def command_response(view: web.View, result: dict[str, Any]) -> web.Response:

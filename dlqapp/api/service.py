@@ -97,7 +97,7 @@ class Api:
         if blob is None and not in_flight:
             raise ApiError(404, f"unknown request id {request_id!r}")
         record = StateRecord.decode(blob)
-        state = record.as_dict() if record is not None else {"request_id": request_id, "history": []}
+        state: dict[str, Any] = record.as_dict() if record is not None else {"request_id": request_id, "history": []}
         if in_flight:
             state["state"] = RequestState.IN_FLIGHT
         state["ledger"] = self.parts.operator.ledger_for(request_id)
@@ -129,7 +129,8 @@ class Api:
             logs[states.DEAD_LETTERED] = entry.history or []
         # the attempt history of the request's current state; else the longest one known
         # (`attempts` stays the count the state records)
-        state["attempt_history"] = logs.get(state.get("state")) or max(logs.values(), key=len)
+        current = state.get("state")
+        state["attempt_history"] = (logs.get(current) if current is not None else None) or max(logs.values(), key=len)
         return state
 
     def status(self) -> dict[str, Any]:

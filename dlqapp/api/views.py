@@ -63,7 +63,8 @@ def register_views(app: Any, api: Api) -> None:
     @handled
     async def dlq_local_estimate(self: web.View, request: web.Request) -> web.Response:
         """Estimated prompt tokens of this worker's dead letters (`key=` repeated, or filters)."""
-        keys = request.query.getall("key", [])
+        # faust types `query` as a Mapping; its aiohttp driver's is a MultiDictProxy (repeated keys)
+        keys = request.query.getall("key", [])  # type: ignore[attr-defined]
         return self.json(
             api.replays.local_estimate(keys, None)
             if keys
@@ -172,7 +173,10 @@ def register_views(app: Any, api: Api) -> None:
     @app.page("/metrics")
     async def prometheus_metrics(self: web.View, request: web.Request) -> web.Response:
         """Prometheus text format: Faust's `faust_*` and dlqapp's `dlqapp_*` metrics."""
-        return aiohttp.web.Response(body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        # faust's aiohttp driver serves aiohttp's Response as is; faust's Response type is another class
+        return aiohttp.web.Response(  # type: ignore[return-value]
+            body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
     @app.page("/ui/")
     async def admin_page(self: web.View, request: web.Request) -> web.Response:

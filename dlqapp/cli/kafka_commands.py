@@ -42,13 +42,15 @@ async def generate(
         await producer.start()
     except Exception as exc:
         fail(
-            f"cannot reach Kafka at {settings.kafka_bootstrap} ({exc}); set DLQ_KAFKA_BOOTSTRAP and the DLQ_KAFKA_* security settings",
+            f"cannot reach Kafka at {settings.kafka_bootstrap} ({exc}); "
+            "set DLQ_KAFKA_BOOTSTRAP and the DLQ_KAFKA_* security settings",
             EXIT_UNREACHABLE,
         )
     if settings.input not in (await producer.client.fetch_all_metadata()).topics():
         await producer.stop()
         fail(
-            f"topic {settings.input} does not exist on Kafka at {settings.kafka_bootstrap}: start a worker first (it creates its topics), or check DLQ_TOPIC_PREFIX",
+            f"topic {settings.input} does not exist on Kafka at {settings.kafka_bootstrap}: "
+            "start a worker first (it creates its topics), or check DLQ_TOPIC_PREFIX",
             EXIT_USAGE,
         )
     run_id = f"{prefix}-{now_ms()}"
@@ -100,8 +102,10 @@ async def grow_partitions(self: Any, to: int, as_json: bool) -> None:
         "records_moved": dict(report.records_moved),
     }
     human = (
-        f"grew {len(report.topics_grown)} topics from {report.partitions_before} to {report.partitions_after} partitions; "
-        f"moved {sum(report.entries_moved.values())} table entries and {sum(report.records_moved.values())} unconsumed records. "
+        f"grew {len(report.topics_grown)} topics from {report.partitions_before} "
+        f"to {report.partitions_after} partitions; "
+        f"moved {sum(report.entries_moved.values())} table entries "
+        f"and {sum(report.records_moved.values())} unconsumed records. "
         f"Start the workers with DLQ_PARTITIONS={report.partitions_after}."
     )
     emit(data, as_json, human)

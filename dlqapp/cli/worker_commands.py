@@ -46,7 +46,8 @@ async def dlq_list(
         emit(
             page,
             as_json,
-            f"{table(rows, ['REQUEST', 'CLASS', 'MODEL', 'DEAD AT', 'ERROR'])}\n{len(rows)} of {page['total']} dead letters",
+            f"{table(rows, ['REQUEST', 'CLASS', 'MODEL', 'DEAD AT', 'ERROR'])}\n"
+            f"{len(rows)} of {page['total']} dead letters",
         )
 
     await run(go())
@@ -129,7 +130,10 @@ async def dlq_reprocess(
             )
             _, answer = await call(settings, "POST", "/dlq/reprocess/", {**body, "dry_run": True})
             sample = ", ".join(answer["sample"]) or "-"
-            human = f"would reprocess {answer['total']} dead letters (nothing was sent)\nsample: {sample}\nestimated prompt tokens: {answer['estimated_prompt_tokens']} ({answer['estimate']})"
+            human = (
+                f"would reprocess {answer['total']} dead letters (nothing was sent)\nsample: {sample}\n"
+                f"estimated prompt tokens: {answer['estimated_prompt_tokens']} ({answer['estimate']})"
+            )
             emit(answer, as_json, human)
             return
         if everything:
@@ -214,7 +218,8 @@ async def dlq_stats(self: Any, as_json: bool) -> None:
                 lines.append("  -")
         for url, flow in sorted(stats.get("flow", {}).items()):
             lines.append(
-                f"concurrency limit   {flow['concurrency_limit']} of {flow['concurrency_max']}, {flow['calls_in_flight']} calls in flight ({url})"
+                f"concurrency limit   {flow['concurrency_limit']} of {flow['concurrency_max']}, "
+                f"{flow['calls_in_flight']} calls in flight ({url})"
             )
         emit(stats, as_json, "\n".join(lines))
 
@@ -254,7 +259,8 @@ async def dlq_retries(
         emit(
             page,
             as_json,
-            f"{table(rows, ['REQUEST', 'TIER', 'ATTEMPT', 'DUE', 'CLASS', 'LAST ERROR'])}\n{len(rows)} of {page['total']} parked retries (by tier: {tiers})",
+            f"{table(rows, ['REQUEST', 'TIER', 'ATTEMPT', 'DUE', 'CLASS', 'LAST ERROR'])}\n"
+            f"{len(rows)} of {page['total']} parked retries (by tier: {tiers})",
         )
 
     await run(go())

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class ErrorClass(str, Enum):
+class ErrorClass(StrEnum):
     """Why an attempt failed. The value is what headers, the DLQ and the API show."""
 
     TIMEOUT = "timeout"

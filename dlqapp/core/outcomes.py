@@ -91,7 +91,8 @@ def within_deadline(outcome: Outcome, deadline_ms: int | None) -> Outcome:
     if isinstance(outcome, RetryAt) and deadline_ms is not None and outcome.due_ms > deadline_ms:
         return DeadLetter(
             ErrorClass.EXPIRED,
-            f"its retry would be due at {outcome.due_ms}, after its deadline {deadline_ms}; last error: {outcome.failure.message}",
+            f"its retry would be due at {outcome.due_ms}, after its deadline {deadline_ms}; last error: "
+            f"{outcome.failure.message}",
         )
     return outcome
 

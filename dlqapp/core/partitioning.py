@@ -18,4 +18,5 @@ def owner_partition(request_id: str, partitions: int) -> int:
     dlqapp sends every message about a request to this partition explicitly, so the
     request's dedup entry, state, parked retries and DLQ entry share one worker.
     """
-    return (murmur2(request_id.encode()) & 0x7FFFFFFF) % partitions
+    hashed: int = murmur2(request_id.encode())  # aiokafka ships no type information
+    return (hashed & 0x7FFFFFFF) % partitions

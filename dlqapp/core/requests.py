@@ -109,10 +109,10 @@ def validate_request(data: dict[str, Any]) -> Request:
         if data.get(name) is not None and not isinstance(data[name], kind):
             problems.append(f"{name} must be {'a string' if kind is str else 'an object'}")
     problems.extend(_check_flow_fields(data))
-    if problems:
+    if problems or request_id is None:  # a missing request id is among the problems
         raise InvalidRequest(problems, request_id)
     return Request(
-        request_id=request_id,  # type: ignore[arg-type]
+        request_id=request_id,
         model=data.get("model"),
         messages=messages,
         prompt=prompt,

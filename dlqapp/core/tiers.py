@@ -27,7 +27,7 @@ def build_tiers(delays_ms: tuple[int, ...], topics: tuple[str, ...], prefix: str
     """The tiers for `delays_ms`, published on `topics` (same order)."""
     return tuple(
         Tier(index, delay, topic, topic[len(prefix) :] if prefix and topic.startswith(prefix) else topic)
-        for index, (delay, topic) in enumerate(zip(delays_ms, topics))
+        for index, (delay, topic) in enumerate(zip(delays_ms, topics, strict=True))
     )
 
 

@@ -28,7 +28,10 @@ def slack_message(counts: Counter[str], sample: list[str], window_s: float, app_
     total = sum(counts.values())
     by_class = ", ".join(f"{cls} {n}" for cls, n in counts.most_common())
     examples = f" (e.g. {', '.join(sample)})" if sample else ""
-    text = f":rotating_light: {app_id}: {total} dead letter{'s' if total != 1 else ''} in the last {window_s:g}s: {by_class}{examples}"
+    text = (
+        f":rotating_light: {app_id}: {total} dead letter{'s' if total != 1 else ''} in the last {window_s:g}s: "
+        f"{by_class}{examples}"
+    )
     return {
         "text": text,
         "dlqapp": {"app_id": app_id, "total": total, "by_error_class": dict(counts), "sample": sample},

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from faust.tables import Table
+from faust.types import TableT
 
 from dlqapp.core.clock import now_ms
 from dlqapp.core.headers import (
@@ -60,7 +60,7 @@ def unprocessable_key(request_id: str, error_class: str, position: str) -> str:
     return f"{request_id}~{error_class}~{position}"
 
 
-def find_dead_letter(table: Table, key: str, partitions: int) -> bytes | None:
+def find_dead_letter(table: TableT, key: str, partitions: int) -> bytes | None:
     """The table key for `key`: itself, else its newest unprocessable copy (on this worker)."""
     exact = key.encode()
     if table.get(exact) is not None:
@@ -166,7 +166,8 @@ class DeadLetterEntry:
         doc = json.loads(blob)
         if not isinstance(doc, dict):
             raise ValueError("a DLQ entry is a JSON object")
-        return cls(**{name: doc.get(name) for name in _ENTRY_FIELDS})
+        fields: dict[str, Any] = {name: doc.get(name) for name in _ENTRY_FIELDS}
+        return cls(**fields)
 
     def original_payload(self) -> bytes:
         """The dead letter's payload, byte for byte."""

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from faust import TopicT
-from faust.tables import Table
+from faust.types import TableT
 
 from dlqapp.core import states
 from dlqapp.core.clock import Clock
@@ -72,7 +72,7 @@ class Operator:
         self,
         io: PartitionIO,
         recorder: DeadLetterRecorder,
-        ledger: Table,
+        ledger: TableT,
         retries: CommandHandler,
         *,
         input_topic: TopicT,
@@ -145,7 +145,10 @@ class Operator:
                 "state": current_state(current),
             }
         if not command.force and current is not None and current.state == states.SUCCEEDED:
-            reason = f"{rid} has succeeded since it was dead-lettered (at {current.updated_at}); replaying would call the model again: send force=true to replay anyway"
+            reason = (
+                f"{rid} has succeeded since it was dead-lettered (at {current.updated_at}); replaying would call the "
+                "model again: send force=true to replay anyway"
+            )
             return {"request_id": key, "status": ReplayStatus.REFUSED, "reason": reason, "state": states.SUCCEEDED}
         if command.payload is not None:
             problems = check_edit(rid, command.payload)
@@ -153,7 +156,10 @@ class Operator:
                 return {"request_id": key, "status": ReplayStatus.INVALID, "reasons": problems}
             payload = json.dumps(command.payload).encode()
         elif entry.payload_truncated:
-            reason = f"the payload ({entry.payload_bytes} bytes) is over DLQ_MAX_PAYLOAD_BYTES: replay it with an edited payload"
+            reason = (
+                f"the payload ({entry.payload_bytes} bytes) is over DLQ_MAX_PAYLOAD_BYTES: replay it with an edited "
+                "payload"
+            )
             return {"request_id": key, "status": ReplayStatus.INVALID, "reasons": [reason]}
         else:
             payload = entry.original_payload()

@@ -22,9 +22,9 @@ class BadQuery(ValueError):
     """A query parameter has the wrong type or value."""
 
 
-def _int_param(params: Mapping[str, str], name: str, default: int | None, minimum: int = 0) -> int | None:
+def _int_param(params: Mapping[str, str | None], name: str, default: int | None, minimum: int = 0) -> int | None:
     raw = params.get(name)
-    if raw in (None, ""):
+    if raw is None or raw == "":
         return default
     try:
         value = int(raw)
@@ -170,7 +170,9 @@ def local_stats(total: Counter[str], oldest_dead_at: int | None) -> dict[str, An
 def merge_stats(parts: Iterable[Mapping[str, Any]], now: int) -> dict[str, Any]:
     """Cluster-wide stats from every worker's share."""
     merged: dict[str, Any] = {"received": 0, "succeeded": 0, "duplicates_skipped": 0, "reprocessed": 0, "dlq_size": 0}
-    counters = {k: Counter() for k in ("retried", "dead_lettered", "dlq_by_error_class", "dlq_by_model")}
+    counters: dict[str, Counter[str]] = {
+        k: Counter() for k in ("retried", "dead_lettered", "dlq_by_error_class", "dlq_by_model")
+    }
     oldest = None
     breakers: dict[str, Any] = {}
     flows: dict[str, Any] = {}

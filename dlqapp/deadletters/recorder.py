@@ -12,7 +12,7 @@ import logging
 import os
 import time
 
-from faust.tables import Table
+from faust.types import TableT
 
 from dlqapp.core.record import Record
 from dlqapp.core.requests import fallback_key
@@ -40,7 +40,7 @@ class OldestDeadLetter:
 
     CHUNK = 1000
 
-    def __init__(self, table: Table, every_s: float = 30.0) -> None:
+    def __init__(self, table: TableT, every_s: float = 30.0) -> None:
         self.table = table
         self.every_s = every_s
         self.value: int | None = None
@@ -84,8 +84,8 @@ class DeadLetterRecorder:
 
     def __init__(
         self,
-        table: Table,
-        by_time: Table,
+        table: TableT,
+        by_time: TableT,
         counters: Counters,
         log_path: str,
         alerts: AlertBatcher | None = None,

@@ -59,7 +59,8 @@ REMAINING_PREFIX = "x-ratelimit-remaining-"
 DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|us|µs|ns|h|m|s)")
 DURATION_UNIT_MS = {"h": 3_600_000.0, "m": 60_000.0, "s": 1000.0, "ms": 1.0, "us": 0.001, "µs": 0.001, "ns": 0.000001}
 RETRY_HINT = re.compile(
-    r"(?:try again in|retry after|retry in)\s+((?:\d+(?:\.\d+)?(?:ms|h|m|s))+|\d+(?:\.\d+)?)\s*(seconds?|secs?|milliseconds?)?\b",
+    r"(?:try again in|retry after|retry in)\s+"
+    r"((?:\d+(?:\.\d+)?(?:ms|h|m|s))+|\d+(?:\.\d+)?)\s*(seconds?|secs?|milliseconds?)?\b",
     re.IGNORECASE,
 )
 """`Please try again in 6ms.` (OpenAI), `Please retry after 7 seconds.` (Azure)."""

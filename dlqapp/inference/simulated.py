@@ -3,8 +3,9 @@
 A request whose `metadata.simulate` is `{"fail_times": N, "error": "<class>",
 "retry_after": S}` fails its first N attempts with that class (and retry-after, in
 seconds), then succeeds; replays continue the count. `{"crash": true}` ends the worker
-process on the spot, like a crash in native code (for testing the crash-loop guard). Other requests succeed with probability `success_rate`;
-failures follow a fixed mix of timeouts, server errors, rate limits and invalid requests.
+process on the spot, like a crash in native code (for testing the crash-loop guard).
+Other requests succeed with probability `success_rate`; failures follow a fixed mix of
+timeouts, server errors, rate limits and invalid requests.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class SimulatedBackend:
             )
 
     def _fail_randomly(self) -> None:
-        classes, weights = zip(*FAILURE_MIX)
+        classes, weights = zip(*FAILURE_MIX, strict=True)
         error_class = self._rng.choices(classes, weights)[0]
         retry_after_ms = int(self._rng.uniform(0.5, 2.0) * 1000) if error_class is ErrorClass.RATE_LIMITED else None
         raise InferenceError(error_class, f"simulated {error_class.value}", retry_after_ms)

@@ -141,22 +141,30 @@ def explain(causes: list[str], security: KafkaSecurity, bootstrap: str) -> str |
     text = " ".join(causes)
     if "SaslAuthenticationFailed" in text or "Authentication failed" in text:
         return (
-            f"Kafka at {bootstrap} refused the login of DLQ_KAFKA_SASL_USERNAME={security.username} with {security.mechanism}: "
+            f"Kafka at {bootstrap} refused the login of DLQ_KAFKA_SASL_USERNAME={security.username} "
+            f"with {security.mechanism}: "
             "check DLQ_KAFKA_SASL_PASSWORD (or the file DLQ_KAFKA_SASL_PASSWORD_FILE) and DLQ_KAFKA_SASL_MECHANISM"
         )
     if "UnsupportedSaslMechanism" in text or ("mechanism" in text.lower() and "not enabled" in text.lower()):
-        return f"Kafka at {bootstrap} does not offer DLQ_KAFKA_SASL_MECHANISM={security.mechanism}: use one its listener enables"
+        return (
+            f"Kafka at {bootstrap} does not offer DLQ_KAFKA_SASL_MECHANISM={security.mechanism}: "
+            "use one its listener enables"
+        )
     if "CERTIFICATE_VERIFY_FAILED" in text:
         if "hostname" in text.lower() or "IP address mismatch" in text:
             return (
-                f"the certificate of Kafka at {bootstrap} does not name that host: connect by a name the certificate lists "
+                f"the certificate of Kafka at {bootstrap} does not name that host: "
+                "connect by a name the certificate lists "
                 "(DLQ_KAFKA_BOOTSTRAP), or, only by choice, DLQ_KAFKA_SSL_CHECK_HOSTNAME=false"
             )
         return (
             f"the certificate of Kafka at {bootstrap} is not trusted: set DLQ_KAFKA_SSL_CAFILE to the CA that signed it"
         )
     if "WRONG_VERSION_NUMBER" in text or "record layer failure" in text or "UNEXPECTED_EOF" in text:
-        return f"Kafka at {bootstrap} does not speak TLS on that port: check DLQ_KAFKA_SECURITY_PROTOCOL={security.protocol} and the port"
+        return (
+            f"Kafka at {bootstrap} does not speak TLS on that port: check "
+            f"DLQ_KAFKA_SECURITY_PROTOCOL={security.protocol} and the port"
+        )
     if (
         "certificate required" in text.lower()
         or "TLSV13_ALERT_CERTIFICATE_REQUIRED" in text
@@ -188,7 +196,8 @@ async def check_access(admin: AIOKafkaAdminClient, settings: Settings, topics: l
         )
         raise KafkaAccessError(
             f"{principal_of(settings)} lacks ACLs on Kafka at {settings.kafka_bootstrap}: {named}. "
-            f"`faust -A dlqapp acls --principal {principal_of(settings)}` prints every ACL this deployment needs, as kafka-acls arguments"
+            f"`faust -A dlqapp acls --principal {principal_of(settings)}` "
+            "prints every ACL this deployment needs, as kafka-acls arguments"
         )
 
 

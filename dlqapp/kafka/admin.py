@@ -152,7 +152,8 @@ async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -
             _check_brokers(settings, brokers, missing)
         elif len(brokers) < settings.replication_factor:
             log.warning(
-                "brokers_below_replication live=%d DLQ_REPLICATION_FACTOR=%d: writes need DLQ_MIN_INSYNC_REPLICAS=%d in-sync replicas",
+                "brokers_below_replication live=%d DLQ_REPLICATION_FACTOR=%d: "
+                "writes need DLQ_MIN_INSYNC_REPLICAS=%d in-sync replicas",
                 len(brokers),
                 settings.replication_factor,
                 settings.min_insync_replicas,
@@ -235,7 +236,8 @@ def _check_replicas(settings: Settings, existing: dict[str, TopicShape]) -> None
     if short:
         found = ", ".join(f"{n} has {c}" for n, c in sorted(short.items()))
         raise TopicMismatchError(
-            f"topics have fewer replicas than DLQ_MIN_INSYNC_REPLICAS={need}, so no write to them could succeed: {found}. "
+            f"topics have fewer replicas than DLQ_MIN_INSYNC_REPLICAS={need}, "
+            f"so no write to them could succeed: {found}. "
             "Lower DLQ_MIN_INSYNC_REPLICAS, or add replicas to these topics (kafka-reassign-partitions)."
         )
     fewer = sorted(n for n, s in existing.items() if s.replicas < settings.replication_factor)
@@ -253,8 +255,10 @@ def _check_brokers(settings: Settings, brokers: list[int], missing: list[str]) -
         return
     raise TopicMismatchError(
         f"DLQ_REPLICATION_FACTOR={settings.replication_factor} needs at least {settings.replication_factor} brokers, "
-        f"but the cluster at {settings.kafka_bootstrap} has {len(brokers)} (ids {','.join(map(str, brokers)) or 'none'}), "
-        f"and {len(missing)} topics are still to be created ({', '.join(sorted(missing)[:3])}{', ...' if len(missing) > 3 else ''}). "
+        f"but the cluster at {settings.kafka_bootstrap} has {len(brokers)} "
+        f"(ids {','.join(map(str, brokers)) or 'none'}), "
+        f"and {len(missing)} topics are still to be created "
+        f"({', '.join(sorted(missing)[:3])}{', ...' if len(missing) > 3 else ''}). "
         "Start more brokers, or lower DLQ_REPLICATION_FACTOR."
     )
 
@@ -341,7 +345,10 @@ async def _align_min_insync(admin: AIOKafkaAdminClient, settings: Settings, name
         for error_code, error_message, *_ in response.resources:
             if error_code:
                 raise TopicMismatchError(
-                    f"could not set {MIN_ISR}={wanted} on topic {name}: {for_code(error_code).__name__} {error_message or ''}".strip()
+                    (
+                        f"could not set {MIN_ISR}={wanted} on topic {name}: "
+                        f"{for_code(error_code).__name__} {error_message or ''}"
+                    ).strip()
                 )
         log.info("min_insync_set topic=%s from=%s to=%s", name, current, wanted)
 
@@ -364,7 +371,8 @@ async def _wait_until_known(admin: AIOKafkaAdminClient, partitions: dict[str, in
                 break
             if time.monotonic() > deadline:
                 raise TopicMismatchError(
-                    f"broker {node} still does not know topics {', '.join(sorted(missing)[:3])} {KNOWN_WITHIN_S:.0f} s after they were created; "
+                    f"broker {node} still does not know topics {', '.join(sorted(missing)[:3])} "
+                    f"{KNOWN_WITHIN_S:.0f} s after they were created; "
                     "check the brokers' health (kafka-topics --describe)"
                 )
             await asyncio.sleep(0.1)
@@ -414,8 +422,10 @@ async def _create(
         name, code = topic_errors[0], topic_errors[1]
         if code and for_code(code) is TopicAuthorizationFailedError:
             raise KafkaAccessError(
-                f"{principal_of(settings)} may not create topic {name} on Kafka at {settings.kafka_bootstrap}: grant CREATE on it, "
-                f"or create it yourself with {settings.partitions} partitions. `faust -A dlqapp acls --principal {principal_of(settings)}` "
+                f"{principal_of(settings)} may not create topic {name} on Kafka at {settings.kafka_bootstrap}: "
+                "grant CREATE on it, "
+                f"or create it yourself with {settings.partitions} partitions. "
+                f"`faust -A dlqapp acls --principal {principal_of(settings)}` "
                 "prints every ACL this deployment needs"
             )
         if code and for_code(code) is not TopicAlreadyExistsError:

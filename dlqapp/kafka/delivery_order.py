@@ -24,6 +24,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Hashable, Iterable, Mapping
+from typing import Generic, TypeVar
+
+P = TypeVar("P", bound=Hashable)
+"""A partition (Faust's `TP` in the consumer)."""
 
 
 class Verdict(enum.Enum):
@@ -38,7 +42,7 @@ class Verdict(enum.Enum):
     again: the log has nothing in between (retention, compaction, transaction markers)."""
 
 
-class DeliveryOrder:
+class DeliveryOrder(Generic[P]):
     """The next offset each partition may hand over, and the last seek of each.
 
     `batch` numbers the fetches the consumer hands out, in order: a record of a fetch
@@ -49,30 +53,30 @@ class DeliveryOrder:
     """Rewinds in a row that must end at the same record before the records skipped count as a gap."""
 
     def __init__(self) -> None:
-        self._next: dict[Hashable, int] = {}
-        self._sought: dict[Hashable, tuple[int, int, int | None, int]] = {}
+        self._next: dict[P, int] = {}
+        self._sought: dict[P, tuple[int, int, int | None, int]] = {}
         """Per partition: (offset sought, fetch number then, record that caused it, times in a row)."""
-        self._idle: dict[Hashable, tuple[int, int, int]] = {}
+        self._idle: dict[P, tuple[int, int, int]] = {}
         """Per partition: (offset expected, fetch position, idle rewinds in a row that ended there)."""
 
-    def start(self, tp: Hashable, offset: int, batch: int) -> None:
+    def start(self, tp: P, offset: int, batch: int) -> None:
         """The partition is sought to `offset` in this assignment while fetch `batch` is handed out."""
         self._next[tp] = offset
         self._sought[tp] = (offset, batch, None, 0)
         self._idle.pop(tp, None)
 
-    def forget(self, tps: Iterable[Hashable]) -> None:
+    def forget(self, tps: Iterable[P]) -> None:
         """The partitions were revoked: nothing of theirs is delivered until the next `start`."""
         for tp in tps:
             self._next.pop(tp, None)
             self._sought.pop(tp, None)
             self._idle.pop(tp, None)
 
-    def expected(self, tp: Hashable) -> int | None:
+    def expected(self, tp: P) -> int | None:
         """The offset the partition hands over next (None before its seek)."""
         return self._next.get(tp)
 
-    def decide(self, tp: Hashable, offset: int, batch: int) -> Verdict:
+    def decide(self, tp: P, offset: int, batch: int) -> Verdict:
         """What to do with the record at `offset`, from fetch number `batch`."""
         expected = self._next.get(tp)
         if expected is None or offset < expected:
@@ -87,7 +91,7 @@ class DeliveryOrder:
                 return Verdict.GAP
         return Verdict.REWIND
 
-    def rewinding(self, tp: Hashable, offset: int, batch: int) -> int:
+    def rewinding(self, tp: P, offset: int, batch: int) -> int:
         """Note a rewind caused by the record at `offset` of fetch `batch`; returns the offset to seek to."""
         expected = self._next[tp]
         sought = self._sought.get(tp)
@@ -95,13 +99,13 @@ class DeliveryOrder:
         self._sought[tp] = (expected, batch, offset, repeats)
         return expected
 
-    def behind(self, positions: Mapping[Hashable, int]) -> list[Hashable]:
+    def behind(self, positions: Mapping[P, int]) -> list[P]:
         """Partitions whose fetch position is past the offset expected while nothing is being
         handed out: records were taken from the fetcher and never delivered (the tail of a
         partition, where no later record shows a jump). Each needs a rewind."""
         return [tp for tp, position in positions.items() if tp in self._next and position > self._next[tp]]
 
-    def idle_check(self, positions: Mapping[Hashable, int]) -> list[tuple[Hashable, Verdict, int]]:
+    def idle_check(self, positions: Mapping[P, int]) -> list[tuple[P, Verdict, int]]:
         """(partition, verdict, offset expected) for each partition `behind`: REWIND, or GAP
         once idle rewinds ended `GAP_AFTER_REWINDS` times in a row at the same position with
         nothing delivered (the log's tail holds nothing to deliver: a transaction's commit
@@ -120,7 +124,7 @@ class DeliveryOrder:
                 verdicts.append((tp, Verdict.REWIND, expected))
         return verdicts
 
-    def delivered(self, tp: Hashable, offset: int) -> None:
+    def delivered(self, tp: P, offset: int) -> None:
         """The record at `offset` reached the agents: the next one is expected."""
         if tp in self._next:
             self._next[tp] = offset + 1

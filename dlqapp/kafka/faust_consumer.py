@@ -17,6 +17,7 @@ from typing import Any
 from faust.transport.consumer import CONSUMER_FETCHING, ensure_TP
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.types import TP
 
 from dlqapp.kafka.delivery_order import DeliveryOrder, Verdict
 from dlqapp.observability.logs import log_event
@@ -122,7 +123,7 @@ class _OrderedConsumer(AIOKafkaConsumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.delivery_order = DeliveryOrder()
+        self.delivery_order: DeliveryOrder[TP] = DeliveryOrder()
         self._fetch_batch = 0
         self._pending_start: tuple[int, dict[Any, int]] | None = None
 
@@ -214,13 +215,13 @@ class _OrderedConsumer(AIOKafkaConsumer):
         )
         await self._seek_all({tp: expected})
 
-    async def _positions(self) -> dict[Any, int]:
+    async def _positions(self) -> dict[TP, int]:
         """The fetch position of each assigned partition that has one (aiokafka's `SubscriptionState`)."""
         assignment = self._thread._ensure_consumer()._subscription.subscription
         assignment = assignment.assignment if assignment is not None else None
         if assignment is None:
             return {}
-        positions = {}
+        positions: dict[TP, int] = {}
         for tp in assignment.tps:
             state = assignment.state_value(tp)
             if state is not None and state.has_valid_position:
@@ -232,7 +233,9 @@ class _OrderedConsumer(AIOKafkaConsumer):
         if verdict is Verdict.REWIND:
             await self._rewind(tp, offset, batch, fetched=offset)
         elif verdict is Verdict.GAP:
-            await self._add_gap(tp, self.delivery_order.expected(tp), offset - 1)
+            expected = self.delivery_order.expected(tp)
+            assert expected is not None  # `decide` finds a gap only where an offset is expected
+            await self._add_gap(tp, expected, offset - 1)
         return verdict is Verdict.GAP
 
     async def _hand_over(self, tp: Any, message: Any) -> None:

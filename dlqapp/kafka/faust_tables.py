@@ -56,7 +56,7 @@ def scan_chunk(db: Any, after: bytes | None, limit: int, values: bool = True) ->
         it.seek(after)
         if it.valid() and it.key() == after:
             it.next()
-    chunk = []
+    chunk: list[tuple[bytes, Any]] = []
     while it.valid() and len(chunk) < limit:
         chunk.append((it.key(), it.value() if values else None))
         it.next()

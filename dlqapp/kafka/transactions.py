@@ -99,7 +99,7 @@ class TransactionalProducer(Protocol):
         key: bytes | None = None,
         partition: int | None = None,
         headers: Any = None,
-    ) -> Awaitable[Any]: ...
+    ) -> asyncio.Future[Any]: ...
 
 
 class StepGate:

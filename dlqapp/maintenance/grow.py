@@ -115,7 +115,8 @@ async def _refuse_while_running(admin: AIOKafkaAdminClient, group: str) -> None:
             members = entry[5]
             if members:
                 raise GrowRefused(
-                    f"the consumer group {group} has {len(members)} live member(s): stop every worker of DLQ_APP_ID={group} first"
+                    f"the consumer group {group} has {len(members)} live member(s): stop every worker of "
+                    f"DLQ_APP_ID={group} first"
                 )
 
 

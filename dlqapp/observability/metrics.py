@@ -8,11 +8,13 @@ Tier labels are topic names without DLQ_TOPIC_PREFIX (`input`, `retry-1s`, `fall
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, Self
 
 import prometheus_client
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 prometheus_client.disable_created_metrics()  # no `_created` series next to every counter
@@ -22,20 +24,22 @@ LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 
 E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
 
 
-class _CachedLabels:
+class _CachedLabels(MetricWrapperBase):
     """`labels(...)` answered from a dict after the first call (prometheus_client validates
-    and locks on every call: a measurable share of a worker's CPU on the request path)."""
+    and locks on every call: a measurable share of a worker's CPU on the request path).
+
+    A mixin before the metric class (`class _Counter(_CachedLabels, Counter)`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._cached_children: dict[tuple[str, ...], Any] = {}
+        self._cached_children: dict[tuple[object, ...], Self] = {}
 
-    def labels(self, *values: str, **named: str) -> Any:
+    def labels(self, *values: object, **named: object) -> Self:
         if named:
-            return super().labels(*values, **named)  # type: ignore[misc]
+            return super().labels(*values, **named)
         child = self._cached_children.get(values)
         if child is None:
-            child = self._cached_children[values] = super().labels(*values)  # type: ignore[misc]
+            child = self._cached_children[values] = super().labels(*values)
         return child
 
 
@@ -59,7 +63,8 @@ replays = Counter("dlqapp_replays_total", "Dead letters sent back to input by an
 discards = Counter("dlqapp_discards_total", "Dead letters discarded by an operator.")
 offset_gaps = _Counter(
     "dlqapp_consumer_offset_gaps_total",
-    "Holes in the offsets a worker was handed, by topic: records skipped without being handled (transaction markers also leave one).",
+    "Holes in the offsets a worker was handed, by topic: records skipped without being handled (transaction markers "
+    "also leave one).",
     ["topic"],
 )
 held = Counter(
@@ -85,7 +90,7 @@ rate_wait = Histogram(
     "dlqapp_rate_limit_wait_seconds",
     "Time a call waited for DLQ_RATE_LIMITS capacity, by model (`*`: a model the setting does not name).",
     ["model"],
-    buckets=LATENESS_BUCKETS + (30, 60),
+    buckets=(*LATENESS_BUCKETS, 30, 60),
 )
 lateness = _Histogram(
     "dlqapp_retry_lateness_seconds",
@@ -112,7 +117,7 @@ class StateCollector(Collector):
         self.breaker_state = breaker_state
         self.breaker_moves = breaker_moves
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         entries = GaugeMetricFamily("dlqapp_dlq_entries", "DLQ entries on the partitions this worker owns.")
         entries.add_metric([], self.dlq_entries())
         yield entries
@@ -124,7 +129,8 @@ class StateCollector(Collector):
         yield parked
         lag = GaugeMetricFamily(
             "dlqapp_consumer_lag",
-            "Messages not yet handled (log end minus the oldest offset read but not acked, else the next to read), per topic and partition.",
+            "Messages not yet handled (log end minus the oldest offset read but not acked, else the next to read), "
+            "per topic and partition.",
             labels=["topic", "partition"],
         )
         for topic, partition, value in self.consumer_lag():

@@ -82,7 +82,7 @@ class CrashGuard:
             first, last = previous.get("first_handled_at"), previous.get("written_at")
             quick = isinstance(first, int) and isinstance(last, int) and last - first < QUICK_DEATH_MS
             if current:
-                key = _key(tuple(current))  # type: ignore[arg-type]
+                key = _key(tuple(current))
                 self._crashes = {key: int(counts.get(key, 0)) + 1}
                 margin = max(MARGIN, margin)
             elif quick:  # a crash loop whose culprit ran past the last snapshot: look further

@@ -295,7 +295,7 @@ class GatedFeed:
             self._gate.reconsider()  # input piles up behind the closed gate: time to pause fetching
         while len(self._held) >= (self._open_limit if self._gate.is_open else self._closed_limit):
             self._room.clear()
-            waits = [asyncio.ensure_future(self._room.wait())]
+            waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._room.wait())]
             if self._gate.is_open:
                 waits.append(asyncio.ensure_future(self._gate.wait_closed()))
             try:

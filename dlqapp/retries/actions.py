@@ -103,7 +103,10 @@ class RetryActions:
             due_ms, _ = decode_parked_key(key)
             tier = self.parked.tier_of(envelope)
             error_class = error_class_of(envelope.error_class)
-            reason = f"dead-lettered by {command.actor} while parked in {tier.label} (after {envelope.attempts} attempts); last error: {envelope.last_error or error_class.value}"
+            reason = (
+                f"dead-lettered by {command.actor} while parked in {tier.label} (after {envelope.attempts} "
+                f"attempts); last error: {envelope.last_error or error_class.value}"
+            )
             await self.dead_letters.write(DeadLetter(error_class, reason[:1000], final=True), envelope)
             for stale in keys:  # copies of its retry chain left by a crash go with it
                 copy = self.parked.get(stale)

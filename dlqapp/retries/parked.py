@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Literal, overload
 
-from faust.tables import Table
+from faust.types import TableT
+from rocksdict import Rdict
 
 from dlqapp.core.envelope import Envelope
 from dlqapp.core.tiers import Tier, tier_after
@@ -19,7 +20,7 @@ from dlqapp.retries.scan import SCAN_CHUNK, ScanStarts, head_of_parked
 class ParkedRetries:
     """Parks envelopes under `parked_key(due, request_id)` and walks them; counts per tier."""
 
-    def __init__(self, table: Table, tiers: tuple[Tier, ...]) -> None:
+    def __init__(self, table: TableT, tiers: tuple[Tier, ...]) -> None:
         self.table = table
         self.tiers = tiers
         self.scan_starts = ScanStarts()
@@ -55,7 +56,7 @@ class ParkedRetries:
         """The tier a parked envelope waits in: the one after its last failed attempt."""
         return tier_after(envelope.attempts, self.tiers)
 
-    def active_dbs(self) -> Iterator[tuple[int, Any]]:
+    def active_dbs(self) -> Iterator[tuple[int, Rdict]]:
         """(partition, RocksDB) of every partition this worker actively owns."""
         for partition in active_partitions(self.table):
             yield partition, partition_db(self.table, partition)
@@ -81,6 +82,12 @@ class ParkedRetries:
         async for _ in self.walk(values=False):
             total += 1
         return total
+
+    @overload
+    def walk(self, values: Literal[True]) -> AsyncIterator[tuple[bytes, bytes]]: ...
+
+    @overload
+    def walk(self, values: Literal[False]) -> AsyncIterator[tuple[bytes, None]]: ...
 
     async def walk(self, values: bool) -> AsyncIterator[tuple[bytes, bytes | None]]:
         """Every parked (key, value) on active partitions, in chunks.

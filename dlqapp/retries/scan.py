@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from rocksdict import ReadOptions
+from rocksdict import Rdict, ReadOptions
 
 from dlqapp.retries.keys import decode_parked_key, due_upper_bound
 
@@ -51,7 +51,7 @@ class ScanStarts:
 
 
 def scan_due(
-    db: object, now: int, start: bytes | None, fired: dict[bytes, int], batch: int
+    db: Rdict, now: int, start: bytes | None, fired: dict[bytes, int], batch: int
 ) -> tuple[list[bytes], bytes]:
     """One timer scan of a partition's parked retries (a synchronous RocksDB walk).
 
@@ -63,7 +63,7 @@ def scan_due(
     upper = due_upper_bound(now)
     options = ReadOptions()
     options.set_iterate_upper_bound(upper)
-    it = db.iter(options)  # type: ignore[attr-defined]
+    it = db.iter(options)
     if start is None:
         it.seek_to_first()
     else:
@@ -81,13 +81,13 @@ def scan_due(
     return keys, first_present if first_present is not None else upper
 
 
-def next_due_after(db: object, now: int) -> int | None:
+def next_due_after(db: Rdict, now: int) -> int | None:
     """Due time (ms) of the earliest retry parked for later than `now`, or None.
 
     Faust's offset record (`__faust\\0offset__`) sorts after every parked key; it decodes
     to a due time far in the future, which callers treat like "nothing soon".
     """
-    it = db.iter(ReadOptions())  # type: ignore[attr-defined]
+    it = db.iter(ReadOptions())
     it.seek(due_upper_bound(now))
     if not it.valid():
         return None
@@ -95,15 +95,15 @@ def next_due_after(db: object, now: int) -> int | None:
     return decode_parked_key(key)[0] if len(key) > 8 else None
 
 
-def head_of_parked(db: object, start: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
+def head_of_parked(db: Rdict, start: bytes | None, limit: int) -> list[tuple[bytes, bytes]]:
     """Up to `limit` (key, value) pairs from `start` (inclusive; a key no entry sorts
     before, see `ScanStarts`) or the first key, in key order: the earliest due first."""
-    it = db.iter(ReadOptions())  # type: ignore[attr-defined]
+    it = db.iter(ReadOptions())
     if start is None:
         it.seek_to_first()
     else:
         it.seek(start)
-    head = []
+    head: list[tuple[bytes, bytes]] = []
     while it.valid() and len(head) < limit:
         head.append((it.key(), it.value()))
         it.next()

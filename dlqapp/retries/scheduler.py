@@ -19,6 +19,7 @@ from collections.abc import Awaitable
 from typing import Protocol
 
 from faust import TopicT
+from rocksdict import Rdict
 
 from dlqapp.core import states
 from dlqapp.core.clock import Clock, sleep_until
@@ -170,7 +171,7 @@ class RetryScheduler:
         fired_at = self.fired.get(key)
         return key in self.running or (fired_at is not None and self.clock() - fired_at <= REFIRE_AFTER_MS)
 
-    def _due_keys(self, partition: int, db: object, horizon: int) -> list[bytes]:
+    def _due_keys(self, partition: int, db: Rdict, horizon: int) -> list[bytes]:
         """Keys of one partition due by `horizon`, not yet fired, earliest first, at most `batch`."""
         starts = self.parked.scan_starts
         keys, next_start = scan_due(db, horizon, starts.get(partition, db), self.fired, self.batch)

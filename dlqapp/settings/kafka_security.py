@@ -81,7 +81,8 @@ class KafkaSecurity:
         if self.uses_sasl:
             if not self.mechanism:
                 raise SecurityError(
-                    f"DLQ_KAFKA_SASL_MECHANISM is required with DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} (one of {', '.join(MECHANISMS)})"
+                    f"DLQ_KAFKA_SASL_MECHANISM is required with DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} "
+                    f"(one of {', '.join(MECHANISMS)})"
                 )
             if self.mechanism not in MECHANISMS:
                 raise SecurityError(
@@ -95,7 +96,8 @@ class KafkaSecurity:
                 raise SecurityError("set DLQ_KAFKA_SASL_PASSWORD or DLQ_KAFKA_SASL_PASSWORD_FILE, not both")
             if not self.password and not self.password_file:
                 raise SecurityError(
-                    f"DLQ_KAFKA_SASL_PASSWORD or DLQ_KAFKA_SASL_PASSWORD_FILE is required with DLQ_KAFKA_SASL_MECHANISM={self.mechanism}"
+                    "DLQ_KAFKA_SASL_PASSWORD or DLQ_KAFKA_SASL_PASSWORD_FILE is required with "
+                    f"DLQ_KAFKA_SASL_MECHANISM={self.mechanism}"
                 )
         else:
             for name, value in (
@@ -106,7 +108,8 @@ class KafkaSecurity:
             ):
                 if value:
                     raise SecurityError(
-                        f"{name} is set but DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} uses no SASL: set it to SASL_SSL or SASL_PLAINTEXT"
+                        f"{name} is set but DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} uses no SASL: "
+                        "set it to SASL_SSL or SASL_PLAINTEXT"
                     )
         if not self.uses_tls:
             for name, value in (
@@ -116,11 +119,13 @@ class KafkaSecurity:
             ):
                 if value:
                     raise SecurityError(
-                        f"{name} is set but DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} uses no TLS: set it to SSL or SASL_SSL"
+                        f"{name} is set but DLQ_KAFKA_SECURITY_PROTOCOL={self.protocol} uses no TLS: "
+                        "set it to SSL or SASL_SSL"
                     )
         if bool(self.certfile) != bool(self.keyfile):
             raise SecurityError(
-                "DLQ_KAFKA_SSL_CERTFILE and DLQ_KAFKA_SSL_KEYFILE go together (a client certificate and its private key)"
+                "DLQ_KAFKA_SSL_CERTFILE and DLQ_KAFKA_SSL_KEYFILE go together "
+                "(a client certificate and its private key)"
             )
         for name, path in (
             ("DLQ_KAFKA_SASL_PASSWORD_FILE", self.password_file),
@@ -160,7 +165,8 @@ class KafkaSecurity:
                 context.load_cert_chain(self.certfile, self.keyfile)
             except (OSError, ssl.SSLError) as exc:
                 raise SecurityError(
-                    f"DLQ_KAFKA_SSL_CERTFILE={self.certfile} / DLQ_KAFKA_SSL_KEYFILE={self.keyfile}: not a PEM certificate and its key ({exc})"
+                    f"DLQ_KAFKA_SSL_CERTFILE={self.certfile} / DLQ_KAFKA_SSL_KEYFILE={self.keyfile}: "
+                    f"not a PEM certificate and its key ({exc})"
                 ) from None
         if not self.check_hostname:
             context.check_hostname = False

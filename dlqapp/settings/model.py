@@ -111,7 +111,8 @@ class Settings:
         "DLQ_KAFKA_SSL_CHECK_HOSTNAME",
         "true",
         _parse_bool,
-        "Check that a broker's certificate names the host connected to; `false` only by choice (logged as a warning at start).",
+        "Check that a broker's certificate names the host connected to; `false` only by choice (logged as a warning "
+        "at start).",
     )
     topic_prefix: str = _setting("DLQ_TOPIC_PREFIX", "", str, "Prefix applied to every topic name below.")
     input_topic: str = _setting("DLQ_INPUT_TOPIC", "input", str, "Topic of incoming inference requests.")
@@ -147,19 +148,22 @@ class Settings:
         "DLQ_PARTITIONS",
         "12",
         _positive_int,
-        "Partitions of every dlqapp topic (all must match): at most this many workers share the load; grow a stopped deployment with `grow-partitions`.",
+        "Partitions of every dlqapp topic (all must match): at most this many workers share the load; grow a stopped "
+        "deployment with `grow-partitions`.",
     )
     replication_factor: int = _setting(
         "DLQ_REPLICATION_FACTOR",
         "1",
         _positive_int,
-        "Replication factor of the topics dlqapp creates, Faust's changelogs included (3 on a production cluster); a worker refuses to create topics on fewer brokers.",
+        "Replication factor of the topics dlqapp creates, Faust's changelogs included (3 on a production cluster); a "
+        "worker refuses to create topics on fewer brokers.",
     )
     min_insync_replicas_setting: int | None = _setting(
         "DLQ_MIN_INSYNC_REPLICAS",
         "",
         _optional_int,
-        "`min.insync.replicas` of dlqapp's topics and changelogs: replicas that must have a write before it counts (empty: the smaller of 2 and DLQ_REPLICATION_FACTOR). Existing topics are brought to it at start.",
+        "`min.insync.replicas` of dlqapp's topics and changelogs: replicas that must have a write before it counts "
+        "(empty: the smaller of 2 and DLQ_REPLICATION_FACTOR). Existing topics are brought to it at start.",
     )
     retry_delays_ms: tuple[int, ...] = _setting(
         "DLQ_RETRY_DELAYS", "1s,10s,1m", _parse_delays, "Delay of each retry tier; one tier topic per delay."
@@ -168,7 +172,8 @@ class Settings:
         "DLQ_BACKOFF",
         "tiers",
         _choice("tiers", "exponential"),
-        "`tiers`: each tier waits its delay exactly. `exponential`: first delay × 2^(k-1) with jitter, still through the tier topics.",
+        "`tiers`: each tier waits its delay exactly. `exponential`: first delay × 2^(k-1) with jitter, still through "
+        "the tier topics.",
     )
     backoff_jitter: float = _setting(
         "DLQ_BACKOFF_JITTER", "0.2", _parse_rate, "Fraction of an exponential delay that is randomised (0 to 1)."
@@ -210,7 +215,8 @@ class Settings:
         "DLQ_ADAPTIVE_CONCURRENCY",
         "true",
         _parse_bool,
-        "Shrink the calls in flight when the backend answers 429s, times out or slows down, and grow them back when it recovers (AIMD between DLQ_CONCURRENCY_FLOOR and DLQ_CONCURRENCY).",
+        "Shrink the calls in flight when the backend answers 429s, times out or slows down, and grow them back when "
+        "it recovers (AIMD between DLQ_CONCURRENCY_FLOOR and DLQ_CONCURRENCY).",
     )
     concurrency_floor: int = _setting(
         "DLQ_CONCURRENCY_FLOOR",
@@ -222,7 +228,9 @@ class Settings:
         "DLQ_RATE_LIMITS",
         "",
         parse_rate_limits,
-        "Requests and tokens per minute per model, e.g. `gpt-4o-mini=5000rpm/2000000tpm,gpt-4o=500rpm/30000tpm,*=1000rpm`; calls wait for capacity instead of being sent. Each worker takes the share of its input partitions (empty: no limits).",
+        "Requests and tokens per minute per model, e.g. "
+        "`gpt-4o-mini=5000rpm/2000000tpm,gpt-4o=500rpm/30000tpm,*=1000rpm`; calls wait for capacity instead of being "
+        "sent. Each worker takes the share of its input partitions (empty: no limits).",
     )
     max_poll_records: int = _setting(
         "DLQ_MAX_POLL_RECORDS",
@@ -234,37 +242,46 @@ class Settings:
         "DLQ_FETCH_MAX_WAIT",
         "50ms",
         parse_duration_ms,
-        "Longest the consumer's fetch waits at the broker for new records. A due retry written while a fetch that does not include its partition is waiting is read only after that fetch returns (Faust fixes this wait at 1.5 s).",
+        "Longest the consumer's fetch waits at the broker for new records. A due retry written while a fetch that "
+        "does not include its partition is waiting is read only after that fetch returns "
+        "(Faust fixes this wait at 1.5 s).",
     )
     processing_guarantee: str = _setting(
         "DLQ_PROCESSING_GUARANTEE",
         "exactly_once",
         _choice("at_least_once", "exactly_once"),
-        "`exactly_once`: every output of a partition's stream steps (results, dead letters, retries, state) is written in one Kafka transaction per DLQ_COMMIT_INTERVAL, so a `read_committed` consumer of `results` and `dlq` sees exactly one outcome per request; `at_least_once`: outcomes are confirmed one by one, and a crash can repeat one.",
+        "`exactly_once`: every output of a partition's stream steps (results, dead letters, retries, state) is "
+        "written in one Kafka transaction per DLQ_COMMIT_INTERVAL, so a `read_committed` consumer of `results` and "
+        "`dlq` sees exactly one outcome per request; `at_least_once`: outcomes are confirmed one by one, and a crash "
+        "can repeat one.",
     )
     commit_interval_ms: int = _setting(
         "DLQ_COMMIT_INTERVAL",
         "100ms",
         _positive_duration,
-        "Under `exactly_once`: how often each partition's transaction commits (a step is acked once its transaction has committed).",
+        "Under `exactly_once`: how often each partition's transaction commits (a step is acked once its transaction "
+        "has committed).",
     )
     transaction_timeout_ms: int = _setting(
         "DLQ_TRANSACTION_TIMEOUT",
         "10s",
         _positive_duration,
-        "Under `exactly_once`: the broker aborts a transaction left open this long (a frozen worker's); a commit that takes longer restarts the worker in place (its tables rebuilt from the changelogs).",
+        "Under `exactly_once`: the broker aborts a transaction left open this long (a frozen worker's); a commit "
+        "that takes longer restarts the worker in place (its tables rebuilt from the changelogs).",
     )
     drain_timeout_ms: int = _setting(
         "DLQ_DRAIN_TIMEOUT",
         "5s",
         parse_duration_ms,
-        "On shutdown or a rebalance, how long calls in flight may finish; the rest (and requests held by the breaker) are left unacked for the partition's next owner.",
+        "On shutdown or a rebalance, how long calls in flight may finish; the rest (and requests held by the "
+        "breaker) are left unacked for the partition's next owner.",
     )
     poison_after_crashes: int = _setting(
         "DLQ_POISON_AFTER_CRASHES",
         "3",
         _positive_int,
-        "A message the worker died on (in progress at this many unclean stops in a row) is dead-lettered as `poison` instead of being handled again.",
+        "A message the worker died on (in progress at this many unclean stops in a row) is dead-lettered as `poison` "
+        "instead of being handled again.",
     )
     timer_interval_ms: int = _setting(
         "DLQ_TIMER_INTERVAL", "20ms", parse_duration_ms, "How often the retry timer scans for due retries."
@@ -273,7 +290,9 @@ class Settings:
         "DLQ_DUE_LEAD_MAX",
         "1s",
         parse_duration_ms,
-        "The retry timer hands a retry to the due agent ahead of its due time: 1.5 x the slowest hand-over of the last 30-60 s, at least 250 ms, at most this long; the attempt itself never starts before the due time. 0: hand retries over when due.",
+        "The retry timer hands a retry to the due agent ahead of its due time: 1.5 x the slowest hand-over of the "
+        "last 30-60 s, at least 250 ms, at most this long; the attempt itself never starts before the due time. "
+        "0: hand retries over when due.",
     )
     timer_batch: int = _setting(
         "DLQ_TIMER_BATCH", "500", _positive_int, "Most due retries the timer hands over per partition per tick."
@@ -318,7 +337,8 @@ class Settings:
         "DLQ_BREAKER_CONSECUTIVE",
         "15",
         _positive_int,
-        "Breaker: this many backend-wide failures of fresh requests in a row open it at once (a hard outage, whatever the window holds).",
+        "Breaker: this many backend-wide failures of fresh requests in a row open it at once (a hard outage, "
+        "whatever the window holds).",
     )
     breaker_open_ms: int = _setting(
         "DLQ_BREAKER_OPEN", "5s", parse_duration_ms, "Breaker: first pause before probing (doubles on each re-open)."
@@ -330,7 +350,8 @@ class Settings:
         "DLQ_BREAKER_PROBES",
         "3",
         _positive_int,
-        "Breaker: half-open probe calls judged before deciding; it re-opens once DLQ_BREAKER_FAILURE_RATIO of them failed, and closes once that can no longer happen.",
+        "Breaker: half-open probe calls judged before deciding; it re-opens once DLQ_BREAKER_FAILURE_RATIO of them "
+        "failed, and closes once that can no longer happen.",
     )
     default_model: str = _setting("DLQ_DEFAULT_MODEL", "sim-small", str, "Model used when a request names none.")
     simulated_success_rate: float = _setting(
@@ -382,13 +403,15 @@ class Settings:
         "DLQ_TABLE_CACHE_BYTES",
         "67108864",
         _positive_int,
-        "RocksDB block cache shared by every table partition of a worker (index and filter blocks included): memory for reads.",
+        "RocksDB block cache shared by every table partition of a worker (index and filter blocks included): memory "
+        "for reads.",
     )
     state_retention_ms: int = _setting(
         "DLQ_STATE_RETENTION",
         "7d",
         parse_duration_ms,
-        "How long a settled request (succeeded or discarded) and an old replay ledger are kept; dedup remembers a succeeded id this long after its last change.",
+        "How long a settled request (succeeded or discarded) and an old replay ledger are kept; dedup remembers a "
+        "succeeded id this long after its last change.",
     )
     dlq_log_max_bytes: int = _setting(
         "DLQ_LOG_MAX_BYTES", "67108864", _positive_int, "The dead-letter JSON-lines log rotates at this size."
@@ -432,13 +455,15 @@ class Settings:
         "DLQ_ALLOWED_HOSTS",
         "",
         _name_list,
-        "Extra host names the HTTP server answers to, comma-separated (IP addresses, loopback names, the advertised host and this machine's name always work; others are refused against DNS rebinding).",
+        "Extra host names the HTTP server answers to, comma-separated (IP addresses, loopback names, the advertised "
+        "host and this machine's name always work; others are refused against DNS rebinding).",
     )
     allowed_origins: tuple[str, ...] = _setting(
         "DLQ_ALLOWED_ORIGINS",
         "",
         _name_list,
-        "Extra browser origins (`https://ops.example.com`) allowed to send mutations; the worker's own origin always is.",
+        "Extra browser origins (`https://ops.example.com`) allowed to send mutations; the worker's own origin always "
+        "is.",
     )
     log_level: str = _setting(
         "DLQ_LOG_LEVEL", "info", _choice("debug", "info", "warning", "error"), "Level of dlqapp's own loggers."
@@ -450,7 +475,8 @@ class Settings:
         "DLQ_PRODUCER_LINGER",
         "5ms",
         parse_duration_ms,
-        "How long the worker's Kafka producer waits to batch sends (results, retries, table changelogs) into one request; 0 sends each at once.",
+        "How long the worker's Kafka producer waits to batch sends (results, retries, table changelogs) into one "
+        "request; 0 sends each at once.",
     )
     event_loop: str = _setting(
         "DLQ_EVENT_LOOP",
@@ -512,7 +538,8 @@ class Settings:
     def _check_flow(self) -> None:
         if self.concurrency_floor > self.concurrency:
             raise SettingsError(
-                f"DLQ_CONCURRENCY_FLOOR={self.concurrency_floor} is invalid: it must not exceed DLQ_CONCURRENCY ({self.concurrency})"
+                f"DLQ_CONCURRENCY_FLOOR={self.concurrency_floor} is invalid: it must not exceed DLQ_CONCURRENCY "
+                f"({self.concurrency})"
             )
 
     def _check_replication(self) -> None:

@@ -16,7 +16,7 @@ def parse_duration_ms(text: str) -> int:
     match = _DURATION.match(text)
     if not match:
         raise ValueError(f"{text!r} is not a duration (examples: 250ms, 1s, 1m, 2h)")
-    return int(round(float(match.group(1)) * _UNIT_MS[match.group(2)]))
+    return round(float(match.group(1)) * _UNIT_MS[match.group(2)])
 
 
 def format_duration(ms: int) -> str:
@@ -116,7 +116,8 @@ def _admin_token(text: str) -> str:
     token = text.strip()
     if token and len(token) < MIN_TOKEN_CHARS:
         raise ValueError(
-            f"is {len(token)} characters; use at least {MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 16`), or leave it empty for loopback-only mutations"
+            f"is {len(token)} characters; use at least {MIN_TOKEN_CHARS} (e.g. `openssl rand -hex 16`), "
+            "or leave it empty for loopback-only mutations"
         )
     return token
 

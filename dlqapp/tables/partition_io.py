@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from faust import TopicT
-from faust.tables import Table
+from faust.types import TableT
 
 from dlqapp.core import states
 from dlqapp.core.clock import Clock
@@ -35,7 +35,7 @@ returns what resolves once the broker has it (dlqapp.kafka.faust_producer.produc
 class PartitionIO:
     """Sends confirmed by the broker, ownership, and request state on the owning partition."""
 
-    def __init__(self, partitions: int, requests: Table, counters: Counters, clock: Clock, send: Send) -> None:
+    def __init__(self, partitions: int, requests: TableT, counters: Counters, clock: Clock, send: Send) -> None:
         self.partitions = partitions
         self._send = send
         self.requests = requests

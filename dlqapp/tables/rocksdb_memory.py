@@ -36,7 +36,10 @@ class SharedMemoryOptions(RocksDBOptions):
         cache, write_buffers = _budget(int(self.extra_options[SHARED_CACHE]), int(self.extra_options[MEMTABLE_BUDGET]))
         options = rocksdict.Options(raw_mode=True)
         options.create_if_missing(True)
-        options.set_max_open_files(self.max_open_files)
+        # None (no RLIMIT_NOFILE limit, or unknown) leaves RocksDB's own default (-1: no limit);
+        # rocksdict takes an int only (Faust's own as_options passes None and fails there)
+        if self.max_open_files is not None:
+            options.set_max_open_files(self.max_open_files)
         options.set_write_buffer_size(self.write_buffer_size)
         options.set_target_file_size_base(self.target_file_size_base)
         options.set_max_write_buffer_number(self.max_write_buffer_number)

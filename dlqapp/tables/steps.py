@@ -380,7 +380,12 @@ def after_commit(committed: asyncio.Future[None] | None, hook: Callable[[], None
     if committed is None:
         hook()
     else:
-        committed.add_done_callback(lambda done: done.cancelled() or done.exception() is not None or hook())
+
+        def on_done(done: asyncio.Future[None]) -> None:
+            if not done.cancelled() and done.exception() is None:
+                hook()
+
+        committed.add_done_callback(on_done)
 
 
 def _note_persisted(sent: list[tuple[StepTable, Any]], partition: int) -> None:

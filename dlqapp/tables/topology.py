@@ -12,7 +12,7 @@ from typing import Any
 import faust
 from faust import TopicT
 from faust.serializers import codecs
-from faust.tables import Table
+from faust.types import TableT
 
 from dlqapp.core.commands import UNDECODABLE
 from dlqapp.core.tiers import Tier
@@ -63,13 +63,13 @@ class Topology:
     dlq: TopicT
     results: TopicT
     commands: TopicT
-    parked_retries: Table
-    requests: Table
-    dead_letters: Table
-    dead_letters_by_time: Table
-    replay_ledger: Table
-    stats: Table
-    progress: Table
+    parked_retries: TableT
+    requests: TableT
+    dead_letters: TableT
+    dead_letters_by_time: TableT
+    replay_ledger: TableT
+    stats: TableT
+    progress: TableT
     steps: StepContext
     """Where the stream step running now is found: every table's writes belong to it."""
 
@@ -84,7 +84,7 @@ def declare(app: faust.App, settings: Settings) -> Topology:
     def topic(name: str) -> TopicT:
         return app.topic(name, partitions=settings.partitions, schema=_raw())
 
-    def table(name: str, help: str) -> Table:
+    def table(name: str, help: str) -> TableT:
         return app.Table(
             name,
             partitions=settings.partitions,

@@ -16,13 +16,14 @@ every earlier event of its partition was acked (dlqapp.processing.flow).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from faust import EventT, StreamT
+from faust import EventT, Stream, StreamT
 from faust.types import AgentT
 
 from dlqapp.core.errors import ErrorClass
@@ -32,7 +33,7 @@ from dlqapp.kafka.faust_agents import answer_asker, asked_value
 from dlqapp.kafka.records import record_of
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
-from dlqapp.processing.flow import Handler, InFlightWindow
+from dlqapp.processing.flow import InFlightWindow
 from dlqapp.tables.topology import TierTopic
 from dlqapp.wiring.faust_app import fail_transactions
 from dlqapp.wiring.restart import after_grace
@@ -108,6 +109,12 @@ def register_agents(app: Any, parts: Any) -> Agents:
     return Agents(operator=operator)
 
 
+def manual_acks(stream: StreamT) -> StreamT:
+    """`stream.noack()`: the agent acks each event itself. Faust hands agents its `Stream`,
+    whose `noack` the `StreamT` interface does not declare."""
+    return cast(Stream, stream).noack()
+
+
 class _Handlers:
     """The agent bodies, and what happens when a step fails."""
 
@@ -128,8 +135,12 @@ class _Handlers:
             fail_transactions(self.app, exc)
             return
         log.critical("fatal error, stopping the worker: %r", exc)
-        self.app.crash(exc)
+        self.app.fail(exc)
         after_grace(FATAL_GRACE_S, lambda: os._exit(FATAL_EXIT_CODE))
+
+    def _stop_if_failed(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self.stop(exc)
 
     async def poison(self, ticket: Ticket, exc: BaseException) -> None:
         """A step failed on this record: dead-letter it as `poison` (in a step of its own)."""
@@ -175,12 +186,11 @@ class _Handlers:
         self, stream: StreamT, window: InFlightWindow, handle: Callable[[Record], Awaitable[object]]
     ) -> None:
         """Every event of `stream` through the door into `window`."""
-        async for event in stream.noack().events():
+        async for event in manual_acks(stream).events():
             ticket = self.admit(event)
             if ticket is not None:
                 record = self.record(event)
-                handler: Handler = lambda record=record: handle(record)  # noqa: E731
-                await window.submit(ticket, handler)
+                await window.submit(ticket, functools.partial(handle, record))
 
     def input_agent(self) -> Callable[[StreamT], Awaitable[None]]:
         pipeline, topic, gate = self.parts.pipeline, self.parts.topology.input, self.parts.input_gate
@@ -196,11 +206,9 @@ class _Handlers:
             )
             gate.pause_fetching_when(feed.backlogged)
             pump = asyncio.create_task(feed.run())
-            pump.add_done_callback(
-                lambda task: task.cancelled() or task.exception() is None or self.stop(task.exception())  # type: ignore[arg-type]
-            )
+            pump.add_done_callback(self._stop_if_failed)
             try:
-                async for event in stream.noack().events():
+                async for event in manual_acks(stream).events():
                     ticket = self.admit(event)
                     if ticket is not None:
                         record = self.record(event)
@@ -256,7 +264,7 @@ class _Handlers:
         async def operator_commands(stream: StreamT) -> None:
             """Operator commands, one at a time, on the owning worker; answers `ask()` once committed."""
             window = self.window(limit=1, on_done=answer, on_poison=failed)
-            async for event in stream.noack().events():
+            async for event in manual_acks(stream).events():
                 ticket = self.admit(event)
                 if ticket is None:
                     continue

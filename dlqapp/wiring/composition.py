@@ -373,15 +373,15 @@ def build_app(settings: Settings | None = None) -> DlqApp:
 
 def _register_services(app: DlqApp, parts: Components) -> None:
     settings = parts.settings
-    app.service(RetryTimer(app, parts.scheduler, settings.timer_interval_ms))
-    app.service(InputPause(app, parts.input_gate, parts.topology.input.get_topic_name()))
-    app.service(RetentionSweep(app, parts.sweeper, parts.clock))
-    app.service(CrashJournal(parts.crash_guard))
-    app.service(LoopLag())
+    app.add_service(RetryTimer(app, parts.scheduler, settings.timer_interval_ms))
+    app.add_service(InputPause(app, parts.input_gate, parts.topology.input.get_topic_name()))
+    app.add_service(RetentionSweep(app, parts.sweeper, parts.clock))
+    app.add_service(CrashJournal(parts.crash_guard))
+    app.add_service(LoopLag())
     if parts.alerts is not None:
-        app.service(AlertWebhook(parts.alerts))
+        app.add_service(AlertWebhook(parts.alerts))
     if parts.steps.exactly_once:
-        app.service(
+        app.add_service(
             TransactionCommits(parts.steps, settings.commit_interval_ms, lambda exc: fail_transactions(app, exc))
         )
 

@@ -12,13 +12,17 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 import faust
+from faust.tables.manager import TableManager
+from faust.tables.recovery import Recovery
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
+from faust.types import ServiceT
 from mode.utils.objects import cached_property
 from mode.utils.times import want_seconds
+from yarl import URL
 
 from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.kafka.access import KafkaAccessError
@@ -110,7 +114,7 @@ class DlqApp(faust.App):
         self.restarts.request_stop()
         self.stop_watch.start()
 
-    def crash(self, reason: BaseException) -> None:
+    def fail(self, reason: BaseException) -> None:
         """Stop the way Faust stops on an agent crash (`Service._crash`), leaving events unacked."""
         self._crash(reason)
 
@@ -118,6 +122,17 @@ class DlqApp(faust.App):
         """Called once by the composition root."""
         self.lifecycle = lifecycle
         self.parts = parts
+
+    def add_service(self, service: ServiceT) -> None:
+        """Start `service` with the app. Faust's `service()` takes an instance as well as a
+        class (`on_init_extra_service`), but declares only a class."""
+        self.service(service)  # type: ignore[arg-type]
+
+    @property
+    def table_recovery(self) -> Recovery:
+        """The tables' changelog recovery: `App.tables` is a `TableManager`, which Faust
+        types as `TableManagerT`, an interface without `recovery`."""
+        return cast(TableManager, self.tables).recovery
 
     async def on_first_start(self) -> None:
         wipe_local_tables(self.dlq_settings, self.conf.tabledir)
@@ -222,7 +237,7 @@ class DlqApp(faust.App):
             partitions=len(owned),
             of=self.dlq_settings.partitions,
         )
-        recovery = self.tables.recovery
+        recovery = self.table_recovery
         self._recovery_start = (
             time.monotonic(),
             {tp: -1 if offset is None else offset for tp, offset in recovery.active_offsets.items()},
@@ -263,7 +278,7 @@ class DlqApp(faust.App):
             return
         began, offsets = self._recovery_start
         self._recovery_start = None
-        records = sum(max(0, high - offsets.get(tp, -1)) for tp, high in self.tables.recovery.active_highwaters.items())
+        records = sum(max(0, high - offsets.get(tp, -1)) for tp, high in self.table_recovery.active_highwaters.items())
         log_event(log, logging.INFO, "tables_recovered", records=records, seconds=round(time.monotonic() - began, 2))
         if not self._ready_logged:
             self._ready_logged = True
@@ -278,7 +293,8 @@ class DlqApp(faust.App):
         return PatientTransport(self.conf.broker_producer, self)
 
     def _new_consumer(self) -> Any:
-        # faust_consumer: the fetch wait Faust fixes at 1.5 s, due hints first, records in offset order; see dlq_consumer_class.
+        # faust_consumer: the fetch wait Faust fixes at 1.5 s, due hints first, records in offset order;
+        # see dlq_consumer_class.
         settings = self.dlq_settings
         consumer_class = dlq_consumer_class(
             settings.fetch_max_wait_ms, frozenset({settings.due}), read_committed=settings.exactly_once
@@ -377,7 +393,7 @@ def create_app(settings: Settings) -> DlqApp:
         Worker=DlqWorker,
     )
     if settings.web_advertised_url:
-        app.conf.canonical_url = settings.web_advertised_url
+        app.conf.canonical_url = URL(settings.web_advertised_url)
     app.dlq_settings = settings
     app.restarts = Restarts()
     app.stop_watch = StopWatch(settings.drain_timeout_ms / 1000)

@@ -22,6 +22,7 @@ close-on-exec), wipes its tables and joins the group again.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import signal
@@ -109,7 +110,7 @@ class Restarts:
         else:
             log.critical("exactly-once transactions failed before the worker was ready, stopping it: %s", self.pending)
             then = lambda: os._exit(FAILED_AT_START_EXIT_CODE)  # noqa: E731
-        app.crash(reason)
+        app.fail(reason)
         after_grace(GRACE_S, then)
 
     def exec_self(self) -> None:
@@ -127,10 +128,8 @@ class Restarts:
         if self.stop_requested:
             return
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):  # a closed stream: nothing to flush
                 stream.flush()
-            except Exception:  # a closed stream: nothing to flush
-                pass
         env = {**os.environ, RESTARTS_ENV: str(self.in_a_row + 1)}
         os.execve(sys.executable, list(sys.orig_argv), env)
 
@@ -152,8 +151,6 @@ class StopWatch:
             "the stop took longer than %.0f s (DLQ_DRAIN_TIMEOUT + %.0f s): exiting now", self.bound_s, STOP_MARGIN_S
         )
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):  # a closed stream
                 stream.flush()
-            except Exception:  # a closed stream
-                pass
         self._exit(0)

@@ -13,6 +13,7 @@ import signal
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -29,6 +30,11 @@ def produce_ids(bootstrap: str, topic: str, ids: list[str]) -> None:
 
 def mock_calls(mock: MockLLM) -> int:
     return mock.stats()["calls"]
+
+
+def calls_reached(mock: MockLLM, target: int) -> Callable[[], bool]:
+    """A `wait_until` predicate: the mock LLM has taken `target` calls."""
+    return lambda: mock_calls(mock) >= target
 
 
 def safe_get(worker: Worker, path: str) -> dict:
@@ -160,7 +166,8 @@ def trace_ids(bootstrap: str, app_id: str, ids: list[str]) -> list[str]:
                             found.append(
                                 (
                                     m.timestamp,
-                                    f"t={m.timestamp} {m.topic}[{m.partition}]@{m.offset} key={(m.key or b'')[:60]!r} value={value} {headers}",
+                                    f"t={m.timestamp} {m.topic}[{m.partition}]@{m.offset} "
+                                    f"key={(m.key or b'')[:60]!r} value={value} {headers}",
                                 )
                             )
             return lines + [line for _, line in sorted(found)]
@@ -210,13 +217,15 @@ def read_ledger(workers: list[Worker], mock: MockLLM, ids: list[str], timeout: f
         for worker in live:
             status = safe_get(worker, "/")
             lines.append(
-                f"{worker.name}: in_flight={status.get('in_flight')} ready={status.get('ready')} input={status.get('assignment', {}).get(worker.topic('input'))}"
+                f"{worker.name}: in_flight={status.get('in_flight')} ready={status.get('ready')} "
+                f"input={status.get('assignment', {}).get(worker.topic('input'))}"
             )
             lines += [
                 f"{worker.name}: {line}"
                 for line in metric_lines(
                     worker,
-                    r"^(faust_messages_received_per_topics_partition|dlqapp_consumer_lag)\{.*input|^faust_(active_messages|total_active_events) ",
+                    r"^(faust_messages_received_per_topics_partition|dlqapp_consumer_lag)\{.*input"
+                    r"|^faust_(active_messages|total_active_events) ",
                 )
             ]
         lines += trace_ids(first.bootstrap, first.app_id, missing[:5])

@@ -75,7 +75,7 @@ def test_every_bad_input_is_dead_lettered_with_its_bytes_and_the_next_valid_one_
     assert len(cases) >= 30
     followers = [unique(f"after-{i}") for i in range(len(cases))]
     messages: list[tuple[bytes | None, bytes | None]] = []
-    for (_, payload), follower in zip(cases, followers):
+    for (_, payload), follower in zip(cases, followers, strict=True):
         messages += [(b"corpus", payload), (b"corpus", request_bytes(follower))]  # one partition, in order
     produce(worker.bootstrap, worker.topic("input"), messages)
     read_topic(worker.bootstrap, worker.topic("results"), lambda r: set(followers) <= keys_seen(r), 120)
@@ -93,7 +93,7 @@ def test_every_bad_input_is_dead_lettered_with_its_bytes_and_the_next_valid_one_
     assert worker.process.poll() is None, "the worker must survive every bad input"
     huge = by_value[cases[9][1]]
     # The dlq agent records the entry after the DLQ topic has the record: wait for it.
-    status, entry = wait_until(
+    _, entry = wait_until(
         lambda: (r := worker.get(f"/dlq/{huge.key.decode()}/"))[0] == 200 and r, 30, "the 5 MB dead letter's entry"
     )
     assert entry["payload_truncated"] and entry["payload_bytes"] > 5_000_000

@@ -30,9 +30,9 @@ PARTITIONS = 3
 ALL = FULL or os.environ.get("CHAOS_CLUSTER") == "1"
 every_scenario = pytest.mark.skipif(not ALL, reason="CHAOS_CLUSTER=1 or CHAOS_FULL=1 (make chaos) runs it")
 pytestmark = pytest.mark.timeout(2400 if FULL else 900)
-WINDOW = (
-    64 * 4 * 2
-)  # calls a rebalance or crash can orphan per worker: concurrency x window factor (4 under exactly_once, which also waits for commits) x agents
+# calls a rebalance or crash can orphan per worker: concurrency x window factor (4 under
+# exactly_once, which also waits for commits) x agents
+WINDOW = 64 * 4 * 2
 
 
 class Run:
@@ -241,7 +241,7 @@ def test_two_workers_killed_while_a_broker_is_down(run):
     )
     ids = produce_ids(workers[0], count, "two")
     wait_until(lambda: mock_calls(r.mock) >= count // 3, 300, "a third of the run")
-    partition, leader = r.busiest_input_leader()
+    _, leader = r.busiest_input_leader()
     meter = r.meter(ids)
     r.cluster.kill(leader)
     for victim in workers[:2]:

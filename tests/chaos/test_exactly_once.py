@@ -17,7 +17,7 @@ import pytest
 
 from tests.chaos.latency_support import safe_get
 from tests.chaos.ledger import FULL, Ledger, assert_guarantee, settled_ledger
-from tests.chaos.test_faults import mock_calls, produce_ids, report
+from tests.chaos.test_faults import calls_reached, mock_calls, produce_ids, report
 from tests.kafka_io import produce, read_until_quiet, request_bytes
 from tests.kafka_tools import committed_keys
 from tests.support import MockLLM, http_json, wait_until
@@ -87,7 +87,7 @@ def test_kill_9_during_load_and_retries_leaves_one_outcome_per_request(make_work
         ids = produce_ids(worker, count, "eos-kill")
         for kill in range(kills):
             target = int(count * (kill + 1) / (kills + 1) * rng.uniform(0.8, 1.1))
-            wait_until(lambda: mock_calls(mock) >= target, 300, f"{target} backend calls before kill {kill + 1}")
+            wait_until(calls_reached(mock, target), 300, f"{target} backend calls before kill {kill + 1}")
             worker.kill()
             worker.start()
         ledger = settled_ledger(worker, ids, timeout=1800 if FULL else 600)

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -20,6 +21,7 @@ from tests.support import (
     MockLLM,
     Worker,
     free_port,
+    page_with_total,
     unique,
     wait_until,
 )
@@ -64,6 +66,11 @@ def mock_calls(mock: MockLLM) -> int:
     return mock.stats()["calls"]
 
 
+def calls_reached(mock: MockLLM, target: int) -> Callable[[], bool]:
+    """A `wait_until` predicate: the mock LLM has taken `target` calls."""
+    return lambda: mock_calls(mock) >= target
+
+
 def test_kill_9_five_times_loses_nothing(make_worker, tmp_path):
     count = 100_000 if FULL else 4_000
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "606")))
@@ -73,7 +80,7 @@ def test_kill_9_five_times_loses_nothing(make_worker, tmp_path):
         ids = produce_ids(worker, count, "kill")
         for kill in range(5):
             target = int(count * (kill + 1) / 6 * rng.uniform(0.8, 1.1))
-            wait_until(lambda: mock_calls(mock) >= target, 300, f"{target} backend calls before kill {kill + 1}")
+            wait_until(calls_reached(mock, target), 300, f"{target} backend calls before kill {kill + 1}")
             worker.kill()
             worker.start()
         ledger = settled_ledger(worker, ids, timeout=900)
@@ -144,9 +151,7 @@ def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
         expected_dead = set(ledger.dead)
         for worker in survivors:
             page = wait_until(
-                lambda: (p := worker.get("/dlq/?limit=1000")[1]).get("total") == len(expected_dead) and p,
-                120,
-                f"the full DLQ on {worker.name}",
+                page_with_total(worker, "/dlq/?limit=1000", len(expected_dead)), 120, f"the full DLQ on {worker.name}"
             )
             assert {i["request_id"] for i in page["items"]} >= expected_dead and "incomplete" not in page
     finally:

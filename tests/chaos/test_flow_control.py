@@ -115,7 +115,8 @@ def test_without_rate_limits_adaptive_concurrency_keeps_429s_under_5_percent(kaf
     ledger, stats = run["ledger"], run["stats"]
     share = stats["throttled"] / stats["calls"]
     print(
-        f"\nadaptive only: {count} requests, provider at {rpm} rpm: {per_minute(run['results']):.0f}/min, 429s {stats['throttled']} of {stats['calls']} calls ({share:.1%}), flow {run['flow']}"
+        f"\nadaptive only: {count} requests, provider at {rpm} rpm: {per_minute(run['results']):.0f}/min, "
+        f"429s {stats['throttled']} of {stats['calls']} calls ({share:.1%}), flow {run['flow']}"
     )
     assert share < 0.05
     assert set(ledger.results) == set(ledger.ids) and not ledger.dead

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from tests.chaos.latency_support import mock_calls, parked, produce_ids, read_ledger, safe_get
+from tests.chaos.latency_support import calls_reached, mock_calls, parked, produce_ids, read_ledger, safe_get
 from tests.chaos.ledger import FULL, Ledger, assert_guarantee, under_exactly_once
 from tests.chaos.tcp_proxy import DelayProxy
 from tests.chaos.test_faults import report
@@ -169,7 +169,7 @@ def test_offsets_are_never_committed_ahead_of_the_table_writes_of_the_same_step(
             produce_ids(bootstrap, first.topic("input"), batches[kill])
             target = sent + int(len(batches[kill]) * rng.uniform(0.3, 0.7))
             sent += len(batches[kill])
-            wait_until(lambda: mock_calls(mock) >= target, 600, f"{target} backend calls before kill {kill + 1}")
+            wait_until(calls_reached(mock, target), 600, f"{target} backend calls before kill {kill + 1}")
             holding = wait_until(
                 lambda: [w for w in workers if parked(w) > 0], 120, f"parked retries before kill {kill + 1}"
             )

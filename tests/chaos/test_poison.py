@@ -118,7 +118,7 @@ def test_known_crashers_are_handled(worker):
     doomed = request_bytes(replay, metadata={"simulate": {"fail_times": 1, "error": "auth_error"}})
     produce(worker.bootstrap, worker.topic("input"), [(replay.encode(), doomed)], headers=[("replay_count", b"x")])
     read_topic(worker.bootstrap, worker.topic("results"), lambda r: timestamp in keys_seen(r), 60)
-    status, entry = wait_until(
+    _, entry = wait_until(
         lambda: (lambda a: a if a[0] == 200 else None)(worker.get(f"/dlq/{replay}/")),
         60,
         "the dead letter to be recorded",

@@ -70,7 +70,8 @@ def netns():
 def from_netns(namespace: str, url: str, method: str) -> tuple[int, dict]:
     script = (
         "import json, sys, urllib.request\n"
-        f"r = urllib.request.Request({url!r}, data=b'{{}}' if {method!r} == 'POST' else None, method={method!r}, headers={{'Content-Type': 'application/json'}})\n"
+        f"r = urllib.request.Request({url!r}, data=b'{{}}' if {method!r} == 'POST' else None, method={method!r}, "
+        "headers={'Content-Type': 'application/json'})\n"
         "try:\n    resp = urllib.request.urlopen(r, timeout=10); print(resp.status); print(resp.read().decode())\n"
         "except urllib.error.HTTPError as e:\n    print(e.code); print(e.read().decode())\n"
     )

@@ -44,15 +44,20 @@ def screenshot(page: Any, name: str) -> Path:
 CLIPPED = """() => {
   const problems = [];
   if (document.documentElement.scrollWidth > window.innerWidth + 1) {
-    const wide = [...document.querySelectorAll('body *')].filter((n) => n.getBoundingClientRect().right > window.innerWidth + 1);
-    problems.push('page scrolls sideways: ' + document.documentElement.scrollWidth + ' px, past the edge: ' + wide.slice(0, 5).map((n) => n.tagName + '#' + n.id + '.' + n.className).join(', '));
+    const wide = [...document.querySelectorAll('body *')]
+      .filter((n) => n.getBoundingClientRect().right > window.innerWidth + 1);
+    problems.push('page scrolls sideways: ' + document.documentElement.scrollWidth + ' px, past the edge: ' +
+      wide.slice(0, 5).map((n) => n.tagName + '#' + n.id + '.' + n.className).join(', '));
   }
   for (const node of document.querySelectorAll('body *')) {
     if (!node.offsetParent && getComputedStyle(node).position !== 'fixed') continue;
     const style = getComputedStyle(node);
-    if (['auto', 'scroll'].includes(style.overflowX) && node.scrollWidth > node.clientWidth + 1) problems.push('scrollbar on ' + (node.id || node.className || node.tagName));
+    if (['auto', 'scroll'].includes(style.overflowX) && node.scrollWidth > node.clientWidth + 1) {
+      problems.push('scrollbar on ' + (node.id || node.className || node.tagName));
+    }
   }
-  for (const cell of document.querySelectorAll('td.keep, #rows td:last-child, #r-rows td:last-child, #r-rows td.due, #workers td.num')) {
+  const cells = 'td.keep, #rows td:last-child, #r-rows td:last-child, #r-rows td.due, #workers td.num';
+  for (const cell of document.querySelectorAll(cells)) {
     if (cell.scrollWidth > cell.clientWidth + 1) problems.push('clipped: ' + cell.textContent);
   }
   return problems;

@@ -156,7 +156,10 @@ def test_nothing_is_clipped_or_behind_a_scrollbar(worker, dead, new_page, width)
     page.click(f"#rows tr[data-id='{dead['script'][0]}']")
     page.wait_for_selector("#headers")
     assert page.evaluate(CLIPPED) == []
-    lines = "cs => cs.map(c => { const r = document.createRange(); r.selectNodeContents(c); return r.getClientRects().length; })"
+    lines = (
+        "cs => cs.map(c => { const r = document.createRange(); r.selectNodeContents(c); "
+        "return r.getClientRects().length; })"
+    )
     assert set(page.eval_on_selector_all("#rows td:last-child", lines)) == {1}  # the time sits on one line
     screenshot(page, f"dead-letters-{width}")
 

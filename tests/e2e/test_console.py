@@ -310,7 +310,8 @@ def test_a_stalled_worker_raises_the_banner_and_recovery_clears_it(worker, mock,
             page.wait_for_selector("#banner .alert", state="visible", timeout=60_000)
         except Exception as exc:
             raise AssertionError(
-                f"no banner; /health/ says {worker.get('/health/')[1]}; states {[worker.get(f'/requests/{rid}/')[1].get('state') for rid in ids]}"
+                f"no banner; /health/ says {worker.get('/health/')[1]}; states "
+                f"{[worker.get(f'/requests/{rid}/')[1].get('state') for rid in ids]}"
             ) from exc
         text = page.inner_text("#banner")
         assert "Stalled" in text and "circuit breaker" in text and "requests held" in text

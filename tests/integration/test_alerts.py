@@ -50,7 +50,7 @@ def test_dead_letters_are_batched_into_webhook_messages_and_retried(make_worker)
         worker.topic("input"),
         [
             (rid.encode(), request_bytes(rid, metadata={"simulate": {"fail_times": 1, "error": e}}))
-            for rid, e in zip(ids, errors)
+            for rid, e in zip(ids, errors, strict=True)
         ],
     )
     wait_until(lambda: sum(b["dlqapp"]["total"] for b in receiver.bodies) >= 4, 60, "4 dead letters to be alerted")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+from functools import partial
 
 from tests.kafka_io import Record, produce, read_topic, request_bytes
 from tests.support import FAUST, Worker, unique_ids, wait_until
@@ -104,12 +105,11 @@ def test_a_survivor_counts_the_whole_truth_after_a_kill(make_worker):
             and worker.get("/dlq/")[1]["total"] == 40
         )
 
+    def counted(worker: Worker) -> str:
+        return f"{worker.name} to count 40 dead letters and 40 results: {worker.get('/dlq/stats/')[1]}"
+
     for worker in (first, second):
-        wait_until(
-            lambda: truth(worker),
-            60,
-            lambda: f"{worker.name} to count 40 dead letters and 40 results: {worker.get('/dlq/stats/')[1]}",
-        )
+        wait_until(partial(truth, worker), 60, partial(counted, worker))
     second.kill()
     wait_until(
         lambda: first.get("/")[1]["assigned_partitions"] == everything, 90, "the survivor to own every partition"
@@ -118,7 +118,8 @@ def test_a_survivor_counts_the_whole_truth_after_a_kill(make_worker):
         lambda: truth(first),
         60,
         lambda: (
-            f"the survivor to count the whole truth: {first.get('/dlq/stats/')[1]}, total {first.get('/dlq/')[1]['total']}"
+            f"the survivor to count the whole truth: {first.get('/dlq/stats/')[1]}, "
+            f"total {first.get('/dlq/')[1]['total']}"
         ),
     )
     assert cli(first, "dlq-stats")["dlq_size"] == 40

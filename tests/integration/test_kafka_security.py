@@ -9,6 +9,7 @@ import os
 import random
 import subprocess
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -219,13 +220,13 @@ def test_kill_9_on_the_secured_broker_loses_nothing(secure, tmp_path, workers):
         client=secure.admin_client(),
     )
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "31")))
+
+    def received(target: int) -> bool:
+        return worker.get("/dlq/stats/")[1]["received"] >= target if worker.process.poll() is None else False
+
     for kill in range(kills):
         target = int(count * (kill + 1) / (kills + 1) * rng.uniform(0.8, 1.0))
-        wait_until(
-            lambda: worker.get("/dlq/stats/")[1]["received"] >= target if worker.process.poll() is None else False,
-            300,
-            f"{target} received before kill {kill + 1}",
-        )
+        wait_until(partial(received, target), 300, f"{target} received before kill {kill + 1}")
         worker.kill()
         worker.start()
     ledger = Ledger.read(

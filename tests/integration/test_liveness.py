@@ -12,6 +12,8 @@ import json
 import signal
 import subprocess
 import time
+from functools import partial
+from typing import Any
 
 import pytest
 
@@ -67,10 +69,13 @@ def test_a_failing_tail_alone_still_reaches_the_dlq(make_worker):
     found = outcomes(worker, bad + good, WAIT_S)
     assert {r: found[r] for r in good} == {r: "results" for r in good}
     assert {r: found[r] for r in bad} == {r: "dlq" for r in bad}
+
+    def dlq_entry(rid: str) -> Any:
+        status, body = worker.get(f"/dlq/{rid}/")
+        return body if status == 200 else None
+
     for rid in bad[:3]:  # the DLQ agent records an entry a moment after the dead letter is on the topic
-        entry = wait_until(
-            lambda: (lambda a: a[1] if a[0] == 200 else None)(worker.get(f"/dlq/{rid}/")), 30, f"the DLQ entry of {rid}"
-        )
+        entry = wait_until(partial(dlq_entry, rid), 30, f"the DLQ entry of {rid}")
         assert entry["error_class"] == "server_error" and entry["attempts"] == 4
 
 

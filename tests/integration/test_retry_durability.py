@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 
 from tests.kafka_io import (
     keys_seen,
@@ -33,8 +34,8 @@ def test_default_delays_four_failures_reach_the_dlq_never_early(make_worker):
     assert dead.headers["retry_count"] == "3" and dead.headers["final_error"]
     history = json.loads(dead.headers["attempt_history"])
     assert len(history) == 4 and never_early(history)
-    gaps = [b["scheduled"] - (a["at"] + a["duration_ms"]) for a, b in zip(history, history[1:])]
-    assert [g >= d for g, d in zip(gaps, (1000, 10_000, 60_000))] == [True, True, True], gaps
+    gaps = [b["scheduled"] - (a["at"] + a["duration_ms"]) for a, b in pairwise(history)]
+    assert [g >= d for g, d in zip(gaps, (1000, 10_000, 60_000), strict=True)] == [True, True, True], gaps
     assert [a["topic"] for a in history][1:] == [worker.topic(t) for t in ("retry-1s", "retry-10s", "retry-1m")]
 
 
@@ -82,7 +83,7 @@ def test_due_retries_are_not_starved_by_an_input_flood(make_worker):
     flood = [unique(f"flood{i}") for i in range(5000)]
     produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in flood])
     records = read_topic(worker.bootstrap, worker.topic("results"), lambda r: probe in keys_seen(r), 120)
-    probe_retry = [r.json for r in records if r.key.decode() == probe][0]["history"][1]
+    probe_retry = next(r.json for r in records if r.key.decode() == probe)["history"][1]
     all_results = read_topic(worker.bootstrap, worker.topic("results"), lambda r: len(r) >= 5001, 300)
     finished_before = sum(
         1 for r in all_results if r.key.decode() != probe and r.json["completed_at"] < probe_retry["at"]

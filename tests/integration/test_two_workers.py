@@ -7,25 +7,17 @@ import signal
 import subprocess
 
 from tests.kafka_io import produce, request_bytes
-from tests.support import Worker, http_json, unique, wait_until
+from tests.support import Worker, http_json, in_state, page_with_total, unique, wait_until
 
 
 def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
     first, second = _two_workers(make_worker, {"DLQ_RETRY_DELAYS": "10m,20m", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"})
     ids = _failing_once(first, "two", 12, "auth_error")
     for worker in (first, second):
-        page = wait_until(
-            lambda: (p := worker.get("/dlq/?limit=100")[1]).get("total") == 12 and p,
-            60,
-            f"12 entries listed by {worker.name}",
-        )
+        page = wait_until(page_with_total(worker, "/dlq/?limit=100", 12), 60, f"12 entries listed by {worker.name}")
         assert {i["request_id"] for i in page["items"]} == set(ids) and "incomplete" not in page
         assert all(worker.get(f"/dlq/{rid}/")[0] == 200 for rid in ids)
-        wait_until(
-            lambda: all(worker.get(f"/requests/{rid}/")[1]["state"] == "dead_lettered" for rid in ids),
-            30,
-            "every state to say dead_lettered",
-        )
+        wait_until(in_state(worker, "dead_lettered", *ids), 30, "every state to say dead_lettered")
         assert worker.get("/dlq/stats/")[1]["dlq_size"] == 12
     owners = {http_json(w.url + "/")[1]["assigned_partitions"] for w in (first, second)}
     assert 0 not in owners  # the work really is split
@@ -48,9 +40,7 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
     produce(first.bootstrap, first.topic("input"), [(rid.encode(), request_bytes(rid, **retry_plan)) for rid in parked])
     for worker in (first, second):
         listing = wait_until(
-            lambda: (p := worker.get("/retries/?limit=100")[1]).get("total") == 6 and p,
-            60,
-            f"6 parked retries listed by {worker.name}",
+            page_with_total(worker, "/retries/?limit=100", 6), 60, f"6 parked retries listed by {worker.name}"
         )
         assert {i["request_id"] for i in listing["items"]} == set(parked) and "incomplete" not in listing
         assert len(worker.get("/health/")[1]["workers"]) == 2
@@ -61,7 +51,7 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
     status, body = http_json(first.url + f"/retries/{parked[5]}/dead-letter/", "POST", {})
     assert status == 200 and body["status"] == "dead_lettered", body
     for rid in parked[:5]:
-        wait_until(lambda: second.get(f"/requests/{rid}/")[1]["state"] == "succeeded", 120, f"{rid} run now")
+        wait_until(in_state(second, "succeeded", rid), 120, f"{rid} run now")
     # the dlq agent records the entry once it reads the dead letter (committed) back
     wait_until(lambda: second.get(f"/dlq/{parked[5]}/")[0] == 200, 30, "the dead letter listed on the other worker")
     wait_until(lambda: second.get("/retries/")[1]["total"] == 0, 120, "no parked retry left")
@@ -81,7 +71,7 @@ def test_a_worker_that_asked_another_for_operator_actions_stops_promptly(make_wo
         status, body = http_json(second.url + f"/dlq/{rid}/", "DELETE")
         assert status == 200 and body["status"] == "discarded", body
     for rid in ids[:4]:
-        wait_until(lambda: second.get(f"/requests/{rid}/")[1]["state"] == "succeeded", 60, f"{rid} replayed")
+        wait_until(in_state(second, "succeeded", rid), 60, f"{rid} replayed")
 
     second.process.send_signal(signal.SIGTERM)
     try:

@@ -128,7 +128,6 @@ class LiteLLMProxy:
         config_path.write_text(json.dumps(self.settings))
         env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_DOCS": "True", "LITELLM_LOG": "ERROR"}
         env.pop("DATABASE_URL", None)
-        log = open(self.tmp / f"litellm-{self.port}.log", "ab")
         command = [
             str(self.venv / "bin" / "litellm"),
             "--config",
@@ -138,7 +137,10 @@ class LiteLLMProxy:
             "--port",
             str(self.port),
         ]
-        self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.tmp / f"litellm-{self.port}.log", "ab") as log:
+            self.process = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         wait_until(self._up, timeout, f"LiteLLM to listen on {self.port}\n{self.log_tail()}", interval=0.3)
         return self
 

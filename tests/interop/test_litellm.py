@@ -194,7 +194,7 @@ def test_litellms_forwarded_retry_after_is_honoured(make_worker, litellm):
     }
     waiting = {rid: s for rid, s in states.items() if s["state"] == "retry_scheduled"}
     assert len(waiting) >= 2, states
-    for rid, state in waiting.items():
+    for state in waiting.values():
         assert state["error_class"] == "rate_limited"
         assert state["due"] - state["history"][-1]["at"] >= 59_000, state  # not the 200 ms tier
     holds_for(

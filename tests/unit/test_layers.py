@@ -99,12 +99,12 @@ def test_no_import_cycle() -> None:
         for target in sorted(graph.get(module, ())):
             if state.get(target) == 1:
                 cycles.append(
-                    " -> ".join(path[path.index(target) :] + [module, target])
+                    " -> ".join([*path[path.index(target) :], module, target])
                     if target in path
                     else f"{module} -> {target}"
                 )
             elif target not in state:
-                visit(target, path + [module])
+                visit(target, [*path, module])
         state[module] = 2
 
     for module in sorted(graph):

@@ -230,12 +230,12 @@ def test_a_steady_partial_failure_rate_never_opens_it_at_any_throughput(rate_per
 
 @pytest.mark.parametrize("rate_per_s", [10, 150, 1000])
 def test_an_outage_opens_it_within_two_seconds_of_traffic(rate_per_s):
-    b, opened_at = simulate(rate_per_s, 0.2, seconds=40, seed=7, outage_from=30.0)
+    _, opened_at = simulate(rate_per_s, 0.2, seconds=40, seed=7, outage_from=30.0)
     assert opened_at is not None and 30.0 <= opened_at <= 32.0, opened_at
 
 
 def test_a_partial_outage_above_the_ratio_opens_it_through_the_window():
-    b, opened_at = simulate(150, 0.7, seconds=30, seed=3, consecutive=10_000)
+    _, opened_at = simulate(150, 0.7, seconds=30, seed=3, consecutive=10_000)
     assert opened_at is not None and opened_at <= 10.0
 
 

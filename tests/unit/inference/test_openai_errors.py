@@ -76,7 +76,10 @@ def test_litellm_context_window_exceeded_is_context_length():
     """Issue 20: LiteLLM's ContextWindowExceededError was read as invalid_request."""
     body = {
         "error": {
-            "message": "litellm.ContextWindowExceededError: litellm.BadRequestError: this is a mock context window exceeded error",
+            "message": (
+                "litellm.ContextWindowExceededError: litellm.BadRequestError: "
+                "this is a mock context window exceeded error"
+            ),
             "type": "invalid_request_error",
             "code": "400",
         }

@@ -58,7 +58,7 @@ def test_missing_topics_on_too_few_brokers_are_refused_naming_the_setting():
 
 def test_existing_topics_with_fewer_replicas_than_min_insync_are_refused():
     settings = Settings.from_env({"DLQ_REPLICATION_FACTOR": "3"})
-    with pytest.raises(TopicMismatchError, match="DLQ_MIN_INSYNC_REPLICAS=2.*input has 1"):
+    with pytest.raises(TopicMismatchError, match=r"DLQ_MIN_INSYNC_REPLICAS=2.*input has 1"):
         _check_replicas(settings, {"input": TopicShape(3, 1), "dlq": TopicShape(3, 3)})
 
 

@@ -40,7 +40,7 @@ def test_deadline_and_priority_are_optional_and_validated():
         {"priority": "urgent"},
         {"priority": 1},
     ):
-        with pytest.raises(InvalidRequest, match="deadline|priority"):
+        with pytest.raises(InvalidRequest, match=r"deadline|priority"):
             validate_request({"request_id": "a", "prompt": "p", **bad})
 
 
@@ -48,7 +48,7 @@ def test_a_bad_deadline_or_priority_is_dead_lettered_as_invalid_with_its_origina
     w = worker(tmp_path)
     payload = json.dumps({"request_id": "bad", "prompt": "p", "priority": "urgent", "deadline": "soon"}).encode()
     asyncio.run(w.pipeline.on_input(consumed(b"bad", payload, message=FakeMessage("input", 0, 0)), w.input))
-    ((key, value, headers, _),) = w.dlq.sent
+    ((_, value, headers, _),) = w.dlq.sent
     assert value == payload and headers["error_class"] == "invalid_request"
     assert "priority must be one of" in headers["final_error"] and "deadline must be" in headers["final_error"]
     assert w.backend.calls_for("bad") == 0

@@ -193,13 +193,13 @@ def test_a_password_never_shows_in_settings_errors_or_descriptions():
 def test_acls_are_least_privilege_and_follow_the_settings():
     s = settings(DLQ_APP_ID="billing", DLQ_TOPIC_PREFIX="prod.", DLQ_RETRY_DELAYS="5s,1m")
     lines = kafka_acls_lines(required(s), "User:svc")
-    assert (
-        lines[0]
-        == "--add --allow-principal User:svc --operation Read --operation Write --operation Create --operation DescribeConfigs --topic billing- --resource-pattern-type prefixed"
+    assert lines[0] == (
+        "--add --allow-principal User:svc --operation Read --operation Write --operation Create --operation "
+        "DescribeConfigs --topic billing- --resource-pattern-type prefixed"
     )
     assert (
-        "--add --allow-principal User:svc --operation Write --operation Create --operation DescribeConfigs --topic prod.results"
-        in lines
+        "--add --allow-principal User:svc --operation Write --operation Create --operation DescribeConfigs --topic "
+        "prod.results" in lines
     )  # never read
     assert "--add --allow-principal User:svc --operation Read --group billing" in lines
     topics = [line.split("--topic ")[1] for line in lines if "--topic " in line]
@@ -230,7 +230,8 @@ def test_exactly_once_adds_write_and_describe_on_the_transactional_ids_and_nothi
     assert not any("--transactional-id" in line for line in at_least_once)
     assert exactly_once[: len(at_least_once)] == at_least_once
     assert exactly_once[len(at_least_once) :] == [
-        "--add --allow-principal User:svc --operation Write --operation Describe --transactional-id billing- --resource-pattern-type prefixed"
+        "--add --allow-principal User:svc --operation Write --operation Describe --transactional-id billing- "
+        "--resource-pattern-type prefixed"
     ]
 
 
@@ -260,17 +261,20 @@ def test_missing_operations_follow_kafkas_implications():
 def test_connection_failures_that_retrying_cannot_cure_are_explained():
     sasl = KafkaSecurity("SASL_SSL", "SCRAM-SHA-512", "dlqapp", Secret("x"))
     bad_login = [
-        'Unable connect to "b:9093": [Error 58] SaslAuthenticationFailed: Authentication failed during authentication due to invalid credentials'
+        'Unable connect to "b:9093": [Error 58] SaslAuthenticationFailed: Authentication failed during '
+        "authentication due to invalid credentials"
     ]
     assert "DLQ_KAFKA_SASL_USERNAME=dlqapp" in explain(
         bad_login, sasl, "b:9093"
     ) and "DLQ_KAFKA_SASL_PASSWORD" in explain(bad_login, sasl, "b:9093")
     untrusted = [
-        'Unable connect to "b:9093": [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed certificate in certificate chain'
+        'Unable connect to "b:9093": [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: self-signed '
+        "certificate in certificate chain"
     ]
     assert "DLQ_KAFKA_SSL_CAFILE" in explain(untrusted, sasl, "b:9093")
     wrong_name = [
-        "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: IP address mismatch, certificate is not valid for '10.0.0.1'"
+        "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: IP address mismatch, certificate is not valid "
+        "for '10.0.0.1'"
     ]
     assert "DLQ_KAFKA_SSL_CHECK_HOSTNAME" in explain(wrong_name, sasl, "b:9093")
     closed = ['Unable connect to "b:9093": KafkaConnectionError: Connection at b:9093 closed']

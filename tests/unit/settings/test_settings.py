@@ -84,7 +84,7 @@ def test_duration_names(ms, text):
 
 def test_every_setting_has_a_default_that_validates_and_a_doc():
     assert Settings.from_env({})
-    for env, default, doc in SETTINGS:
+    for env, _default, doc in SETTINGS:
         assert env.startswith("DLQ_") and doc
 
 

@@ -18,7 +18,7 @@ class FakeApp:
     def __init__(self) -> None:
         self.crashed: list[BaseException] = []
 
-    def crash(self, reason: BaseException) -> None:
+    def fail(self, reason: BaseException) -> None:
         self.crashed.append(reason)
 
 
