@@ -1,8 +1,10 @@
 """HTTP guard: who may call, who may mutate, how big a body may be, and errors as JSON.
 
-Every request: the `Host` header must name this worker (an IP address, a loopback name,
-the advertised host, this machine's name, or one in DLQ_ALLOWED_HOSTS), which defeats DNS
-rebinding. Mutations (any method but GET/HEAD) also need:
+Every request but the probes: the `Host` header must name this worker (an IP address, a
+loopback name, the advertised host, this machine's name, or one in DLQ_ALLOWED_HOSTS),
+which defeats DNS rebinding. The probes (`GET /livez`, `GET /readyz`) answer whatever the
+Host: they are read-only and say only whether the worker is alive and ready, and an
+orchestrator or load balancer may probe by any name. Mutations (any method but GET/HEAD) also need:
 - `Content-Type: application/json`, which a cross-site form or simple fetch cannot send
   without a CORS preflight, and dlqapp answers no preflight;
 - no `Origin`, or this worker's own, or one in DLQ_ALLOWED_ORIGINS;
@@ -21,6 +23,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})
+PROBE_PATHS = frozenset({"/livez", "/readyz"})
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -72,9 +75,11 @@ class AccessPolicy:
 
 
 def refusal(
-    method: str, remote: str | None, headers: Mapping[str, str], policy: AccessPolicy
+    method: str, remote: str | None, headers: Mapping[str, str], policy: AccessPolicy, path: str = ""
 ) -> tuple[int, str] | None:
     """Why a request is refused, as (status, message naming what to set), or None."""
+    if method in SAFE_METHODS and path in PROBE_PATHS:
+        return None
     host = headers.get("Host")
     if not policy.host_allowed(host):
         return 403, f"host {host_name(host or '')!r} is not this worker's; add it to DLQ_ALLOWED_HOSTS"
@@ -103,7 +108,7 @@ def guard_middleware(policy: AccessPolicy) -> Callable[[web.Request, Handler], A
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        refused = refusal(request.method, request.remote, request.headers, policy)
+        refused = refusal(request.method, request.remote, request.headers, policy, request.path)
         if refused is not None:
             status, message = refused
             return web.json_response({"error": message}, status=status)

@@ -51,3 +51,15 @@ def test_a_short_admin_token_is_refused_naming_the_setting():
         Settings.from_env({"DLQ_ADMIN_TOKEN": "change-me"})
     assert Settings.from_env({"DLQ_ADMIN_TOKEN": TOKEN}).admin_token == TOKEN
     assert Settings.from_env({}).admin_token == ""
+
+
+def test_probes_answer_any_host_but_only_for_reads():
+    policy = AccessPolicy(token=TOKEN)
+    for path in ("/livez", "/readyz"):
+        assert refusal("GET", "10.0.0.5", {"Host": "evil.example:6066"}, policy, path) is None
+        assert refusal("GET", "10.0.0.5", {"Host": "dlqapp.prod.svc:6066"}, policy, path) is None
+        assert refusal("GET", "10.0.0.5", {}, policy, path) is None
+        assert refusal("POST", "10.0.0.5", {"Host": "evil.example:6066"}, policy, path)[0] == 403
+    # every other route still checks the Host, /livez/ and /readyz/x included
+    for path in ("/", "/dlq/", "/metrics", "/livez/", "/readyz/x"):
+        assert refusal("GET", "10.0.0.5", {"Host": "evil.example:6066"}, policy, path)[0] == 403
