@@ -6,7 +6,12 @@ which defeats DNS rebinding. The probes (`GET /livez`, `GET /readyz`) answer wha
 Host: they are read-only and say only whether the worker is alive and ready, and an
 orchestrator or load balancer may probe by any name. Mutations (any method but GET/HEAD) also need:
 - `Content-Type: application/json`, which a cross-site form or simple fetch cannot send
-  without a CORS preflight, and dlqapp answers no preflight;
+  without a CORS preflight, and dlqapp answers no preflight. One exception: a `DELETE`
+  without a body that carries the right bearer token. A browser attaches no
+  `Authorization` header of its own and sends no cross-site `DELETE` without a preflight,
+  so such a request cannot come from a hostile page, and it has no body to type. A
+  token-less mutation (loopback only) keeps the rule: it is what a page on the operator's
+  own machine could forge;
 - no `Origin`, or this worker's own, or one in DLQ_ALLOWED_ORIGINS;
 - `Authorization: Bearer <DLQ_ADMIN_TOKEN>` when that is set (compared in constant
   time); when it is not set, a loopback client.
@@ -85,22 +90,35 @@ def refusal(
         return 403, f"host {host_name(host or '')!r} is not this worker's; add it to DLQ_ALLOWED_HOSTS"
     if method in SAFE_METHODS:
         return None
+    given = _bearer(headers)
+    token_ok = bool(policy.token) and given is not None and hmac.compare_digest(given.encode(), policy.token.encode())
     content_type = headers.get("Content-Type", "").split(";", 1)[0].strip().lower()
-    if content_type != "application/json":
+    untyped_ok = token_ok and method == "DELETE" and not _has_body(headers)
+    if content_type != "application/json" and not untyped_ok:
         return 415, "mutations need Content-Type: application/json"
     origin = headers.get("Origin")
     if origin is not None and not policy.origin_allowed(origin, host):
         return 403, f"origin {origin[:100]!r} may not change this worker; add it to DLQ_ALLOWED_ORIGINS"
     if policy.token:
-        scheme, _, given = (headers.get("Authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or not given:
+        if given is None:
             return 401, "this action needs Authorization: Bearer <DLQ_ADMIN_TOKEN>"
-        if not hmac.compare_digest(given.strip().encode(), policy.token.encode()):
-            return 403, "wrong admin token"
-        return None
+        return None if token_ok else (403, "wrong admin token")
     if not is_loopback(remote):
         return 403, "mutations are accepted from loopback clients only; set DLQ_ADMIN_TOKEN to allow remote operators"
     return None
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, or None."""
+    scheme, _, given = (headers.get("Authorization") or "").partition(" ")
+    given = given.strip()
+    return given if scheme.lower() == "bearer" and given else None
+
+
+def _has_body(headers: Mapping[str, str]) -> bool:
+    """Whether a request announces a body (a length other than 0, or a chunked one)."""
+    length = headers.get("Content-Length", "").strip()
+    return bool(headers.get("Transfer-Encoding")) or (bool(length) and length != "0")
 
 
 def guard_middleware(policy: AccessPolicy) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
