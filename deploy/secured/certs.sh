@@ -2,7 +2,8 @@
 # docker compose --profile secured: the CA, the broker's keystore and the admin client
 # properties, made once in the `secured-secrets` volume with the JRE's keytool.
 set -euo pipefail
-: "${KAFKA_KEYSTORE_PASSWORD:?}" "${KAFKA_ADMIN_PASSWORD:?}"
+: "${KAFKA_KEYSTORE_PASSWORD:?export KAFKA_KEYSTORE_PASSWORD before docker compose --profile secured up}" \
+  "${KAFKA_ADMIN_PASSWORD:?export KAFKA_ADMIN_PASSWORD before docker compose --profile secured up}"
 cd /secrets
 [ -f .done ] && exit 0
 pw="$KAFKA_KEYSTORE_PASSWORD"

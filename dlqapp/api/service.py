@@ -25,7 +25,7 @@ from dlqapp.deadletters.queries import (
 from dlqapp.kafka.consumer_state import consumer_lag
 from dlqapp.kafka.faust_tables import active_partitions, values_newest_first
 from dlqapp.observability import metrics
-from dlqapp.observability.health import merge_health
+from dlqapp.observability.health import Readiness, merge_health, worker_readiness
 from dlqapp.retries.listing import RetryFilter, local_retries, merge_retries
 from dlqapp.tables.counters import grouped
 
@@ -140,9 +140,7 @@ class Api:
             "app": "dlqapp",
             "version": __version__,
             "app_id": self.settings.app_id,
-            "ready": bool(app.assignor.assigned_actives())
-            and not app.rebalancing
-            and not getattr(app, "in_recovery", False),
+            "ready": self.readiness().ready,
             "url": str(app.conf.canonical_url),
             "assigned_partitions": len(app.assignor.assigned_actives()),
             "assignment": self._assignment(),
@@ -153,6 +151,10 @@ class Api:
             "flow": self.flow(),
             "admin_page": "/ui/",
         }
+
+    def readiness(self) -> Readiness:
+        """Whether this worker serves its share now (`GET /readyz`), and why not."""
+        return worker_readiness(self.app)
 
     def flow(self) -> dict[str, Any]:
         """Flow control on this worker: the adaptive limit, waiters by priority, rate limits per model."""

@@ -35,6 +35,18 @@ def register_views(app: Any, api: Api) -> None:
         """What this worker is and where to go next."""
         return self.json(api.status())
 
+    @app.page("/livez")
+    async def livez(self: web.View, request: web.Request) -> web.Response:
+        """Liveness: 200 whenever the event loop gets to answer (no other check)."""
+        return self.json({"alive": True})
+
+    @app.page("/readyz")
+    async def readyz(self: web.View, request: web.Request) -> web.Response:
+        """Readiness: 200 once topics are checked, partitions assigned and tables recovered,
+        while the worker is not stopping; 503 with the reason otherwise."""
+        state = api.readiness()
+        return self.json({"ready": state.ready, "reason": state.reason}, status=200 if state.ready else 503)
+
     @app.page("/dlq/")
     @handled
     async def dlq_list(self: web.View, request: web.Request) -> web.Response:

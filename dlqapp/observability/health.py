@@ -1,4 +1,5 @@
-"""Health at a glance: per-minute rates kept in memory, retry lateness, stall detection.
+"""Health at a glance: per-minute rates kept in memory, retry lateness, stall detection,
+and whether a worker is ready to serve (`readiness`, behind `GET /readyz`).
 
 Pure code; the clock is passed in. Each worker keeps `MinuteRates`, a ring of the last
 `MINUTES` minutes of what its counters saw (received, succeeded, retried, dead-lettered),
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 MINUTES = 15
@@ -20,6 +22,46 @@ LOOP_LAG_ALERT_S = 1.0
 """Event-loop lag above this is reported as degraded: every retry is delayed by it."""
 OVERDUE_ALERT_MS = 30_000
 """A parked retry this far past its due time means the retry timer is not keeping up."""
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """Whether a worker serves its share of the work now, and if not, why (in words)."""
+
+    ready: bool
+    reason: str
+
+
+def readiness(
+    *, stopping: bool, topics_checked: bool, assigned_partitions: int, rebalancing: bool, recovering: bool
+) -> Readiness:
+    """A worker is ready once its topics are checked, it owns partitions, no rebalance or
+    table recovery is under way, and it is not stopping; the first unmet condition is the reason."""
+    if stopping:
+        return Readiness(False, "stopping")
+    if not topics_checked:
+        return Readiness(False, "checking topics")
+    if rebalancing:
+        return Readiness(False, "rebalancing")
+    if recovering:
+        return Readiness(False, "recovering tables")
+    if assigned_partitions < 1:
+        return Readiness(False, "no partitions assigned (more workers than DLQ_PARTITIONS, or not joined yet)")
+    return Readiness(True, "ready")
+
+
+def worker_readiness(app: Any) -> Readiness:
+    """The readiness of a running dlqapp Faust app (read from its attributes, duck-typed):
+    behind `GET /readyz`, `ready` in `GET /` and the `dlqapp_worker_ready` gauge. Partitions
+    count on the input topic only: Faust may hand a worker without work its one-partition
+    topics (the leader topic), and every dlqapp topic is partitioned like input."""
+    return readiness(
+        stopping=bool(app.should_stop),
+        topics_checked=bool(getattr(app, "topics_checked", False)),
+        assigned_partitions=sum(1 for tp in app.assignor.assigned_actives() if tp.topic == app.dlq_settings.input),
+        rebalancing=bool(app.rebalancing),
+        recovering=bool(app.tables.recovery.in_recovery),
+    )
 
 
 def series_of(counter_name: str) -> str | None:

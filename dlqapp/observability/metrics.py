@@ -92,6 +92,14 @@ rate_wait = Histogram(
     ["model"],
     buckets=(*LATENESS_BUCKETS, 30, 60),
 )
+worker_ready = Gauge(
+    "dlqapp_worker_ready",
+    "1 while this worker is ready (GET /readyz answers 200), else 0.",
+)
+worker_start_time = Gauge(
+    "dlqapp_worker_start_time_seconds",
+    "When this worker's run began (epoch seconds); a worker that restarts in place (same pid) starts a new run.",
+)
 lateness = _Histogram(
     "dlqapp_retry_lateness_seconds",
     "Actual attempt time minus scheduled_time, by tier.",

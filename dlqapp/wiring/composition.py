@@ -41,7 +41,7 @@ from dlqapp.kafka.offset_watch import OffsetWatch
 from dlqapp.kafka.transactions import ProducerFactory, Transactions
 from dlqapp.observability import metrics
 from dlqapp.observability.faust_monitor import install_counting_monitor
-from dlqapp.observability.health import MinuteRates
+from dlqapp.observability.health import MinuteRates, worker_readiness
 from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.observability.logs import log_breaker_move
 from dlqapp.processing.caller import BackendCaller
@@ -391,6 +391,8 @@ def _register_metrics(app: DlqApp, parts: Components) -> None:
     limiter = parts.caller.limiter
     metrics.concurrency_limit.set_function(lambda: limiter.limit)
     metrics.calls_in_flight.set_function(lambda: limiter.in_use)
+    metrics.worker_ready.set_function(lambda: 1.0 if worker_readiness(app).ready else 0.0)
+    metrics.worker_start_time.set_to_current_time()
     stats = parts.topology.stats
     metrics.register_state_collector(
         metrics.StateCollector(

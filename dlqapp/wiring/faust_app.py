@@ -108,6 +108,8 @@ class DlqApp(faust.App):
     """The worker's components (dlqapp.wiring.composition.Components), for views and commands."""
     _recovery_start: tuple[float, dict[Any, int]] | None = None
     _ready_logged = False
+    topics_checked = False
+    """True once this run's topic checks passed (on_first_start)."""
 
     def stop_requested(self) -> None:
         """SIGTERM or Ctrl-C (dlqapp.wiring.worker): never restart from now on, and be gone in bounded time."""
@@ -159,6 +161,7 @@ class DlqApp(faust.App):
             log.critical("refusing to start: %s", exc)
             print(f"dlqapp: refusing to start: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(3) from None
+        self.topics_checked = True
         checked = len(self.dlq_settings.all_topics()) + len(internal)
         log_event(
             log,

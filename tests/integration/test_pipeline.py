@@ -1,4 +1,5 @@
-"""The core pipeline against a real broker: tiers, DLQ, dedup, invalid input, TTL."""
+"""The core pipeline against a real broker: tiers, DLQ, dedup, invalid input, TTL; every
+result, dead letter and DLQ entry read here is checked against the shipped JSON Schemas."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.kafka_io import (
     read_topic,
     request_bytes,
 )
+from tests.schemas import assert_valid, errors, key_form
 from tests.support import unique, wait_until
 
 DELAYS_MS = (300, 600, 900)
@@ -37,12 +39,20 @@ def send(worker, *messages, key_by_id=True):
 
 def results_for(worker, ids, timeout=60):
     records = read_topic(worker.bootstrap, worker.topic("results"), lambda r: set(ids) <= keys_seen(r), timeout)
-    return [r for r in records if r.key.decode() in ids]
+    mine = [r for r in records if r.key.decode() in ids]
+    for record in mine:
+        assert_valid("result", record.json)
+    return mine
 
 
 def dead_letters_for(worker, ids, timeout=60):
+    """Dead letters of valid requests: the value is the request's bytes, keyed by its id."""
     records = read_topic(worker.bootstrap, worker.topic("dlq"), lambda r: set(ids) <= keys_seen(r), timeout)
-    return [r for r in records if r.key.decode() in ids]
+    mine = [r for r in records if r.key.decode() in ids]
+    for record in mine:
+        assert_valid("input", json.loads(record.value), declared=False)
+        assert key_form(record.key.decode()) == "request"
+    return mine
 
 
 def simulate(fail_times, error="server_error", **extra):
@@ -144,6 +154,14 @@ def test_invalid_input_is_dead_lettered_at_once_with_its_bytes_and_the_next_mess
     dead = read_topic(worker.bootstrap, worker.topic("dlq"), lambda rs: any(r.value == payload for r in rs), 30)
     (record,) = [r for r in dead if r.value == payload][:1]
     assert record.headers["error_class"] == "invalid_request" and reason in record.headers["final_error"]
+    readable_id = reason.startswith("over the")  # the oversized one has an id; the others have none
+    assert key_form(record.key.decode()) == ("unprocessable copy" if readable_id else "invalid without id")
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        doc = None
+    if doc is not None and not readable_id:
+        assert errors("input", doc), "the input schema accepts a payload dlqapp refused"
 
 
 def test_the_same_id_three_times_keyed_and_unkeyed_is_called_once(worker):
@@ -177,8 +195,11 @@ def test_the_dlq_agent_records_the_entry_the_json_line_and_the_alert(worker):
     assert entry["error_class"] == "content_filter" and entry["payload"]["request_id"] == rid
     assert entry["payload_bytes"] == len(payload) and len(entry["history"]) == 1
     assert entry["source"]["topic"] == worker.topic("input") and entry["dead_at"] >= entry["first_seen"]
+    assert_valid("dead-letter", entry)
     log_lines = (worker.data_dir / "dead-letters.jsonl").read_text().splitlines()
     assert [json.loads(line)["error_class"] for line in log_lines if rid in line] == ["content_filter"]
+    for line in log_lines:
+        assert_valid("dead-letter", json.loads(line))
     (alert,) = [line for line in worker.log_path.read_text().splitlines() if f"dead_letter request_id={rid} " in line]
     assert "WARNING" in alert and "error_class=content_filter" in alert and "attempt=1" in alert
     assert worker.get(f"/dlq/{unique('nope')}/")[0] == 404

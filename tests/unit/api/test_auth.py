@@ -1,5 +1,7 @@
 """The HTTP guard's rules, one refusal each (dlqapp.api.auth)."""
 
+import asyncio
+
 import pytest
 
 from dlqapp.api.auth import AccessPolicy, refusal
@@ -51,3 +53,67 @@ def test_a_short_admin_token_is_refused_naming_the_setting():
         Settings.from_env({"DLQ_ADMIN_TOKEN": "change-me"})
     assert Settings.from_env({"DLQ_ADMIN_TOKEN": TOKEN}).admin_token == TOKEN
     assert Settings.from_env({}).admin_token == ""
+
+
+def test_probes_answer_any_host_but_only_for_reads():
+    policy = AccessPolicy(token=TOKEN)
+    for path in ("/livez", "/readyz"):
+        assert refusal("GET", "10.0.0.5", {"Host": "evil.example:6066"}, policy, path) is None
+        assert refusal("GET", "10.0.0.5", {"Host": "dlqapp.prod.svc:6066"}, policy, path) is None
+        assert refusal("GET", "10.0.0.5", {}, policy, path) is None
+        assert refusal("POST", "10.0.0.5", {"Host": "evil.example:6066"}, policy, path)[0] == 403
+    # every other route still checks the Host, /livez/ and /readyz/x included
+    for path in ("/", "/dlq/", "/metrics", "/livez/", "/readyz/x"):
+        assert refusal("GET", "10.0.0.5", {"Host": "evil.example:6066"}, policy, path)[0] == 403
+
+
+def test_a_delete_without_body_needs_no_content_type_when_it_carries_the_right_token():
+    policy = AccessPolicy(token=TOKEN)
+    bearer = {"Host": "10.0.0.9:6066", "Authorization": f"Bearer {TOKEN}"}
+    assert refusal("DELETE", "10.0.0.5", bearer, policy) is None
+    assert refusal("DELETE", "10.0.0.5", {**bearer, "Content-Length": "0"}, policy) is None
+    assert refusal("DELETE", "10.0.0.5", {**bearer, "Content-Type": "text/plain"}, policy) is None  # no body to type
+    # a body still needs its type, a POST still needs it, and so does a wrong or missing token
+    assert refusal("DELETE", "10.0.0.5", {**bearer, "Content-Length": "12"}, policy)[0] == 415
+    assert refusal("DELETE", "10.0.0.5", {**bearer, "Transfer-Encoding": "chunked"}, policy)[0] == 415
+    assert refusal("POST", "10.0.0.5", bearer, policy)[0] == 415
+    assert refusal("DELETE", "10.0.0.5", {**bearer, "Authorization": "Bearer wrong-token-0123456789"}, policy)[0] == 415
+    assert refusal("DELETE", "10.0.0.5", {"Host": "10.0.0.9:6066"}, policy)[0] == 415
+    # the other rules hold: a foreign origin is refused, and the right token with JSON still passes
+    assert refusal("DELETE", "10.0.0.5", {**bearer, "Origin": "http://evil.example"}, policy)[0] == 403
+    assert refusal("DELETE", "10.0.0.5", {**bearer, **JSON}, policy) is None
+
+
+def test_token_less_mutations_from_loopback_keep_every_browser_protection():
+    no_type = {"Host": "127.0.0.1:6066"}
+    assert refusal("DELETE", "127.0.0.1", no_type, OPEN)[0] == 415  # what a page on this machine could forge
+    assert refusal("DELETE", "127.0.0.1", {**no_type, "Authorization": "Bearer anything-at-all-12345"}, OPEN)[0] == 415
+    assert refusal("DELETE", "127.0.0.1", {**JSON, "Origin": "http://evil.example"}, OPEN)[0] == 403
+    assert refusal("DELETE", "127.0.0.1", JSON, OPEN) is None
+
+
+def test_the_middleware_applies_the_rules_to_real_requests():
+    """Through aiohttp: what a client really sends (a DELETE without body has no Content-Type)."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from dlqapp.api.auth import guard_middleware
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def main() -> list[int]:
+        app = web.Application(middlewares=[guard_middleware(AccessPolicy(token=TOKEN))])
+        app.router.add_route("*", "/dlq/{id}/", ok)
+        app.router.add_get("/readyz", ok)
+        async with TestClient(TestServer(app)) as client:
+            bearer = {"Authorization": f"Bearer {TOKEN}"}
+            return [
+                (await client.delete("/dlq/a/", headers=bearer)).status,
+                (await client.delete("/dlq/a/", headers=bearer, data=b"x=1")).status,
+                (await client.delete("/dlq/a/")).status,
+                (await client.get("/readyz", headers={"Host": "evil.example"})).status,
+                (await client.get("/dlq/a/", headers={"Host": "evil.example"})).status,
+            ]
+
+    assert asyncio.run(main()) == [200, 415, 415, 200, 403]
