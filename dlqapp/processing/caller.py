@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 
 from dlqapp.core.backend import InferenceBackend, InferenceOutput
 from dlqapp.core.breaker import CircuitBreaker
@@ -33,12 +34,31 @@ LATE_WARNING_MS = 5_000
 """A retry that starts this long after its due time is logged as a warning: something held it."""
 
 
-class DeadlinePassed(Exception):
-    """The request's deadline passed before its call could be made."""
+@dataclass(frozen=True, slots=True)
+class Called:
+    """One attempt's call was made: its history entry, and its output or its failure."""
 
-    def __init__(self, outcome: DeadLetter) -> None:
-        super().__init__(outcome.reason)
-        self.outcome = outcome
+    attempt: Attempt
+    output: InferenceOutput | None
+    failure: Failure | None
+
+
+@dataclass(frozen=True, slots=True)
+class NotCalled:
+    """The request's deadline passed while its call waited (for the breaker, rate capacity or a
+    slot): it was never called, and this dead letter is its outcome."""
+
+    outcome: DeadLetter
+
+
+CallResult = Called | NotCalled
+
+
+@dataclass(frozen=True, slots=True)
+class _Made:
+    started: int
+    output: InferenceOutput | None
+    failure: Failure | None
 
 
 class BackendCaller:
@@ -66,6 +86,7 @@ class BackendCaller:
     async def call(
         self,
         request: Request,
+        *,
         number: int,
         topic: str,
         label: str,
@@ -73,25 +94,30 @@ class BackendCaller:
         priority: int,
         model: str | None = None,
         not_before: int | None = None,
-    ) -> tuple[Attempt, InferenceOutput | None, Failure | None]:
-        """One attempt through the breaker and the priority limiter.
+    ) -> CallResult:
+        """Attempt `number` of `request` through the breaker and the priority limiter.
+
+        `topic` is where the attempt came from (for its history entry), `label` its metric
+        label, `due_ms` the due time of a retry, `model` a model other than the request's (the
+        fallback), `not_before` a time the call must not start before (its slot held meanwhile).
 
         During an outage a fresh request's backend-wide failure is not an attempt: the
         request is held and tried again when the breaker lets it. A request that has
         failed before is never held (see dlqapp.core.breaker), so holds cannot last forever.
-        Raises `DeadlinePassed` when the request's deadline passes while it waits.
         """
         held = False
         while True:
             rank = number - 1 + int(held)
             await self.breaker.wait_allowed(request.request_id, rank)
             try:
-                started, output, failure = await self._call_with_capacity(
-                    request, number, label, due_ms, priority, model, not_before
-                )
-            except BaseException:  # cancelled, or past its deadline: the breaker must get its probe back
+                made = await self._call_with_capacity(request, number, label, due_ms, priority, model, not_before)
+            except BaseException:  # cancelled: the breaker must get its probe back
                 self.breaker.abandon(request.request_id)
                 raise
+            if isinstance(made, NotCalled):
+                self.breaker.abandon(request.request_id)
+                return made
+            started, output, failure = made.started, made.output, made.failure
             metrics.backend_latency.labels(failure.error_class.value if failure else "ok").observe(
                 (self.clock() - started) / 1000
             )
@@ -103,7 +129,7 @@ class BackendCaller:
                 log, logging.DEBUG, "held_during_outage", request_id=request.request_id, topic=topic, attempt=number
             )
         metrics.attempts.labels(label).inc()
-        record = Attempt(
+        attempt = Attempt(
             attempt=number,
             at=started,
             topic=topic,
@@ -112,7 +138,7 @@ class BackendCaller:
             error_class=failure.error_class.value if failure else None,
             error=failure.message if failure else None,
         )
-        return record, output, failure
+        return Called(attempt, output, failure)
 
     async def _call_with_capacity(
         self,
@@ -123,7 +149,7 @@ class BackendCaller:
         priority: int,
         model: str | None,
         not_before: int | None,
-    ) -> tuple[int, InferenceOutput | None, Failure | None]:
+    ) -> _Made | NotCalled:
         """The call once the model's rate gate (when limited) and a backend slot allow it."""
         target = model or request.model
         if not self.gate.is_limited(target):
@@ -138,7 +164,7 @@ class BackendCaller:
                 lambda: slot.enter_async_context(self.limiter.slot(priority)),
             )
             if permit is None:
-                raise DeadlinePassed(
+                return NotCalled(
                     DeadLetter(
                         ErrorClass.EXPIRED,
                         f"deadline {request.deadline} passed while waiting for rate capacity; not called",
@@ -155,19 +181,19 @@ class BackendCaller:
         model: str | None,
         not_before: int | None,
         permit: Permit,
-    ) -> tuple[int, InferenceOutput | None, Failure | None]:
-        """The call itself, holding a backend slot: (when it started, output, failure)."""
+    ) -> _Made | NotCalled:
+        """The call itself, holding a backend slot."""
         if not_before is not None:
             await sleep_until(self.clock, not_before)  # the slot is held meanwhile
         started = self.clock()
         expired = past_deadline(request.deadline, started)
         if expired is not None:
-            raise DeadlinePassed(expired)
+            return NotCalled(expired)
         if due_ms is not None:
             self._note_lateness(request, number, label, due_ms, started)
         output, failure = await self.call_backend(request, number, model)
         self.after_call(model or request.model, permit, output, failure, (self.clock() - started) / 1000)
-        return started, output, failure
+        return _Made(started, output, failure)
 
     def _note_lateness(self, request: Request, number: int, label: str, due_ms: int, started: int) -> None:
         metrics.lateness.labels(label).observe(max(0, started - due_ms) / 1000)

@@ -44,7 +44,7 @@ from dlqapp.flowcontrol.slots import PRIORITIES
 from dlqapp.kafka.transactions import RecordTooLarge
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
-from dlqapp.processing.caller import BackendCaller, DeadlinePassed
+from dlqapp.processing.caller import BackendCaller, NotCalled
 from dlqapp.retries.parking import RetryParking
 from dlqapp.tables.partition_io import PartitionIO, as_header_pairs
 
@@ -184,23 +184,37 @@ class Pipeline:
         try:
             number = envelope.attempts + 1
             label = tier.label if tier else INPUT_LABEL
-            try:
-                record, output, failure = await self.caller.call(
-                    request, number, topic, label, envelope.due_ms, priority, not_before=not_before
-                )
-                outcome = within_deadline(
-                    decide(self.policy, number, failure, output, self.clock(), self._rng), request.deadline
-                )
-                if isinstance(outcome, TryFallback):
-                    envelope.record(record)
-                    record, output, failure = await self.caller.call(
-                        request, number + 1, f"fallback:{outcome.model}", FALLBACK_LABEL, None, priority, outcome.model
-                    )
-                    outcome = decide_after_fallback(outcome.model, failure, output, number + 1)
-            except DeadlinePassed as passed:  # while waiting for capacity, the breaker or a slot
-                await self.carry_out(passed.outcome, envelope, request, None)
+            called = await self.caller.call(
+                request,
+                number=number,
+                topic=topic,
+                label=label,
+                due_ms=envelope.due_ms,
+                priority=priority,
+                not_before=not_before,
+            )
+            if isinstance(called, NotCalled):  # its deadline passed while it waited
+                await self.carry_out(called.outcome, envelope, request, None)
                 return
-            await self.carry_out(outcome, envelope, request, record)
+            outcome = within_deadline(
+                decide(self.policy, number, called.failure, called.output, self.clock(), self._rng), request.deadline
+            )
+            if isinstance(outcome, TryFallback):
+                envelope.record(called.attempt)
+                called = await self.caller.call(
+                    request,
+                    number=number + 1,
+                    topic=f"fallback:{outcome.model}",
+                    label=FALLBACK_LABEL,
+                    due_ms=None,
+                    priority=priority,
+                    model=outcome.model,
+                )
+                if isinstance(called, NotCalled):
+                    await self.carry_out(called.outcome, envelope, request, None)
+                    return
+                outcome = decide_after_fallback(outcome.model, called.failure, called.output, number + 1)
+            await self.carry_out(outcome, envelope, request, called.attempt)
         finally:
             # idle once this step's writes are on their way: the next attempt's must follow them
             self.after_sent(lambda: self.in_flight.discard(request.request_id))

@@ -54,7 +54,7 @@ PREVIOUS_ATTEMPT_WAIT_S = 30.0
 """How long a handed-over retry waits for the request's previous attempt to finish its step."""
 
 
-class Attempt(Protocol):
+class AttemptRunner(Protocol):
     """Attempts a request and carries out the outcome (`dlqapp.processing.pipeline.Pipeline.attempt`)."""
 
     def __call__(
@@ -74,7 +74,7 @@ class RetryScheduler:
     def __init__(
         self,
         parked: ParkedRetries,
-        attempt: Attempt,
+        attempt: AttemptRunner,
         dead_letters: DeadLetterWriter,
         in_flight: InFlight,
         io: PartitionIO,
