@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import faust
+from faust.types import AgentT
 
 from dlqapp import __version__
 from dlqapp.api.cluster import Cluster
 from dlqapp.api.http import ApiError
 from dlqapp.api.replays import Replays
 from dlqapp.core import states
+from dlqapp.core.backend import InferenceBackend
+from dlqapp.core.clock import Clock
 from dlqapp.core.states import RequestState, StateRecord
 from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_id
+from dlqapp.deadletters.operator import Operator
 from dlqapp.deadletters.queries import (
     DlqFilter,
     local_page,
@@ -22,22 +28,77 @@ from dlqapp.deadletters.queries import (
     merge_stats,
     newest_first,
 )
+from dlqapp.deadletters.recorder import OldestDeadLetter
+from dlqapp.deadletters.replays import ReplayJobs
 from dlqapp.kafka.consumer_state import consumer_lag
 from dlqapp.kafka.faust_tables import active_partitions, values_newest_first
 from dlqapp.observability import metrics
-from dlqapp.observability.health import Readiness, merge_health, worker_readiness
+from dlqapp.observability.health import MinuteRates, Readiness, merge_health, worker_readiness
+from dlqapp.processing.caller import BackendCaller
+from dlqapp.processing.pipeline import Pipeline
 from dlqapp.retries.listing import RetryFilter, local_retries, merge_retries
-from dlqapp.tables.counters import grouped
+from dlqapp.retries.parked import ParkedRetries
+from dlqapp.retries.scheduler import RetryScheduler
+from dlqapp.settings import Settings
+from dlqapp.tables.counters import Counters, grouped
+from dlqapp.tables.partition_io import PartitionIO
+from dlqapp.tables.topology import Topology
 
 log = logging.getLogger("dlqapp.api.service")
 
 UI_PAGE = Path(__file__).parent / "ui" / "index.html"
 
 
+class WorkerParts(Protocol):
+    """What the API reads of a worker's components (dlqapp.wiring.composition.Components)."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def topology(self) -> Topology: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def io(self) -> PartitionIO: ...
+
+    @property
+    def counters(self) -> Counters: ...
+
+    @property
+    def caller(self) -> BackendCaller: ...
+
+    @property
+    def backend(self) -> InferenceBackend: ...
+
+    @property
+    def pipeline(self) -> Pipeline: ...
+
+    @property
+    def scheduler(self) -> RetryScheduler: ...
+
+    @property
+    def parked(self) -> ParkedRetries: ...
+
+    @property
+    def operator(self) -> Operator: ...
+
+    @property
+    def replay_jobs(self) -> ReplayJobs: ...
+
+    @property
+    def oldest_dead_letter(self) -> OldestDeadLetter: ...
+
+    @property
+    def rates(self) -> MinuteRates: ...
+
+
 class Api:
     """What the routes do, over one worker's components (`dlqapp.wiring.composition`)."""
 
-    def __init__(self, app: Any, parts: Any, operator_agent: Any) -> None:
+    def __init__(self, app: faust.App, parts: WorkerParts, operator_agent: AgentT) -> None:
         self.app = app
         self.parts = parts
         self.settings = parts.settings
@@ -121,10 +182,10 @@ class Api:
                     }
                 )
                 logs[states.RETRY_SCHEDULED] = envelope.history
-        key = find_dead_letter(self.topology.dead_letters, request_id, self.settings.partitions)
+        dead_key = find_dead_letter(self.topology.dead_letters, request_id, self.settings.partitions)
         state["dead_letter"] = None
-        if key is not None:
-            entry = DeadLetterEntry.decode(self.topology.dead_letters[key])
+        if dead_key is not None:
+            entry = DeadLetterEntry.decode(self.topology.dead_letters[dead_key])
             state["dead_letter"] = entry.summary()
             logs[states.DEAD_LETTERED] = entry.history or []
         # the attempt history of the request's current state; else the longest one known

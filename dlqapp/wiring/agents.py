@@ -35,7 +35,8 @@ from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
 from dlqapp.processing.flow import InFlightWindow
 from dlqapp.tables.topology import TierTopic
-from dlqapp.wiring.faust_app import fail_transactions
+from dlqapp.wiring.components import Components
+from dlqapp.wiring.faust_app import DlqApp, fail_transactions
 from dlqapp.wiring.restart import after_grace
 
 log = logging.getLogger("dlqapp.wiring.agents")
@@ -59,7 +60,7 @@ class Agents:
 class WorkerLifecycle:
     """Start-up and hand-back of a worker (DlqApp calls it; see dlqapp.wiring.faust_app)."""
 
-    def __init__(self, parts: Any) -> None:
+    def __init__(self, parts: Components) -> None:
         self.parts = parts
 
     def started(self) -> None:
@@ -94,9 +95,9 @@ class WorkerLifecycle:
             log_event(log, logging.WARNING, "counts_not_written", error=repr(exc))
 
 
-def register_agents(app: Any, parts: Any) -> Agents:
+def register_agents(app: DlqApp, parts: Components) -> Agents:
     """Register every agent on `app`; `parts` are the worker's components."""
-    app.attach(WorkerLifecycle(parts), parts)
+    app.attach(WorkerLifecycle(parts), parts.steps)
     handlers = _Handlers(app, parts)
     topology = parts.topology
     app.agent(topology.input, name="input")(handlers.input_agent())
@@ -118,7 +119,7 @@ def manual_acks(stream: StreamT) -> StreamT:
 class _Handlers:
     """The agent bodies, and what happens when a step fails."""
 
-    def __init__(self, app: Any, parts: Any) -> None:
+    def __init__(self, app: DlqApp, parts: Components) -> None:
         self.app = app
         self.parts = parts
         self.operator: AgentT | None = None
@@ -212,7 +213,7 @@ class _Handlers:
                     ticket = self.admit(event)
                     if ticket is not None:
                         record = self.record(event)
-                        await feed.put(ticket, lambda record=record: pipeline.on_input(record, topic))
+                        await feed.put(ticket, functools.partial(pipeline.on_input, record, topic))
             finally:
                 pump.cancel()
 

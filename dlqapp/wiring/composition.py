@@ -13,14 +13,11 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from dlqapp.core.backoff import Backoff
 from dlqapp.core.breaker import CLOSED, CircuitBreaker
-from dlqapp.core.clock import Clock, now_ms
 from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import RetryPolicy
 from dlqapp.deadletters.alerts import AlertBatcher
@@ -32,7 +29,7 @@ from dlqapp.flowcontrol.aimd import AimdLimit
 from dlqapp.flowcontrol.gate import RateGate, metric_label
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.flowcontrol.slots import SlotLimiter
-from dlqapp.inference import InferenceBackend, create_backend
+from dlqapp.inference import create_backend
 from dlqapp.kafka.acks import Acks
 from dlqapp.kafka.consumer_state import consumer_lag, forget_unacked
 from dlqapp.kafka.faust_producer import producer_send
@@ -56,7 +53,7 @@ from dlqapp.retries.parking import RetryParking
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.settings import Settings
 from dlqapp.tables.counters import Counters
-from dlqapp.tables.partition_io import PartitionIO, Send
+from dlqapp.tables.partition_io import PartitionIO
 from dlqapp.tables.progress import STRIKE_PREFIX, Progress
 from dlqapp.tables.retention import (
     Sweeper,
@@ -66,6 +63,7 @@ from dlqapp.tables.retention import (
 )
 from dlqapp.tables.steps import StreamSteps
 from dlqapp.tables.topology import Topology, declare, register_codecs
+from dlqapp.wiring.components import Components, Outside
 from dlqapp.wiring.faust_app import DlqApp, create_app, fail_transactions, install_event_loop, load_settings
 from dlqapp.wiring.services import (
     AlertWebhook,
@@ -76,58 +74,6 @@ from dlqapp.wiring.services import (
     RetryTimer,
     TransactionCommits,
 )
-
-
-@dataclass
-class Components:
-    """Everything a worker is made of, built once by `build_components`."""
-
-    settings: Settings
-    topology: Topology
-    steps: StreamSteps
-    """Stream steps and, under exactly_once, the open transaction of each owned partition number."""
-    acks: Acks
-    progress: Progress | None
-    """Under exactly_once: where each partition's handling stands, committed with its outputs."""
-    clock: Clock
-    backend: InferenceBackend
-    counters: Counters
-    io: PartitionIO
-    parked: ParkedRetries
-    caller: BackendCaller
-    dead_letters: DeadLetterWriter
-    pipeline: Pipeline
-    scheduler: RetryScheduler
-    input_gate: InputGate
-    recorder: DeadLetterRecorder
-    operator: Operator
-    crash_guard: CrashGuard
-    windows: InFlightWindows
-    sweeper: Sweeper
-    alerts: AlertBatcher | None
-    replay_jobs: ReplayJobs
-    oldest_dead_letter: OldestDeadLetter
-    rates: MinuteRates
-    offsets: OffsetWatch
-
-
-@dataclass(frozen=True)
-class Outside:
-    """What a worker's components talk to beyond themselves: Faust's producer, the model
-    backend, the due hop's producer, the group's assignment and the time. `build_app` gives
-    the real ones; unit tests give in-memory fakes to the same `build_components`."""
-
-    send: Send
-    """The plain producer's send (outputs and changelog records under at_least_once)."""
-    backend: InferenceBackend
-    due_hop: DueHop
-    input_share: Callable[[], float]
-    """The fraction of the input partitions this worker owns now (its share of the rate limits)."""
-    hand_back: Callable[[Any], None]
-    """Gives a consumed event back to the consumer unacked."""
-    clock: Clock = now_ms
-    new_producer: ProducerFactory | None = None
-    """Under exactly_once: makes the transactional producer of a `transactional.id`."""
 
 
 def outside_of(app: DlqApp, settings: Settings, topology: Topology) -> Outside:

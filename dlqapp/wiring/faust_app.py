@@ -36,9 +36,11 @@ from dlqapp.kafka.faust_producer import (
     widen_changelog_buffer,
 )
 from dlqapp.kafka.recovery_end import end_recoveries
+from dlqapp.kafka.transactions import Transactions
 from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.tables.durability import ConfirmedTable
+from dlqapp.tables.steps import StreamSteps
 from dlqapp.wiring.restart import Restarts, StopWatch
 from dlqapp.wiring.worker import DlqWorker
 
@@ -104,8 +106,8 @@ class DlqApp(faust.App):
     """Whether and when this worker restarts itself (dlqapp.wiring.restart)."""
     stop_watch: StopWatch
     lifecycle: Lifecycle | None = None
-    parts: Any = None
-    """The worker's components (dlqapp.wiring.composition.Components), for views and commands."""
+    steps: StreamSteps | None = None
+    """The worker's stream steps and, under exactly_once, its partitions' transactions."""
     _recovery_start: tuple[float, dict[Any, int]] | None = None
     _ready_logged = False
     topics_checked = False
@@ -120,10 +122,10 @@ class DlqApp(faust.App):
         """Stop the way Faust stops on an agent crash (`Service._crash`), leaving events unacked."""
         self._crash(reason)
 
-    def attach(self, lifecycle: Lifecycle, parts: Any) -> None:
+    def attach(self, lifecycle: Lifecycle, steps: StreamSteps) -> None:
         """Called once by the composition root."""
         self.lifecycle = lifecycle
-        self.parts = parts
+        self.steps = steps
 
     def add_service(self, service: ServiceT) -> None:
         """Start `service` with the app. Faust's `service()` takes an instance as well as a
@@ -246,9 +248,8 @@ class DlqApp(faust.App):
             {tp: -1 if offset is None else offset for tp, offset in recovery.active_offsets.items()},
         )
 
-    def _transactions(self) -> Any:
-        steps = getattr(self.parts, "steps", None)
-        return None if steps is None else steps.transactions
+    def _transactions(self) -> Transactions | None:
+        return None if self.steps is None else self.steps.transactions
 
     def transaction_partitions(self) -> set[int]:
         transactions = self._transactions()
@@ -268,10 +269,10 @@ class DlqApp(faust.App):
 
     async def _close_transactions(self, partitions: set[int]) -> None:
         """Under exactly_once: seal, commit and close the transactions of partitions handed back."""
-        if self._transactions() is None or not partitions:
+        if self.steps is None or self._transactions() is None or not partitions:
             return
         try:
-            await self.parts.steps.revoke(partitions)
+            await self.steps.revoke(partitions)
         except Exception as exc:
             fail_transactions(self, exc)
 

@@ -19,7 +19,8 @@ from dlqapp.kafka.records import record_of
 from dlqapp.settings import Settings
 from dlqapp.tables.steps import StepContext
 from dlqapp.tables.topology import TierTopic, Topology
-from dlqapp.wiring.composition import Components, Outside, build_components
+from dlqapp.wiring.components import Components, Outside
+from dlqapp.wiring.composition import build_components
 
 PARTITIONS = 1  # one partition: every id is owned by the event's partition
 

@@ -1,0 +1,87 @@
+"""What a worker is made of (`Components`) and what it talks to beyond itself (`Outside`):
+the component graph `dlqapp.wiring.composition.build_components` builds, typed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from dlqapp.core.clock import Clock, now_ms
+from dlqapp.deadletters.alerts import AlertBatcher
+from dlqapp.deadletters.operator import Operator
+from dlqapp.deadletters.recorder import DeadLetterRecorder, OldestDeadLetter
+from dlqapp.deadletters.replays import ReplayJobs
+from dlqapp.deadletters.writer import DeadLetterWriter
+from dlqapp.flowcontrol.input_gate import InputGate
+from dlqapp.inference import InferenceBackend
+from dlqapp.kafka.acks import Acks
+from dlqapp.kafka.offset_watch import OffsetWatch
+from dlqapp.kafka.transactions import ProducerFactory
+from dlqapp.observability.health import MinuteRates
+from dlqapp.processing.caller import BackendCaller
+from dlqapp.processing.crashguard import CrashGuard
+from dlqapp.processing.flow import InFlightWindows
+from dlqapp.processing.pipeline import Pipeline
+from dlqapp.retries.due_hop import DueHop
+from dlqapp.retries.parked import ParkedRetries
+from dlqapp.retries.scheduler import RetryScheduler
+from dlqapp.settings import Settings
+from dlqapp.tables.counters import Counters
+from dlqapp.tables.partition_io import PartitionIO, Send
+from dlqapp.tables.progress import Progress
+from dlqapp.tables.retention import Sweeper
+from dlqapp.tables.steps import StreamSteps
+from dlqapp.tables.topology import Topology
+
+
+@dataclass
+class Components:
+    """Everything a worker is made of, built once by `build_components`."""
+
+    settings: Settings
+    topology: Topology
+    steps: StreamSteps
+    """Stream steps and, under exactly_once, the open transaction of each owned partition number."""
+    acks: Acks
+    progress: Progress | None
+    """Under exactly_once: where each partition's handling stands, committed with its outputs."""
+    clock: Clock
+    backend: InferenceBackend
+    counters: Counters
+    io: PartitionIO
+    parked: ParkedRetries
+    caller: BackendCaller
+    dead_letters: DeadLetterWriter
+    pipeline: Pipeline
+    scheduler: RetryScheduler
+    input_gate: InputGate
+    recorder: DeadLetterRecorder
+    operator: Operator
+    crash_guard: CrashGuard
+    windows: InFlightWindows
+    sweeper: Sweeper
+    alerts: AlertBatcher | None
+    replay_jobs: ReplayJobs
+    oldest_dead_letter: OldestDeadLetter
+    rates: MinuteRates
+    offsets: OffsetWatch
+
+
+@dataclass(frozen=True)
+class Outside:
+    """What a worker's components talk to beyond themselves: Faust's producer, the model
+    backend, the due hop's producer, the group's assignment and the time. `build_app` gives
+    the real ones; unit tests give in-memory fakes to the same `build_components`."""
+
+    send: Send
+    """The plain producer's send (outputs and changelog records under at_least_once)."""
+    backend: InferenceBackend
+    due_hop: DueHop
+    input_share: Callable[[], float]
+    """The fraction of the input partitions this worker owns now (its share of the rate limits)."""
+    hand_back: Callable[[Any], None]
+    """Gives a consumed event back to the consumer unacked."""
+    clock: Clock = now_ms
+    new_producer: ProducerFactory | None = None
+    """Under exactly_once: makes the transactional producer of a `transactional.id`."""
