@@ -30,7 +30,7 @@ from dlqapp.deadletters.queries import (
 )
 from dlqapp.deadletters.recorder import OldestDeadLetter
 from dlqapp.deadletters.replays import ReplayJobs
-from dlqapp.kafka.consumer_state import consumer_lag
+from dlqapp.kafka.faust_consumer_state import consumer_lag
 from dlqapp.kafka.faust_tables import active_partitions, values_newest_first
 from dlqapp.observability import metrics
 from dlqapp.observability.health import MinuteRates, Readiness, merge_health, worker_readiness

@@ -131,7 +131,7 @@ class _OrderedConsumer(AIOKafkaConsumer):
     def delivery_batch(self) -> int:
         """The fetch batch the delivery loop is handing over (or waiting for) now: every record
         of an earlier batch has been handed to the streams or the changelog queue
-        (dlqapp.kafka.recovery_end)."""
+        (dlqapp.kafka.faust_recovery)."""
         return self._fetch_batch
 
     async def on_partitions_revoked(self, revoked: set[Any]) -> None:

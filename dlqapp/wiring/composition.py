@@ -31,7 +31,7 @@ from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import create_backend
 from dlqapp.kafka.acks import Acks
-from dlqapp.kafka.consumer_state import consumer_lag, forget_unacked
+from dlqapp.kafka.faust_consumer_state import consumer_lag, forget_unacked
 from dlqapp.kafka.faust_producer import producer_send
 from dlqapp.kafka.faust_tables import keys_with_prefix, partition_db
 from dlqapp.kafka.offset_watch import OffsetWatch

@@ -35,7 +35,7 @@ from dlqapp.kafka.faust_producer import (
     producer_client,
     widen_changelog_buffer,
 )
-from dlqapp.kafka.recovery_end import end_recoveries
+from dlqapp.kafka.faust_recovery import end_recoveries
 from dlqapp.kafka.transactions import Transactions
 from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
 from dlqapp.settings import Settings, SettingsError
@@ -142,7 +142,7 @@ class DlqApp(faust.App):
         wipe_local_tables(self.dlq_settings, self.conf.tabledir)
         await super().on_first_start()
         if self.dlq_settings.exactly_once:
-            self.add_future(end_recoveries(self))  # recovery_end: changelogs end in commit markers
+            self.add_future(end_recoveries(self))  # faust_recovery: changelogs end in commit markers
         apply_log_format(self.dlq_settings)
         if self.lifecycle is not None:
             self.lifecycle.started()

@@ -18,7 +18,7 @@ from mode import Service
 from dlqapp.core.clock import Clock
 from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.flowcontrol.input_gate import InputGate
-from dlqapp.kafka.consumer_state import set_topic_paused
+from dlqapp.kafka.faust_consumer_state import set_topic_paused
 from dlqapp.observability import metrics
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.retries.scheduler import RetryScheduler

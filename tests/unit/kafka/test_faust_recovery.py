@@ -1,12 +1,12 @@
 """A recovery that only transaction markers hold back ends, but never while records it fetched
-are still on their way to the tables (dlqapp.kafka.recovery_end)."""
+are still on their way to the tables (dlqapp.kafka.faust_recovery)."""
 
 from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
 
-from dlqapp.kafka.recovery_end import RecoveryEnd
+from dlqapp.kafka.faust_recovery import RecoveryEnd
 
 
 class FakeRecovery:

@@ -19,7 +19,7 @@ import asyncio
 import logging
 from typing import Any
 
-log = logging.getLogger("dlqapp.kafka.recovery_end")
+log = logging.getLogger("dlqapp.kafka.faust_recovery")
 
 
 class RecoveryEnd:
