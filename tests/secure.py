@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.kafka_tools import kafka_jars
-from tests.support import FAUST, KAFKA_LOCAL, Worker, free_port
+from tests.support import FAUST, KAFKA_LOCAL, Worker, Workers, free_port
 
 
 @dataclass
@@ -123,4 +123,4 @@ class SecureKafka:
 def secured_worker(kafka: SecureKafka, tmp: Path, **kwargs: Any) -> Worker:
     """A worker whose Kafka settings are the client.env kafka-local wrote."""
     env = {**kafka.client_env(), **kwargs.pop("env_extra", {})}
-    return Worker(kafka.bootstrap, tmp, env_extra=env, **kwargs)
+    return Workers(kafka.bootstrap, tmp).make(env_extra=env, **kwargs)

@@ -13,7 +13,7 @@ from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_
 from dlqapp.deadletters.estimate import METHOD as ESTIMATE_METHOD
 from dlqapp.deadletters.estimate import estimated_tokens
 from dlqapp.deadletters.queries import DlqFilter, newest_first
-from dlqapp.deadletters.replays import ReplayJobs
+from dlqapp.deadletters.replay_jobs import ReplayJobs
 from dlqapp.kafka.faust_tables import active_partitions, values_newest_first
 from dlqapp.tables.topology import Topology
 
@@ -80,20 +80,20 @@ class Replays:
         }
         if "keys" in body:
             sampled = keys[:ESTIMATE_KEYS_MAX]
-            parts, errors = await self.cluster.fan_out(
+            components, errors = await self.cluster.fan_out(
                 lambda: self.local_estimate(sampled, None), "/dlq/_local_estimate/", [("key", k) for k in sampled]
             )
-            counted = sum(p["entries"] for p in parts)
-            tokens = sum(p["tokens"] for p in parts)
+            counted = sum(p["entries"] for p in components)
+            tokens = sum(p["tokens"] for p in components)
             if len(keys) > len(sampled) and counted:
                 tokens = round(tokens / counted * len(keys))
                 answer["estimate"] += f", scaled from the first {len(sampled)} keys"
         else:
             flt = DlqFilter.from_params({k: v for k, v in body.items() if k in FILTER_FIELDS})
-            parts, errors = await self.cluster.fan_out(
+            components, errors = await self.cluster.fan_out(
                 lambda: self.local_estimate(None, flt), "/dlq/_local_estimate/", flt.to_params()
             )
-            tokens = sum(p["tokens"] for p in parts)
+            tokens = sum(p["tokens"] for p in components)
         answer["estimated_prompt_tokens"] = tokens
         if errors:
             answer["incomplete"] = errors

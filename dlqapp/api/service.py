@@ -17,7 +17,7 @@ from dlqapp.api.replays import Replays
 from dlqapp.core import states
 from dlqapp.core.backend import InferenceBackend
 from dlqapp.core.clock import Clock
-from dlqapp.core.states import RequestState, StateRecord
+from dlqapp.core.states import RequestState, StoredState
 from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_id
 from dlqapp.deadletters.operator import Operator
 from dlqapp.deadletters.queries import (
@@ -29,7 +29,7 @@ from dlqapp.deadletters.queries import (
     newest_first,
 )
 from dlqapp.deadletters.recorder import OldestDeadLetter
-from dlqapp.deadletters.replays import ReplayJobs
+from dlqapp.deadletters.replay_jobs import ReplayJobs
 from dlqapp.kafka.faust_consumer_state import consumer_lag
 from dlqapp.kafka.faust_tables import active_partitions, values_newest_first
 from dlqapp.observability import metrics
@@ -41,7 +41,7 @@ from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.settings import Settings
 from dlqapp.tables.counters import Counters, grouped
-from dlqapp.tables.partition_io import PartitionIO
+from dlqapp.tables.request_store import RequestStore
 from dlqapp.tables.topology import Topology
 
 log = logging.getLogger("dlqapp.api.service")
@@ -62,7 +62,7 @@ class WorkerParts(Protocol):
     def clock(self) -> Clock: ...
 
     @property
-    def io(self) -> PartitionIO: ...
+    def store(self) -> RequestStore: ...
 
     @property
     def counters(self) -> Counters: ...
@@ -98,14 +98,18 @@ class WorkerParts(Protocol):
 class Api:
     """What the routes do, over one worker's components (`dlqapp.wiring.composition`)."""
 
-    def __init__(self, app: faust.App, parts: WorkerParts, operator_agent: AgentT) -> None:
+    def __init__(self, app: faust.App, components: WorkerParts, operator_agent: AgentT) -> None:
         self.app = app
-        self.parts = parts
-        self.settings = parts.settings
-        self.topology = parts.topology
-        self.cluster = Cluster(app, parts.io.owner, operator_agent, parts.topology.dead_letters.name)
+        self.components = components
+        self.settings = components.settings
+        self.topology = components.topology
+        self.cluster = Cluster(app, components.store.owner, operator_agent, components.topology.dead_letters.name)
         self.replays = Replays(
-            self.cluster, parts.topology, parts.settings.partitions, parts.replay_jobs, self.list_dead_letters
+            self.cluster,
+            components.topology,
+            components.settings.partitions,
+            components.replay_jobs,
+            self.list_dead_letters,
         )
 
     # -- reads ----------------------------------------------------------------------------
@@ -114,12 +118,14 @@ class Api:
         """This worker's share of a listing, read newest first from the DLQ time index."""
         index = self.topology.dead_letters_by_time
         walks = [values_newest_first(index, partition) for partition in active_partitions(index)]
-        by_class = grouped(self.parts.counters.total_of(self.topology.stats), "dlq_class")
+        by_class = grouped(self.components.counters.total_of(self.topology.stats), "dlq_class")
         return local_page(newest_first(walks), flt, top, by_class)
 
     def local_stats(self) -> dict[str, Any]:
-        stats = local_stats(self.parts.counters.total_of(self.topology.stats), self.parts.oldest_dead_letter.get())
-        stats["breaker"] = {str(self.app.conf.canonical_url): self.parts.caller.breaker.snapshot()}
+        stats = local_stats(
+            self.components.counters.total_of(self.topology.stats), self.components.oldest_dead_letter.get()
+        )
+        stats["breaker"] = {str(self.app.conf.canonical_url): self.components.caller.breaker.snapshot()}
         stats["flow"] = {str(self.app.conf.canonical_url): self.flow()}
         return stats
 
@@ -135,12 +141,15 @@ class Api:
 
     async def stats(self) -> dict[str, Any]:
         return await self.cluster.merged(
-            self.local_stats, "/dlq/_local_stats/", {}, lambda parts: merge_stats(parts, self.parts.clock())
+            self.local_stats,
+            "/dlq/_local_stats/",
+            {},
+            lambda stats: merge_stats(stats, self.components.clock()),
         )
 
     def dead_letter(self, request_id: str) -> dict[str, Any]:
         """One entry of this worker, with its ledger; ApiError 404 when there is none."""
-        ledger = self.parts.operator.ledger_for(owner_id(request_id))
+        ledger = self.components.operator.ledger_for(owner_id(request_id))
         key = find_dead_letter(self.topology.dead_letters, request_id, self.settings.partitions)
         if key is None:
             raise ApiError(404, f"no dead letter with request id {request_id!r}", ledger=ledger)
@@ -154,20 +163,20 @@ class Api:
         envelope or the dead letter, whichever knows more).
         """
         blob = self.topology.requests.get(request_id.encode())
-        in_flight = request_id in self.parts.pipeline.in_flight
+        in_flight = request_id in self.components.pipeline.in_flight
         if blob is None and not in_flight:
             raise ApiError(404, f"unknown request id {request_id!r}")
-        record = StateRecord.decode(blob)
+        record = StoredState.decode(blob)
         state: dict[str, Any] = record.as_dict() if record is not None else {"request_id": request_id, "history": []}
         if in_flight:
             state["state"] = RequestState.IN_FLIGHT
-        state["ledger"] = self.parts.operator.ledger_for(request_id)
-        parked = self.parts.parked
+        state["ledger"] = self.components.operator.ledger_for(request_id)
+        parked = self.components.parked
         hint = state.get("due") if isinstance(state.get("due"), int) else None
         # a walk only when a retry is due by the state (or there is no state): a lookup of a
         # settled request costs one read, not a walk of its partition's parked retries
         walk = state.get("state") in (None, states.RETRY_SCHEDULED)
-        keys = await parked.keys_of(request_id, self.parts.io.owner(request_id), hint, walk=walk)
+        keys = await parked.keys_of(request_id, self.components.store.owner(request_id), hint, walk=walk)
         logs: dict[str, list[dict[str, Any]]] = {states.SUCCEEDED: state.pop("attempt_log", None) or []}
         state["parked"] = []
         for key in keys:
@@ -178,7 +187,7 @@ class Api:
                         "tier": parked.tier_of(envelope).label,
                         "due_at": envelope.due_ms,
                         "attempt": envelope.attempts + 1,
-                        "firing": self.parts.scheduler.is_firing(key),
+                        "firing": self.components.scheduler.is_handed_over(key),
                     }
                 )
                 logs[states.RETRY_SCHEDULED] = envelope.history
@@ -206,9 +215,9 @@ class Api:
             "assigned_partitions": len(app.assignor.assigned_actives()),
             "assignment": self._assignment(),
             "topics": self.settings.all_topics(),
-            "inference": self.parts.backend.name,
-            "in_flight": len(self.parts.pipeline.in_flight),
-            "concurrency_limit": self.parts.caller.limiter.limit,
+            "inference": self.components.backend.name,
+            "in_flight": len(self.components.pipeline.in_flight),
+            "concurrency_limit": self.components.caller.limiter.limit,
             "flow": self.flow(),
             "admin_page": "/ui/",
         }
@@ -219,7 +228,7 @@ class Api:
 
     def flow(self) -> dict[str, Any]:
         """Flow control on this worker: the adaptive limit, waiters by priority, rate limits per model."""
-        caller = self.parts.caller
+        caller = self.components.caller
         return {
             **caller.limiter.snapshot(),
             "rate_limit_share": round(caller.gate.share, 4),
@@ -236,10 +245,10 @@ class Api:
     # -- retries ----------------------------------------------------------------------
 
     def _firing(self, key: bytes, request_id: str) -> bool:
-        return self.parts.scheduler.is_firing(key) or request_id in self.parts.pipeline.in_flight
+        return self.components.scheduler.is_handed_over(key) or request_id in self.components.pipeline.in_flight
 
     async def local_retries(self, flt: RetryFilter, top: int) -> dict[str, Any]:
-        return await local_retries(self.parts.parked, self._firing, flt, top)
+        return await local_retries(self.components.parked, self._firing, flt, top)
 
     async def list_retries(self, flt: RetryFilter, limit: int, offset: int) -> dict[str, Any]:
         """One page of the parked retries of every worker, earliest due first."""
@@ -256,28 +265,28 @@ class Api:
     def local_health(self, lateness_window_ms: int | None = None) -> dict[str, Any]:
         """This worker's share of the health panel (retry lateness over the last
         `lateness_window_ms`, at most and by default 5 minutes)."""
-        parts, now = self.parts, self.parts.clock()
-        next_due, earliest = parts.parked.next_due()
-        late_ms = parts.caller.lateness.p99_ms(now, lateness_window_ms)
-        breaker = parts.caller.breaker.snapshot()
+        components, now = self.components, self.components.clock()
+        next_due, earliest = components.parked.next_due()
+        late_ms = components.caller.lateness.p99_ms(now, lateness_window_ms)
+        breaker = components.caller.breaker.snapshot()
         breaker.pop("transitions", None)
         return {
             "url": str(self.app.conf.canonical_url),
-            "series": parts.rates.series(now),
-            "in_flight": len(parts.pipeline.in_flight),
+            "series": components.rates.series(now),
+            "in_flight": len(components.pipeline.in_flight),
             "breaker": breaker,
-            "parked_by_tier": parts.parked.by_tier_label(),
+            "parked_by_tier": components.parked.by_tier_label(),
             "next_due_by_tier": next_due,
             "oldest_overdue_ms": (now - earliest) if earliest is not None and earliest < now else None,
             "consumer_lag": sum(lag for _, _, lag in consumer_lag(self.app, set(self.settings.all_topics()))),
             "retry_lateness_p99_s": None if late_ms is None else late_ms / 1000,
-            "retry_lateness_by_tier": parts.caller.lateness.summary(now, lateness_window_ms),
+            "retry_lateness_by_tier": components.caller.lateness.summary(now, lateness_window_ms),
             "event_loop_lag_s": metrics.loop_lag._value.get(),
         }
 
     async def health(self, lateness_window_ms: int | None = None) -> dict[str, Any]:
         params = {} if lateness_window_ms is None else {"window": f"{lateness_window_ms}ms"}
-        parts, errors = await self.cluster.fan_out(
+        components, errors = await self.cluster.fan_out(
             lambda: self.local_health(lateness_window_ms), "/health/_local/", params
         )
-        return merge_health(parts, errors, self.parts.clock())
+        return merge_health(components, errors, self.components.clock())

@@ -96,7 +96,7 @@ def register_views(app: Any, api: Api) -> None:
     @handled
     async def replay_progress(self: web.View, request: web.Request, replay_id: str) -> web.Response:
         """Progress of a rate-limited bulk replay started on this worker."""
-        job = api.parts.replay_jobs.get(replay_id)
+        job = api.components.replay_jobs.get(replay_id)
         if job is None:
             raise ApiError(404, f"no bulk replay {replay_id!r} on this worker")
         return self.json(job.progress())
@@ -180,7 +180,7 @@ def register_views(app: Any, api: Api) -> None:
     @app.page("/inference/calls/{request_id}/")
     async def backend_calls(self: web.View, request: web.Request, request_id: str) -> web.Response:
         """Backend calls this worker has made for a request id (for tests and audits)."""
-        return self.json({"request_id": request_id, "calls": api.parts.backend.calls_for(request_id)})
+        return self.json({"request_id": request_id, "calls": api.components.backend.calls_for(request_id)})
 
     @app.page("/metrics")
     async def prometheus_metrics(self: web.View, request: web.Request) -> web.Response:

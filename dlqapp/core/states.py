@@ -45,7 +45,7 @@ _CORE_FIELDS = ("request_id", "first_seen", "duplicates", "history", "state", "u
 
 
 @dataclass(slots=True)
-class StateRecord:
+class StoredState:
     """A request's stored state: where it stands, since when, and its bounded history.
 
     `details` holds what the last changes said (`attempts`, `tier`, `due`, `error_class`,
@@ -100,7 +100,7 @@ class StateRecord:
         return json.dumps(self.as_dict(), separators=(",", ":")).encode()
 
     @classmethod
-    def decode(cls, blob: bytes | None) -> StateRecord | None:
+    def decode(cls, blob: bytes | None) -> StoredState | None:
         """The record stored in `blob` (None for no blob); ValueError when it holds none."""
         if not blob:
             return None
@@ -120,11 +120,11 @@ class StateRecord:
 
 
 def transition(
-    previous: StateRecord | None, request_id: str, state: RequestState, at: int, **detail: Any
-) -> StateRecord:
+    previous: StoredState | None, request_id: str, state: RequestState, at: int, **detail: Any
+) -> StoredState:
     """The next stored state: `previous` moved to `state`, with the change appended to history."""
     if previous is None:
-        current = StateRecord(request_id, state, first_seen=at, updated_at=at)
+        current = StoredState(request_id, state, first_seen=at, updated_at=at)
     else:
         current = replace(previous, state=state, updated_at=at, details=dict(previous.details))
     current.details.update({k: v for k, v in detail.items() if k != "history"})
@@ -135,13 +135,13 @@ def transition(
     return current
 
 
-def count_duplicate(previous: StateRecord, at: int, source: str) -> StateRecord:
+def count_duplicate(previous: StoredState, at: int, source: str) -> StoredState:
     """`previous` with one more duplicate counted, its state unchanged."""
     history = [*previous.history, {"at": at, "state": "duplicate_skipped", "source": source}][-HISTORY_LIMIT:]
     return replace(previous, duplicates=previous.duplicates + 1, history=history)
 
 
-def counted(previous: StateRecord | None, new: StateRecord) -> list[str]:
+def counted(previous: StoredState | None, new: StoredState) -> list[str]:
     """The counters (dlqapp.tables.counters) a state change moves: `received` for a new id,
     `succeeded` the first time it succeeds, one per retry tier and per dead letter."""
     names = [] if previous is not None else ["received"]

@@ -34,7 +34,7 @@ from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_
 from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
-from dlqapp.tables.partition_io import PartitionIO
+from dlqapp.tables.request_store import RequestStore
 from dlqapp.tables.retention import (
     ledger_last_change,
     request_last_change,
@@ -44,7 +44,7 @@ from dlqapp.tables.retention import (
 log = logging.getLogger("dlqapp.deadletters.operator")
 
 
-def live_chain(state: states.StateRecord | None, running_here: bool) -> str | None:
+def live_chain(state: states.StoredState | None, running_here: bool) -> str | None:
     """How the request's live chain stands, when it has one (docs/operations.md, the replay
     rules): an attempt running, a retry parked, a replay not yet picked up, or a message
     whose attempt died with its worker and will run again. None when it has ended."""
@@ -61,7 +61,7 @@ def live_chain(state: states.StateRecord | None, running_here: bool) -> str | No
     return None
 
 
-def current_state(state: states.StateRecord | None) -> str | None:
+def current_state(state: states.StoredState | None) -> str | None:
     return None if state is None else state.state
 
 
@@ -70,7 +70,7 @@ class Operator:
 
     def __init__(
         self,
-        io: PartitionIO,
+        store: RequestStore,
         recorder: DeadLetterRecorder,
         ledger: TableT,
         retries: CommandHandler,
@@ -81,7 +81,7 @@ class Operator:
         max_replays: int,
         clock: Clock,
     ) -> None:
-        self.io = io
+        self.store = store
         self.recorder = recorder
         self.dead_letters = recorder.table
         self.ledger = ledger
@@ -114,7 +114,7 @@ class Operator:
                     tier=record.get("tier"),
                 )
             return answer
-        key = find_dead_letter(self.dead_letters, command.request_id, self.io.partitions)
+        key = find_dead_letter(self.dead_letters, command.request_id, self.store.partitions)
         if key is None:
             return {"request_id": command.request_id, "status": ReplayStatus.NOT_FOUND}
         entry = DeadLetterEntry.decode(self.dead_letters[key])
@@ -131,7 +131,7 @@ class Operator:
         if replays >= self.max_replays:
             reason = f"{rid} was replayed {replays} times already (DLQ_MAX_REPLAYS={self.max_replays})"
             return {"request_id": key, "status": ReplayStatus.REFUSED, "reason": reason}
-        current = self.io.load_state(rid)
+        current = self.store.load_state(rid)
         live = live_chain(current, rid in self.in_flight)
         if live is not None:
             reason = (
@@ -186,10 +186,10 @@ class Operator:
             "forced": command.force,
         }
         self._append_ledger(rid, ledger, record)
-        self.io.set_state(rid, states.REPROCESSED, at, replay_count=replays + 1, replayed_by=command.actor)
-        await self.io.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
+        self.store.set_state(rid, states.REPROCESSED, at, replay_count=replays + 1, replayed_by=command.actor)
+        await self.store.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
         await self._remove(key)
-        self.io.counters.add("reprocessed")
+        self.store.counters.add("reprocessed")
         metrics.replays.inc()
         log_event(
             log,
@@ -212,11 +212,11 @@ class Operator:
             self.ledger_for(rid),
             {"action": Action.DISCARD, "at": at, "by": command.actor, "error_class": entry.error_class, "key": key},
         )
-        state = self.io.load_state(rid)
+        state = self.store.load_state(rid)
         if (
             key == rid or state is None or state.get("dlq_key") == key
         ):  # discarding an invalid copy leaves the request's state alone
-            self.io.set_state(rid, states.DISCARDED, at, discarded_by=command.actor)
+            self.store.set_state(rid, states.DISCARDED, at, discarded_by=command.actor)
         metrics.discards.inc()
         log_event(log, logging.INFO, "discarded", request_id=rid, key=key, by=command.actor)
         return {"request_id": key, "status": ReplayStatus.DISCARDED}
@@ -224,7 +224,7 @@ class Operator:
     def _expire(self, command: Command) -> dict[str, Any]:
         """Delete settled records the sweeper found old, unless they changed since."""
         tables = {
-            self.io.requests.name: (self.io.requests, request_last_change),
+            self.store.requests.name: (self.store.requests, request_last_change),
             self.ledger.name: (self.ledger, ledger_last_change),
         }
         if command.table not in tables or not isinstance(command.expired, list):
@@ -253,7 +253,7 @@ class Operator:
 
     async def _remove(self, key: str) -> None:
         """Tombstone the compacted `dlq` topic, then drop the table entry."""
-        await self.io.send(self.dlq_topic, key, None, [], partition=self.io.owner(owner_id(key)))
+        await self.store.send(self.dlq_topic, key, None, [], partition=self.store.owner(owner_id(key)))
         self.recorder.remove(key.encode())
 
     def _append_ledger(self, request_id: str, ledger: list[dict[str, Any]], record: dict[str, Any]) -> None:

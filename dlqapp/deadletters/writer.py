@@ -32,14 +32,14 @@ from dlqapp.core.requests import fallback_key, salvage_request_id
 from dlqapp.deadletters.entries import PREVIEW_BYTES, unprocessable_key
 from dlqapp.kafka.transactions import RecordTooLarge
 from dlqapp.observability.logs import log_event
-from dlqapp.tables.partition_io import PartitionIO
+from dlqapp.tables.request_store import RequestStore
 
 log = logging.getLogger("dlqapp.deadletters.writer")
 
 MAX_ORIGINAL_HEADERS_CHARS = 65536
 
 
-def ends_its_chain(state: states.StateRecord | None, record: Record, error_class: ErrorClass) -> bool:
+def ends_its_chain(state: states.StoredState | None, record: Record, error_class: ErrorClass) -> bool:
     """Whether dead-lettering `record` (invalid, or poison) ends its request's chain: the id was
     never seen; or the record is the operator's replay the request waits for; or, poison, the
     request's stored attempt was left in flight (its own message broke its handler)."""
@@ -53,8 +53,8 @@ def ends_its_chain(state: states.StateRecord | None, record: Record, error_class
 class DeadLetterWriter:
     """Sends dead letters to `dlq` (confirmed by the broker) and records the request's state."""
 
-    def __init__(self, io: PartitionIO, dlq: TopicT, in_flight: InFlight, clock: Clock) -> None:
-        self.io = io
+    def __init__(self, store: RequestStore, dlq: TopicT, in_flight: InFlight, clock: Clock) -> None:
+        self.store = store
         self.dlq = dlq
         self.in_flight = in_flight
         self.clock = clock
@@ -62,7 +62,7 @@ class DeadLetterWriter:
     async def write(self, outcome: DeadLetter, envelope: Envelope) -> None:
         """Dead-letter a request (its retries ended, it expired, or an operator said so)."""
         at = await self._send(outcome, envelope)
-        self.io.set_state(
+        self.store.set_state(
             envelope.request_id,
             states.DEAD_LETTERED,
             at,
@@ -108,15 +108,15 @@ class DeadLetterWriter:
         }
         if payload is None:
             extra[H_PAYLOAD_NULL] = "true"
-        partition = self.io.owner(owner)
+        partition = self.store.owner(owner)
         await self._send(DeadLetter(error_class, reason), envelope, key=key, partition=partition, **extra)
         if (
             request_id
             and partition == record.partition
             and request_id not in self.in_flight
-            and ends_its_chain(self.io.load_state(request_id), record, error_class)
+            and ends_its_chain(self.store.load_state(request_id), record, error_class)
         ):
-            self.io.set_state(
+            self.store.set_state(
                 request_id,
                 states.DEAD_LETTERED,
                 self.clock(),
@@ -125,7 +125,7 @@ class DeadLetterWriter:
                 dlq_key=key,
             )
         elif not request_id:
-            self.io.counters.add("received")  # no id to keep a state under, but it did arrive
+            self.store.counters.add("received")  # no id to keep a state under, but it did arrive
         log_event(
             log,
             logging.INFO,
@@ -153,7 +153,7 @@ class DeadLetterWriter:
             final_error=outcome.reason, dead_at=at, retry_count=max(envelope.attempts - 1, 0), **extra
         )
         try:
-            await self.io.send(self.dlq, key or envelope.request_id, envelope.payload, headers, partition=partition)
+            await self.store.send(self.dlq, key or envelope.request_id, envelope.payload, headers, partition=partition)
         except RecordTooLarge:
             # Only a record larger than `input` accepts gets here (a foreign one on a tier or
             # commands topic): its dead letter keeps a preview, never a restart loop.
@@ -165,5 +165,5 @@ class DeadLetterWriter:
                 **{H_PAYLOAD_TRUNCATED: "true", H_PAYLOAD_BYTES: str(size)},
             )
             preview = envelope.payload[:PREVIEW_BYTES]
-            await self.io.send(self.dlq, key or envelope.request_id, preview, headers, partition=partition)
+            await self.store.send(self.dlq, key or envelope.request_id, preview, headers, partition=partition)
         return at

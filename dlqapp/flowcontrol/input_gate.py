@@ -63,7 +63,7 @@ class InputGate:
         """Due hints fired and not yet seen by the due agent."""
         return len(self._in_hop)
 
-    def fired(self, keys: Iterable[bytes]) -> None:
+    def handed_over(self, keys: Iterable[bytes]) -> None:
         """The timer handed these due keys to the due hop."""
         now = self._clock()
         for key in keys:

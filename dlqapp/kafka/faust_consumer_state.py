@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 
-def forget_unacked(app: Any, event: Any) -> None:
+def hand_back_unacked(app: Any, event: Any) -> None:
     """Hand an event back without acking it, so its offset is never committed.
 
     `Consumer._unacked_messages` is what `wait_empty()` waits on during shutdown and

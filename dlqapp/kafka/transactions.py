@@ -9,7 +9,7 @@ forwarded messages, and the records of its table changelogs. Each owned partitio
 wakes up (a zombie) can no longer commit anything.
 
 A step enters its partition's transaction at its first output and leaves it when its
-outputs are sent (`StepGate`: steps share the transaction, a commit waits for the steps
+outputs are sent (`StepBarrier`: steps share the transaction, a commit waits for the steps
 inside and holds new ones back, so a step never straddles two transactions); it is acked
 only after that transaction has committed (`committed()`). Offsets stay Faust's: an input
 is acked, and its offset committed, only after its outputs are; a redelivered input whose
@@ -102,7 +102,7 @@ class TransactionalProducer(Protocol):
     ) -> asyncio.Future[Any]: ...
 
 
-class StepGate:
+class StepBarrier:
     """Steps share a partition's open transaction; a commit waits for the steps inside and
     holds new ones back until the next transaction has begun."""
 
@@ -149,7 +149,7 @@ class PartitionTransaction:
         self.partition = partition
         self.producer = producer
         self.timeout_s = timeout_s
-        self.gate = StepGate()
+        self.barrier = StepBarrier()
         self._sends: list[tuple[Awaitable[Any], Position | None]] = []
         self._commit: asyncio.Future[None] | None = None
         self._closed = False
@@ -227,15 +227,15 @@ class PartitionTransaction:
             await self._commit_unlocked(seal)
 
     async def _commit_unlocked(self, seal: Seal | None) -> None:
-        if self._closed or not (self._sends or self.gate.inside):
+        if self._closed or not (self._sends or self.barrier.inside):
             return
-        await self.gate.close()
+        await self.barrier.close()
         try:
             if seal is not None and self._spoiled is None and self._sends:
                 await seal(self)
             await self._commit_open()
         finally:
-            await self.gate.reopen()
+            await self.barrier.reopen()
 
     async def _commit_open(self) -> None:
         done, sends = self._commit, self._sends
@@ -385,7 +385,7 @@ class Transactions:
 
     def busy(self) -> list[PartitionTransaction]:
         """The open transactions that hold outputs (or steps about to add some)."""
-        return [t for t in self._open.values() if t.has_outputs or t.gate.inside]
+        return [t for t in self._open.values() if t.has_outputs or t.barrier.inside]
 
     async def commit_all(self, seal: Seal | None = None) -> int:
         """Commit every open transaction that holds outputs; returns how many committed."""

@@ -12,7 +12,7 @@ worker of the app stopped:
 3. moves the records not yet consumed from the retry tiers, the due topic, the DLQ topic
    and the command topic to their owners' partitions, and commits the group past the
    originals. Records left on `input` need nothing: a worker forwards a request read on a
-   partition that does not own it (dlqapp.tables.partition_io).
+   partition that does not own it (dlqapp.tables.request_store).
 
 It is safe to run again after an interruption: moved entries are where they belong, the
 rest move. The running counts (the `stats` table) stay on their partitions; they are read

@@ -22,9 +22,9 @@ import contextvars
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from dlqapp.core.errors import HandBack, StopWorker
+from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.kafka.acks import Acks, Ticket
 from dlqapp.processing.crashguard import CrashGuard, PoisonMessage
 from dlqapp.tables.progress import Progress
@@ -154,7 +154,7 @@ class InFlightWindow:
                 async with self._steps.step(ticket.partition) as step:
                     answer = await self._on_poison(ticket, exc)
                     if ticket.strikes and self._progress is not None:
-                        self._progress.forget_strike(ticket.topic_partition[0], ticket.offset)
+                        self._progress.clear_strike(ticket.topic_partition[0], ticket.offset)
                 return step.committed, answer
         except HandBack:  # its partition was handed back meanwhile: the next owner handles it
             self._acks.hand_back(ticket)
@@ -230,19 +230,6 @@ class InFlightWindow:
         self._accepting.set()
 
 
-class Gate(Protocol):
-    """What a `GatedFeed` needs of dlqapp.flowcontrol.input_gate.InputGate."""
-
-    @property
-    def is_open(self) -> bool: ...
-
-    async def wait_open(self) -> None: ...
-
-    async def wait_closed(self) -> None: ...
-
-    def reconsider(self) -> None: ...
-
-
 class GatedFeed:
     """Events from a Faust stream to a window, started only while a gate is open.
 
@@ -257,7 +244,7 @@ class GatedFeed:
     already fetched can arrive).
     """
 
-    def __init__(self, window: InFlightWindow, gate: Gate, open_limit: int, closed_limit: int) -> None:
+    def __init__(self, window: InFlightWindow, gate: InputGate, open_limit: int, closed_limit: int) -> None:
         self._window = window
         self._gate = gate
         self._open_limit = open_limit
@@ -271,7 +258,7 @@ class GatedFeed:
     """Held events that make input count as backlogged (see `backlogged`)."""
 
     @property
-    def held(self) -> int:
+    def waiting(self) -> int:
         return len(self._held)
 
     def backlogged(self) -> bool:
@@ -388,7 +375,7 @@ class InFlightWindows:
         self._windows.append(window)
         return window
 
-    def feed(self, window: InFlightWindow, gate: Gate, closed_limit: int) -> GatedFeed:
+    def feed(self, window: InFlightWindow, gate: InputGate, closed_limit: int) -> GatedFeed:
         """A gated feed into `window`, released with it (see GatedFeed)."""
         feed = GatedFeed(window, gate, open_limit=self.limit, closed_limit=closed_limit)
         self._feeds.append(feed)

@@ -45,8 +45,8 @@ from dlqapp.kafka.transactions import RecordTooLarge
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.caller import BackendCaller, NotCalled
-from dlqapp.retries.parking import RetryParking
-from dlqapp.tables.partition_io import PartitionIO, as_header_pairs
+from dlqapp.retries.scheduler import RetryParking
+from dlqapp.tables.request_store import RequestStore, as_header_pairs
 
 log = logging.getLogger("dlqapp.processing.pipeline")
 
@@ -65,7 +65,7 @@ class Pipeline:
         caller: BackendCaller,
         policy: RetryPolicy,
         *,
-        io: PartitionIO,
+        store: RequestStore,
         parking: RetryParking,
         dead_letters: DeadLetterWriter,
         results: TopicT,
@@ -81,7 +81,7 @@ class Pipeline:
         written before its request was first seen for a redelivery (at_least_once)."""
         self.caller = caller
         self.policy = policy
-        self.io = io
+        self.store = store
         self.parking = parking
         self.dead_letters = dead_letters
         self.results = results
@@ -104,8 +104,8 @@ class Pipeline:
             )
             return
         request_id = request.request_id
-        if not self.io.owns(record, request_id):
-            await self.io.forward(record, topic, request_id)
+        if not self.store.owns(record, request_id):
+            await self.store.forward(record, topic, request_id)
             return
         if self.is_duplicate(request_id, record):
             return
@@ -126,11 +126,11 @@ class Pipeline:
         A request the table says is in flight, but that no attempt here is running, is not a
         duplicate: its attempt died with its worker or its partition, and nothing else would
         end it. Nor is a request dead-lettered or discarded: a new copy is a new chain."""
-        previous = self.io.load_state(request_id)
+        previous = self.store.load_state(request_id)
         if request_id in self.in_flight:
             if previous is None:  # first seen moments ago: count it now, its outcome will find this record
                 previous = states.transition(None, request_id, states.IN_FLIGHT, self.clock())
-                self.io.counters.add("received")
+                self.store.counters.add("received")
         elif previous is None or previous.state == states.IN_FLIGHT:
             return False
         elif previous.state == states.REPROCESSED:
@@ -140,8 +140,8 @@ class Pipeline:
             self.redelivery_by_time and record.written_ms <= previous.first_seen
         ):
             return False
-        self.io.store_state(request_id, states.count_duplicate(previous, self.clock(), record.topic))
-        self.io.counters.add("duplicates_skipped")
+        self.store.store_state(request_id, states.count_duplicate(previous, self.clock(), record.topic))
+        self.store.counters.add("duplicates_skipped")
         metrics.duplicates.inc()
         metrics.requests.labels("duplicate_skipped").inc()
         log_event(
@@ -152,9 +152,9 @@ class Pipeline:
     def already_succeeded(self, record: Record) -> bool:
         """The request this message carries (by the id in its payload) has a result already."""
         request_id = salvage_request_id(record.payload)
-        if not request_id or self.io.owner(request_id) != record.partition:
+        if not request_id or self.store.owner(request_id) != record.partition:
             return False
-        state = self.io.load_state(request_id)
+        state = self.store.load_state(request_id)
         return state is not None and state.state == states.SUCCEEDED
 
     # -- one attempt ------------------------------------------------------------------
@@ -246,7 +246,7 @@ class Pipeline:
         output at a time (`output_truncated`): the call was paid for, its answer must land."""
         for _ in range(RESULT_SHRINKS):
             try:
-                await self.io.send(self.results, result.request_id, result.to_bytes(), headers)
+                await self.store.send(self.results, result.request_id, result.to_bytes(), headers)
                 return
             except RecordTooLarge:
                 if result.history:
@@ -272,7 +272,7 @@ class Pipeline:
         )
         headers = {**envelope.lineage, H_SOURCE: json.dumps(envelope.source, separators=(",", ":"))}
         await self._send_result(result, as_header_pairs(headers))
-        self.io.set_state(
+        self.store.set_state(
             envelope.request_id,
             states.SUCCEEDED,
             at,

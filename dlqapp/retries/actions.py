@@ -24,7 +24,7 @@ from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
-from dlqapp.tables.partition_io import PartitionIO
+from dlqapp.tables.request_store import RequestStore
 
 
 def error_class_of(value: str | None) -> ErrorClass:
@@ -43,19 +43,19 @@ class RetryActions:
         scheduler: RetryScheduler,
         dead_letters: DeadLetterWriter,
         in_flight: InFlight,
-        io: PartitionIO,
+        store: RequestStore,
     ) -> None:
         self.parked = parked
         self.scheduler = scheduler
         self.dead_letters = dead_letters
         self.in_flight = in_flight
-        self.io = io
+        self.store = store
 
     async def execute(self, command: Command, at: int) -> Answer:
         """(answer, ledger record or None) for one retry command."""
         rid = command.request_id
-        partition = self.io.owner(rid)
-        state = self.io.load_state(rid)
+        partition = self.store.owner(rid)
+        state = self.store.load_state(rid)
         keys = await self.parked.keys_of(rid, partition, state.due if state is not None else None)
         if not keys:
             return {
@@ -64,7 +64,7 @@ class RetryActions:
                 "reason": f"no parked retry for {rid!r} (it may have run already)",
             }, None
         key = keys[0]
-        if rid in self.in_flight or self.scheduler.is_firing(key):
+        if rid in self.in_flight or self.scheduler.is_handed_over(key):
             return {
                 "request_id": rid,
                 "status": ReplayStatus.REFUSED,
@@ -80,7 +80,7 @@ class RetryActions:
             return {"request_id": command.request_id, "status": ReplayStatus.NOT_FOUND}, None
         due_ms, _ = decode_parked_key(key)
         tier = self.parked.tier_of(envelope).label
-        await self.scheduler.fire_now(key, partition)
+        await self.scheduler.hand_over_now(key, partition)
         record = {
             "action": Action.RUN_NOW,
             "at": at,
@@ -112,7 +112,7 @@ class RetryActions:
                 copy = self.parked.get(stale)
                 if copy is not None:
                     self.parked.delete(stale, self.parked.tier_of(copy))
-                self.scheduler.fired.pop(stale, None)
+                self.scheduler.handed_over.pop(stale, None)
         finally:
             running.difference_update(keys)
         record = {

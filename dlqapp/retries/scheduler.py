@@ -1,14 +1,15 @@
-"""Retry scheduling: park each retry in a due-time table, fire it when due.
+"""Retry scheduling: park each retry in a due-time table, hand it over when due.
 
-1. When the pipeline decides a retry, it parks the envelope in `parked_retries` under
-   `parked_key(due, request_id)` in the same stream step (on the partition that owns
-   the request), and publishes it on the tier topic. Each tier agent parks what others
+1. When the pipeline decides a retry, `RetryParking.park` parks the envelope in
+   `parked_retries` under `parked_key(due, request_id)`, records the request's state
+   `retry_scheduled` and publishes it on the tier topic, in the same stream step (on the
+   partition that owns the request). Each tier agent parks what others
    put on its topic; its own retries are already there.
 2. The retry timer scans, for each partition this worker actively owns, the keys up to
    "now" (byte order is time order) and hands each due key to the due agent through the
    internal `due` topic, on the same partition.
 3. The due agent reads the parked entry, attempts the request, carries out the outcome,
-   and only then deletes the entry. A crash anywhere re-fires the entry, never loses it.
+   and only then deletes the entry. A crash anywhere hands the entry over again, never loses it.
 """
 
 from __future__ import annotations
@@ -27,21 +28,21 @@ from dlqapp.core.envelope import Envelope
 from dlqapp.core.errors import ErrorClass
 from dlqapp.core.headers import H_REPLAY_COUNT, header_int
 from dlqapp.core.in_flight import InFlight
-from dlqapp.core.outcomes import DeadLetter
+from dlqapp.core.outcomes import DeadLetter, RetryAt
 from dlqapp.core.record import Record
 from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, Request, parse_request
-from dlqapp.core.states import StateRecord
+from dlqapp.core.states import StoredState
 from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.flowcontrol.slots import DUE
 from dlqapp.observability.logs import log_event
-from dlqapp.retries.due_hop import DueHop, is_run_now
+from dlqapp.retries.handover import HandOver, is_run_now
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scan import REFIRE_AFTER_MS, next_due_after, scan_due
-from dlqapp.tables.partition_io import PartitionIO
+from dlqapp.tables.request_store import RequestStore
 
 log = logging.getLogger("dlqapp.retries.scheduler")
 
@@ -68,6 +69,45 @@ class AttemptRunner(Protocol):
     ) -> Awaitable[None]: ...
 
 
+class RetryParking:
+    """Parks a decided retry on its tier until its due time."""
+
+    def __init__(
+        self, store: RequestStore, parked: ParkedRetries, tiers: tuple[tuple[Tier, TopicT], ...], clock: Clock
+    ) -> None:
+        self.store = store
+        self.parked = parked
+        self.tiers = tiers
+        self.clock = clock
+
+    async def park(self, outcome: RetryAt, envelope: Envelope) -> None:
+        envelope.due_ms = outcome.due_ms
+        tier, topic = self.tiers[outcome.tier_index]
+        await self.store.send(topic, envelope.request_id, envelope.payload, envelope.headers())
+        self.parked.store(envelope, tier)
+        failure = outcome.failure
+        self.store.set_state(
+            envelope.request_id,
+            states.RETRY_SCHEDULED,
+            self.clock(),
+            attempts=envelope.attempts,
+            tier=tier.topic,
+            due=outcome.due_ms,
+            error_class=failure.error_class.value,
+            last_error=failure.message,
+        )
+        log_event(
+            log,
+            logging.DEBUG,
+            "retry_scheduled",
+            request_id=envelope.request_id,
+            attempt=envelope.attempts,
+            tier=tier.label,
+            due=outcome.due_ms,
+            error_class=failure.error_class.value,
+        )
+
+
 class RetryScheduler:
     """Parks retries from tier topics, fires due ones, and attempts them."""
 
@@ -77,8 +117,8 @@ class RetryScheduler:
         attempt: AttemptRunner,
         dead_letters: DeadLetterWriter,
         in_flight: InFlight,
-        io: PartitionIO,
-        due_hop: DueHop,
+        store: RequestStore,
+        handover: HandOver,
         gate: InputGate,
         *,
         batch: int,
@@ -90,20 +130,20 @@ class RetryScheduler:
         self.attempt = attempt
         self.dead_letters = dead_letters
         self.in_flight = in_flight
-        self.io = io
-        self.due_hop = due_hop
+        self.store = store
+        self.handover = handover
         self.gate = gate
         self.batch = batch
         self.max_payload_bytes = max_payload_bytes
         self.clock = clock
         self.lead = lead or DueLead(0)
-        self.fired: dict[bytes, int] = {}
+        self.handed_over: dict[bytes, int] = {}
         self.running: set[bytes] = set()
         """Parked keys being attempted by the due agent or dead-lettered by an operator now:
         a second due message for one of them (the timer and "run now" at once) is ignored."""
         self.next_due: int | None = None
         """When the earliest retry not yet handed over falls due (as of the last scan), so
-        the timer can wake for it (`next_fire_at`) instead of a tick later."""
+        the timer can wake for it (`next_hand_over_at`) instead of a tick later."""
 
     # -- 1. park ----------------------------------------------------------------------
 
@@ -114,24 +154,24 @@ class RetryScheduler:
             reason = f"invalid request: {InvalidRequest(['retry message key must be a UTF-8 request id'])}"
             await self.dead_letters.write_unprocessable(record, ErrorClass.INVALID_REQUEST, reason)
             return
-        if not self.io.owns(record, request_id):
-            await self.io.forward(record, topic, request_id)
+        if not self.store.owns(record, request_id):
+            await self.store.forward(record, topic, request_id)
             return
         envelope = Envelope.from_headers(request_id, record.payload or b"", record.headers)
         if envelope.due_ms is None:
             envelope.due_ms = record.timestamp_ms + tier.delay_ms
-        if superseded_by(self.io.load_state(request_id), envelope) is not None:
+        if superseded_by(self.store.load_state(request_id), envelope) is not None:
             return  # the retry ran already (its own tier message read late) or the request moved on
         self.parked.store(envelope, tier)
 
     # -- 2. fire ----------------------------------------------------------------------
 
     @property
-    def next_fire_at(self) -> int | None:
+    def next_hand_over_at(self) -> int | None:
         """When the timer should next hand retries over: the next due time, less the lead."""
         return None if self.next_due is None else self.next_due - self.lead.ms
 
-    async def fire_due(self) -> int:
+    async def hand_over_due(self) -> int:
         """Hand every retry due within the lead (see DueLead), not yet fired, to the due agent. Returns how many."""
         now = self.clock()
         horizon = now + self.lead.ms
@@ -144,43 +184,43 @@ class RetryScheduler:
             keys = self._due_keys(partition, db, horizon)
             if not keys:
                 continue
-            self.gate.fired(keys)  # fresh input waits until the due agent has these
+            self.gate.handed_over(keys)  # fresh input waits until the due agent has these
             sends = []
             for key in keys:
-                self.fired[key] = now
+                self.handed_over[key] = now
                 _, request_id = decode_parked_key(key)
-                sends.append(await self.due_hop.send(request_id.encode(), key, partition))
+                sends.append(await self.handover.send(request_id.encode(), key, partition))
             await asyncio.gather(*sends)
             fired += len(keys)
         self.gate.refresh()
         return fired
 
-    async def fire_now(self, key: bytes, partition: int) -> None:
+    async def hand_over_now(self, key: bytes, partition: int) -> None:
         """Hand one parked retry to the due agent now, exactly as the timer would when it is due."""
-        self.fired[key] = self.clock()
-        self.gate.fired([key])  # like the timer's fires: fresh input waits until the due agent has it
+        self.handed_over[key] = self.clock()
+        self.gate.handed_over([key])  # like the timer's fires: fresh input waits until the due agent has it
         _, request_id = decode_parked_key(key)
         try:
-            await (await self.due_hop.send(request_id.encode(), key, partition, now=True))
+            await (await self.handover.send(request_id.encode(), key, partition, now=True))
         except BaseException:
-            self.fired.pop(key, None)
+            self.handed_over.pop(key, None)
             raise
 
-    def is_firing(self, key: bytes) -> bool:
+    def is_handed_over(self, key: bytes) -> bool:
         """Handed to the due agent lately (not yet done), or being attempted now."""
-        fired_at = self.fired.get(key)
-        return key in self.running or (fired_at is not None and self.clock() - fired_at <= REFIRE_AFTER_MS)
+        handed_over_at = self.handed_over.get(key)
+        return key in self.running or (handed_over_at is not None and self.clock() - handed_over_at <= REFIRE_AFTER_MS)
 
     def _due_keys(self, partition: int, db: Rdict, horizon: int) -> list[bytes]:
         """Keys of one partition due by `horizon`, not yet fired, earliest first, at most `batch`."""
         starts = self.parked.scan_starts
-        keys, next_start = scan_due(db, horizon, starts.get(partition, db), self.fired, self.batch)
+        keys, next_start = scan_due(db, horizon, starts.get(partition, db), self.handed_over, self.batch)
         starts.set(partition, db, next_start)
         return keys
 
-    def forget_fired(self) -> None:
+    def forget_handed_over(self) -> None:
         """After a rebalance: entries may have moved; fire whatever is still parked."""
-        self.fired.clear()
+        self.handed_over.clear()
         self.parked.scan_starts.clear()
         self.gate.forget()
 
@@ -192,14 +232,14 @@ class RetryScheduler:
         if not isinstance(key, bytes) or len(key) <= 8:
             raise ValueError("a due message must carry a parked-retry key")
         self.gate.received(key)
-        fired_at = self.fired.get(key)
-        if fired_at is not None:
-            self.lead.observe(self.clock() - fired_at)
+        handed_over_at = self.handed_over.get(key)
+        if handed_over_at is not None:
+            self.lead.observe(self.clock() - handed_over_at)
         if key in self.running:
             return  # a re-fire (or "run now") while this retry's attempt is still running
         envelope = self.parked.get(key)
         if envelope is None:
-            self.fired.pop(key, None)
+            self.handed_over.pop(key, None)
             return
         request_id = envelope.request_id
         if request_id in self.in_flight:
@@ -207,11 +247,11 @@ class RetryScheduler:
             # a retry over up to DLQ_DUE_LEAD_MAX early). Waiting for it, rather than dropping
             # this hand-over, keeps the retry on time: a dropped one waited REFIRE_AFTER_MS.
             if not await self.in_flight.wait_until_idle(request_id, PREVIOUS_ATTEMPT_WAIT_S) or key in self.running:
-                self.fired.pop(key, None)  # still busy: the timer hands it over again
+                self.handed_over.pop(key, None)  # still busy: the timer hands it over again
                 return
             envelope = self.parked.get(key)
             if envelope is None:
-                self.fired.pop(key, None)
+                self.handed_over.pop(key, None)
                 return
         self.running.add(key)
         try:
@@ -219,7 +259,7 @@ class RetryScheduler:
             if due is not None:
                 await sleep_until(self.clock, due - SLOT_AHEAD_MS)
             tier = self.parked.tier_of(envelope)  # before the attempt adds to the envelope's count
-            superseded = superseded_by(self.io.load_state(request_id), envelope)
+            superseded = superseded_by(self.store.load_state(request_id), envelope)
             if superseded is None:
                 await self._attempt(envelope, tier, not_before=due)
             else:
@@ -232,7 +272,7 @@ class RetryScheduler:
                     reason=superseded,
                 )
             self.parked.delete(key, tier)
-            self.fired.pop(key, None)
+            self.handed_over.pop(key, None)
         finally:
             self.running.discard(key)
 
@@ -245,7 +285,7 @@ class RetryScheduler:
         await self.attempt(envelope, request, tier.topic, tier, priority=DUE, not_before=not_before)
 
 
-def superseded_by(state: StateRecord | None, envelope: Envelope) -> str | None:
+def superseded_by(state: StoredState | None, envelope: Envelope) -> str | None:
     """Why a parked retry should not run, or None when it should.
 
     After a crash, at-least-once delivery can leave two copies of a request's retry

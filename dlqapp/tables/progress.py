@@ -94,7 +94,7 @@ class Progress:
             records.append((self.table.changelog_topic_name, key, str(strikes).encode()))
         return records
 
-    def forget_strike(self, topic: str, offset: int) -> None:
+    def clear_strike(self, topic: str, offset: int) -> None:
         """The struck record was dead-lettered (inside that step): drop its count."""
         del self.table[_strike_key(topic, offset)]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dlqapp.core import states
-from dlqapp.core.states import StateRecord
+from dlqapp.core.states import StoredState
 from dlqapp.kafka.faust_tables import active_partitions, partition_db, scan_chunk
 
 EXPIRED_STATES = frozenset({states.SUCCEEDED, states.DISCARDED})
@@ -37,7 +37,7 @@ Expire = Callable[[str, int, list[tuple[str, int]]], Awaitable[None]]
 def request_last_change(blob: bytes) -> int | None:
     """When a settled request last changed, or None when it is not expirable."""
     try:
-        record = StateRecord.decode(blob)
+        record = StoredState.decode(blob)
     except (ValueError, UnicodeDecodeError):
         return None  # Faust's offset record, not a state
     if record is None or record.state not in EXPIRED_STATES:

@@ -255,7 +255,7 @@ class StreamSteps:
         if step.transaction is None:
             assert self.transactions is not None
             transaction = self.transactions.of(step.partition)
-            await transaction.gate.enter()
+            await transaction.barrier.enter()
             step.transaction = transaction
         return step.transaction
 
@@ -283,7 +283,7 @@ class StreamSteps:
             if step.sent or counted:
                 step.committed = transaction.committed()
         finally:
-            await transaction.gate.leave()
+            await transaction.barrier.leave()
         if step.committed is not None:
             partition = step.partition
             after_commit(step.committed, lambda: _note_persisted(sent, partition))

@@ -60,25 +60,25 @@ class Agents:
 class WorkerLifecycle:
     """Start-up and hand-back of a worker (DlqApp calls it; see dlqapp.wiring.faust_app)."""
 
-    def __init__(self, parts: Components) -> None:
-        self.parts = parts
+    def __init__(self, components: Components) -> None:
+        self.components = components
 
     def started(self) -> None:
-        self.parts.crash_guard.open()
+        self.components.crash_guard.open()
 
     async def release(self, reopen: bool) -> None:
         """Hand back what the windows hold: a rebalance (`reopen`: they take events again at
         the next assignment) or a shutdown."""
         try:
-            released = await self.parts.windows.release()
-            if not self.parts.steps.exactly_once:  # exactly_once: sealed into the last commit
+            released = await self.components.windows.release()
+            if not self.components.steps.exactly_once:  # exactly_once: sealed into the last commit
                 await self._write_counts()
         finally:
-            self.parts.offsets.reset()  # the next assignment starts from committed offsets
+            self.components.offsets.reset()  # the next assignment starts from committed offsets
         if reopen:
-            self.parts.counters.on_revoked()
+            self.components.counters.on_revoked()
         else:
-            self.parts.crash_guard.close()
+            self.components.crash_guard.close()
         if released:
             log_event(
                 log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown"
@@ -86,20 +86,20 @@ class WorkerLifecycle:
 
     def assigned(self) -> None:
         """A new assignment begins: the windows closed by a rebalance's release take events again."""
-        self.parts.windows.reopen()
+        self.components.windows.reopen()
 
     async def _write_counts(self) -> None:
         try:
-            await self.parts.steps.write_unwritten_counts()
+            await self.components.steps.write_unwritten_counts()
         except Exception as exc:  # the broker is gone: the counts of the last moment are lost, as in a crash
             log_event(log, logging.WARNING, "counts_not_written", error=repr(exc))
 
 
-def register_agents(app: DlqApp, parts: Components) -> Agents:
+def register_agents(app: DlqApp, components: Components) -> Agents:
     """Register every agent on `app`; `parts` are the worker's components."""
-    app.attach(WorkerLifecycle(parts), parts.steps)
-    handlers = _Handlers(app, parts)
-    topology = parts.topology
+    app.attach(WorkerLifecycle(components), components.steps)
+    handlers = _Handlers(app, components)
+    topology = components.topology
     app.agent(topology.input, name="input")(handlers.input_agent())
     app.agent(topology.due, name="due")(handlers.due_agent())
     for tier_topic in topology.tiers:
@@ -119,9 +119,9 @@ def manual_acks(stream: StreamT) -> StreamT:
 class _Handlers:
     """The agent bodies, and what happens when a step fails."""
 
-    def __init__(self, app: DlqApp, parts: Components) -> None:
+    def __init__(self, app: DlqApp, components: Components) -> None:
         self.app = app
-        self.parts = parts
+        self.components = components
         self.operator: AgentT | None = None
         """The operator agent, which answers `ask()` (registered after its body is built)."""
 
@@ -132,7 +132,7 @@ class _Handlers:
         transaction's writes never became visible: dlqapp.wiring.restart). Otherwise Faust's
         crash path stops the services; should the process linger, it is ended after a grace
         period (like kill -9, which at-least-once delivery already covers)."""
-        if self.parts.steps.exactly_once:
+        if self.components.steps.exactly_once:
             fail_transactions(self.app, exc)
             return
         log.critical("fatal error, stopping the worker: %r", exc)
@@ -147,7 +147,7 @@ class _Handlers:
         """A step failed on this record: dead-letter it as `poison` (in a step of its own)."""
         record = self.record(ticket.event)  # the failure path: the handler's record went with it
         where = record.position
-        if isinstance(exc, PoisonMessage) and self.parts.pipeline.already_succeeded(record):
+        if isinstance(exc, PoisonMessage) and self.components.pipeline.already_succeeded(record):
             # In progress at every crash only because it is first in line after each restart
             # (its result was written, its offset not yet committed): nothing to dead-letter.
             log_event(
@@ -165,23 +165,23 @@ class _Handlers:
             *where,
             exc_info=None if isinstance(exc, PoisonMessage) else exc,
         )
-        await self.parts.dead_letters.write_unprocessable(
+        await self.components.dead_letters.write_unprocessable(
             record, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000]
         )
 
     def record(self, event: EventT) -> Record:
         """The door: `event` read once into a `Record` (dlqapp.kafka.records)."""
-        return record_of(event, self.parts.clock)
+        return record_of(event, self.components.clock)
 
     def admit(self, event: EventT) -> Ticket | None:
         """The door of every agent: note the offset, track the event for its ack (None: its
         outputs are committed already; it is acked without being handled)."""
         message = event.message
-        self.parts.offsets.seen(message.topic, message.partition, message.offset)
-        return self.parts.windows.admit(event)
+        self.components.offsets.seen(message.topic, message.partition, message.offset)
+        return self.components.windows.admit(event)
 
     def window(self, limit: int | None = None, on_done: Any = None, on_poison: Any = None) -> InFlightWindow:
-        return self.parts.windows.new(on_poison or self.poison, self.stop, limit=limit, on_done=on_done)
+        return self.components.windows.new(on_poison or self.poison, self.stop, limit=limit, on_done=on_done)
 
     async def each_event(
         self, stream: StreamT, window: InFlightWindow, handle: Callable[[Record], Awaitable[object]]
@@ -194,13 +194,13 @@ class _Handlers:
                 await window.submit(ticket, functools.partial(handle, record))
 
     def input_agent(self) -> Callable[[StreamT], Awaitable[None]]:
-        pipeline, topic, gate = self.parts.pipeline, self.parts.topology.input, self.parts.input_gate
+        pipeline, topic, gate = self.components.pipeline, self.components.topology.input, self.components.input_gate
 
         async def input_requests(stream: StreamT) -> None:
             """Fresh requests: many in flight at once, acked in offset order; none started
             while due retries are on their way (dlqapp.flowcontrol.input_gate)."""
             window = self.window()
-            feed = self.parts.windows.feed(
+            feed = self.components.windows.feed(
                 window,
                 gate,
                 closed_limit=self.app.conf.stream_buffer_maxsize + 4 * self.app.conf.broker_max_poll_records,
@@ -220,7 +220,7 @@ class _Handlers:
         return input_requests
 
     def due_agent(self) -> Callable[[StreamT], Awaitable[None]]:
-        scheduler = self.parts.scheduler
+        scheduler = self.components.scheduler
 
         async def due(stream: StreamT) -> None:
             """Due retries handed over by the timer: attempted ahead of fresh input."""
@@ -229,7 +229,7 @@ class _Handlers:
         return due
 
     def tier_agent(self, tier_topic: TierTopic) -> Callable[[StreamT], Awaitable[None]]:
-        scheduler = self.parts.scheduler
+        scheduler = self.components.scheduler
 
         async def park(stream: StreamT) -> None:
             await self.each_event(
@@ -240,7 +240,7 @@ class _Handlers:
         return park
 
     def dlq_agent(self) -> Callable[[StreamT], Awaitable[None]]:
-        recorder = self.parts.recorder
+        recorder = self.components.recorder
 
         async def dlq(stream: StreamT) -> None:
             """Dead letters, one at a time: the DLQ table, the JSON-lines log, the alert line."""
@@ -249,7 +249,7 @@ class _Handlers:
         return dlq
 
     def operator_agent(self) -> Callable[[StreamT], Awaitable[None]]:
-        operator, dead_letters = self.parts.operator, self.parts.dead_letters
+        operator, dead_letters = self.components.operator, self.components.dead_letters
 
         async def answer(ticket: Ticket, reply: object) -> None:
             if reply is not None and self.operator is not None:

@@ -1,4 +1,4 @@
-"""What a worker is made of (`Components`) and what it talks to beyond itself (`Outside`):
+"""What a worker is made of (`Components`) and what it talks to beyond itself (`Ports`):
 the component graph `dlqapp.wiring.composition.build_components` builds, typed."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dlqapp.core.clock import Clock, now_ms
 from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.deadletters.operator import Operator
 from dlqapp.deadletters.recorder import DeadLetterRecorder, OldestDeadLetter
-from dlqapp.deadletters.replays import ReplayJobs
+from dlqapp.deadletters.replay_jobs import ReplayJobs
 from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.inference import InferenceBackend
@@ -23,13 +23,13 @@ from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.processing.flow import InFlightWindows
 from dlqapp.processing.pipeline import Pipeline
-from dlqapp.retries.due_hop import DueHop
+from dlqapp.retries.handover import HandOver
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.settings import Settings
 from dlqapp.tables.counters import Counters
-from dlqapp.tables.partition_io import PartitionIO, Send
 from dlqapp.tables.progress import Progress
+from dlqapp.tables.request_store import RequestStore, Send
 from dlqapp.tables.retention import Sweeper
 from dlqapp.tables.steps import StreamSteps
 from dlqapp.tables.topology import Topology
@@ -49,7 +49,7 @@ class Components:
     clock: Clock
     backend: InferenceBackend
     counters: Counters
-    io: PartitionIO
+    store: RequestStore
     parked: ParkedRetries
     caller: BackendCaller
     dead_letters: DeadLetterWriter
@@ -69,7 +69,7 @@ class Components:
 
 
 @dataclass(frozen=True)
-class Outside:
+class Ports:
     """What a worker's components talk to beyond themselves: Faust's producer, the model
     backend, the due hop's producer, the group's assignment and the time. `build_app` gives
     the real ones; unit tests give in-memory fakes to the same `build_components`."""
@@ -77,7 +77,7 @@ class Outside:
     send: Send
     """The plain producer's send (outputs and changelog records under at_least_once)."""
     backend: InferenceBackend
-    due_hop: DueHop
+    handover: HandOver
     input_share: Callable[[], float]
     """The fraction of the input partitions this worker owns now (its share of the rate limits)."""
     hand_back: Callable[[Any], None]

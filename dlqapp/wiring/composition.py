@@ -23,7 +23,7 @@ from dlqapp.core.outcomes import RetryPolicy
 from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.deadletters.operator import Operator
 from dlqapp.deadletters.recorder import DeadLetterRecorder, OldestDeadLetter
-from dlqapp.deadletters.replays import ReplayJobs
+from dlqapp.deadletters.replay_jobs import ReplayJobs
 from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.flowcontrol.aimd import AimdLimit
 from dlqapp.flowcontrol.gate import RateGate, metric_label
@@ -31,7 +31,7 @@ from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import create_backend
 from dlqapp.kafka.acks import Acks
-from dlqapp.kafka.faust_consumer_state import consumer_lag, forget_unacked
+from dlqapp.kafka.faust_consumer_state import consumer_lag, hand_back_unacked
 from dlqapp.kafka.faust_producer import producer_send
 from dlqapp.kafka.faust_tables import keys_with_prefix, partition_db
 from dlqapp.kafka.offset_watch import OffsetWatch
@@ -46,15 +46,14 @@ from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.processing.flow import InFlightWindows
 from dlqapp.processing.pipeline import Pipeline
 from dlqapp.retries.actions import RetryActions
-from dlqapp.retries.due_hop import DueHop
+from dlqapp.retries.handover import HandOver
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
-from dlqapp.retries.parking import RetryParking
-from dlqapp.retries.scheduler import RetryScheduler
+from dlqapp.retries.scheduler import RetryParking, RetryScheduler
 from dlqapp.settings import Settings
 from dlqapp.tables.counters import Counters
-from dlqapp.tables.partition_io import PartitionIO
 from dlqapp.tables.progress import STRIKE_PREFIX, Progress
+from dlqapp.tables.request_store import RequestStore
 from dlqapp.tables.retention import (
     Sweeper,
     SweptTable,
@@ -63,7 +62,7 @@ from dlqapp.tables.retention import (
 )
 from dlqapp.tables.steps import StreamSteps
 from dlqapp.tables.topology import Topology, declare, register_codecs
-from dlqapp.wiring.components import Components, Outside
+from dlqapp.wiring.components import Components, Ports
 from dlqapp.wiring.faust_app import DlqApp, create_app, fail_transactions, install_event_loop, load_settings
 from dlqapp.wiring.services import (
     AlertWebhook,
@@ -76,14 +75,14 @@ from dlqapp.wiring.services import (
 )
 
 
-def outside_of(app: DlqApp, settings: Settings, topology: Topology) -> Outside:
+def ports_of(app: DlqApp, settings: Settings, topology: Topology) -> Ports:
     """The real world of a worker on `app`."""
-    return Outside(
+    return Ports(
         send=producer_send(app),
         backend=create_backend(settings),
-        due_hop=DueHop(settings.kafka_client(client_id="dlqapp-due-hop"), topology.due.get_topic_name()),
+        handover=HandOver(settings.kafka_client(client_id="dlqapp-due-hop"), topology.due.get_topic_name()),
         input_share=lambda: input_share(app, settings),
-        hand_back=lambda event: forget_unacked(app, event),
+        hand_back=lambda event: hand_back_unacked(app, event),
         new_producer=transactional_producer(settings) if settings.exactly_once else None,
     )
 
@@ -107,27 +106,27 @@ def transactional_producer(settings: Settings) -> ProducerFactory:
     return new
 
 
-def build_components(settings: Settings, topology: Topology, outside: Outside) -> Components:
+def build_components(settings: Settings, topology: Topology, ports: Ports) -> Components:
     """Every component of a worker, wired from the settings."""
-    clock, backend = outside.clock, outside.backend
+    clock, backend = ports.clock, ports.backend
     rates = MinuteRates()
     counters = Counters(topology.stats, topology.steps, lambda name, amount: rates.add(name, amount, clock()))
-    acks = Acks(outside.hand_back)
+    acks = Acks(ports.hand_back)
     transactions = (
-        Transactions(settings.app_id, outside.new_producer, settings.transaction_timeout_ms / 1000)
-        if outside.new_producer
+        Transactions(settings.app_id, ports.new_producer, settings.transaction_timeout_ms / 1000)
+        if ports.new_producer
         else None
     )
     progress = progress_of(topology, acks) if transactions is not None else None
     steps = StreamSteps(
         topology.steps,
         transactions=transactions,
-        send=outside.send,
+        send=ports.send,
         counters=counters,
         seal_tables=progress.seal if progress is not None else lambda partition: [],
         strikes=progress.strike_records if progress is not None else lambda partition, culprits: [],
     )
-    io = PartitionIO(settings.partitions, topology.requests, counters, clock, steps.send)
+    store = RequestStore(settings.partitions, topology.requests, counters, clock, steps.send)
     parked = ParkedRetries(topology.parked_retries, settings.tiers)
     policy = RetryPolicy(
         backoff=Backoff(settings.retry_delays_ms, settings.backoff, settings.backoff_jitter),
@@ -143,14 +142,14 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         timeout_ms=settings.inference_timeout_ms,
         clock=clock,
         lateness=LatenessWindow(),
-        gate=rate_gate(settings, outside.input_share),
+        gate=rate_gate(settings, ports.input_share),
     )
-    dead_letters = DeadLetterWriter(io, topology.dlq, in_flight, clock)
+    dead_letters = DeadLetterWriter(store, topology.dlq, in_flight, clock)
     pipeline = Pipeline(
         caller,
         policy,
-        io=io,
-        parking=RetryParking(io, parked, tuple((t.tier, t.topic) for t in topology.tiers), clock),
+        store=store,
+        parking=RetryParking(store, parked, tuple((t.tier, t.topic) for t in topology.tiers), clock),
         dead_letters=dead_letters,
         results=topology.results,
         in_flight=in_flight,
@@ -166,8 +165,8 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         pipeline.attempt,
         dead_letters,
         in_flight,
-        io,
-        outside.due_hop,
+        store,
+        ports.handover,
         input_gate,
         batch=settings.timer_batch,
         max_payload_bytes=settings.max_payload_bytes,
@@ -190,10 +189,10 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         settings.dlq_log_backups,
     )
     operator = Operator(
-        io,
+        store,
         recorder,
         topology.replay_ledger,
-        RetryActions(parked, scheduler, dead_letters, in_flight, io),
+        RetryActions(parked, scheduler, dead_letters, in_flight, store),
         input_topic=topology.input,
         dlq_topic=topology.dlq,
         in_flight=in_flight,
@@ -220,7 +219,7 @@ def build_components(settings: Settings, topology: Topology, outside: Outside) -
         clock=clock,
         backend=backend,
         counters=counters,
-        io=io,
+        store=store,
         parked=parked,
         caller=caller,
         dead_letters=dead_letters,
@@ -308,44 +307,44 @@ def build_app(settings: Settings | None = None) -> DlqApp:
     register_codecs()
     app = create_app(settings)
     topology = declare(app, settings)
-    parts = build_components(settings, topology, outside_of(app, settings, topology))
-    agents = register_agents(app, parts)
-    _register_services(app, parts)
-    register_views(app, Api(app, parts, agents.operator))
+    components = build_components(settings, topology, ports_of(app, settings, topology))
+    agents = register_agents(app, components)
+    _register_services(app, components)
+    register_views(app, Api(app, components, agents.operator))
     register_commands(app)
-    _register_metrics(app, parts)
+    _register_metrics(app, components)
     return app
 
 
-def _register_services(app: DlqApp, parts: Components) -> None:
-    settings = parts.settings
-    app.add_service(RetryTimer(app, parts.scheduler, settings.timer_interval_ms))
-    app.add_service(InputPause(app, parts.input_gate, parts.topology.input.get_topic_name()))
-    app.add_service(RetentionSweep(app, parts.sweeper, parts.clock))
-    app.add_service(CrashJournal(parts.crash_guard))
+def _register_services(app: DlqApp, components: Components) -> None:
+    settings = components.settings
+    app.add_service(RetryTimer(app, components.scheduler, settings.timer_interval_ms))
+    app.add_service(InputPause(app, components.input_gate, components.topology.input.get_topic_name()))
+    app.add_service(RetentionSweep(app, components.sweeper, components.clock))
+    app.add_service(CrashJournal(components.crash_guard))
     app.add_service(LoopLag())
-    if parts.alerts is not None:
-        app.add_service(AlertWebhook(parts.alerts))
-    if parts.steps.exactly_once:
+    if components.alerts is not None:
+        app.add_service(AlertWebhook(components.alerts))
+    if components.steps.exactly_once:
         app.add_service(
-            TransactionCommits(parts.steps, settings.commit_interval_ms, lambda exc: fail_transactions(app, exc))
+            TransactionCommits(components.steps, settings.commit_interval_ms, lambda exc: fail_transactions(app, exc))
         )
 
 
-def _register_metrics(app: DlqApp, parts: Components) -> None:
+def _register_metrics(app: DlqApp, components: Components) -> None:
     install_counting_monitor(app)
-    limiter = parts.caller.limiter
+    limiter = components.caller.limiter
     metrics.concurrency_limit.set_function(lambda: limiter.limit)
     metrics.calls_in_flight.set_function(lambda: limiter.in_use)
     metrics.worker_ready.set_function(lambda: 1.0 if worker_readiness(app).ready else 0.0)
     metrics.worker_start_time.set_to_current_time()
-    stats = parts.topology.stats
+    stats = components.topology.stats
     metrics.register_state_collector(
         metrics.StateCollector(
-            dlq_entries=lambda: max(0, parts.counters.total_of(stats)["dlq_size"]),
-            parked_by_tier=parts.parked.by_tier_label,
-            consumer_lag=lambda: consumer_lag(app, set(parts.settings.all_topics())),
-            breaker_state=lambda: parts.caller.breaker.state,
-            breaker_moves=lambda: dict(parts.caller.breaker.moves),
+            dlq_entries=lambda: max(0, components.counters.total_of(stats)["dlq_size"]),
+            parked_by_tier=components.parked.by_tier_label,
+            consumer_lag=lambda: consumer_lag(app, set(components.settings.all_topics())),
+            breaker_state=lambda: components.caller.breaker.state,
+            breaker_moves=lambda: dict(components.caller.breaker.moves),
         )
     )

@@ -318,7 +318,7 @@ class DlqApp(faust.App):
         return SingleChannelReplyConsumer(self, loop=self.loop, beacon=self.beacon)
 
     def _new_producer(self) -> IdempotentProducer:
-        # faust_producer: Faust has no setting for producer idempotence outside exactly-once.
+        # faust_producer: Faust has no setting for producer idempotence ports exactly-once.
         producer = IdempotentProducer(self.transport, loop=self.loop, beacon=self.beacon)
         widen_changelog_buffer(producer, PRODUCER_BUFFER_MESSAGES)
         return producer

@@ -80,16 +80,16 @@ class RetryTimer(_Loop):
         self.interval_s = interval_ms / 1000
 
     async def on_start(self) -> None:
-        await self.scheduler.due_hop.start()
+        await self.scheduler.handover.start()
 
     async def on_stop(self) -> None:
-        await self.scheduler.due_hop.stop()
+        await self.scheduler.handover.stop()
 
     def on_rebalancing(self) -> None:
-        self.scheduler.forget_fired()
+        self.scheduler.forget_handed_over()
 
     async def tick(self) -> None:
-        await self.scheduler.fire_due()
+        await self.scheduler.hand_over_due()
         await self.scheduler.parked.recount_if_reassigned()
 
     def next_sleep_s(self) -> float:
@@ -98,7 +98,7 @@ class RetryTimer(_Loop):
         With a lead of at least two ticks (DueLead) a retry is handed over well before its due
         time at any tick, so the timer just ticks: waking for every retry as it came within
         the lead cost a scan of every partition per retry (about 1 % of a core at 140 retries/s)."""
-        next_fire = self.scheduler.next_fire_at
+        next_fire = self.scheduler.next_hand_over_at
         if next_fire is None or self.scheduler.lead.ms >= 2 * self.interval_s * 1000:
             return self.interval_s
         until_due_s = (next_fire - self.scheduler.clock()) / 1000

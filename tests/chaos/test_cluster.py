@@ -24,7 +24,7 @@ from tests.chaos.cluster_tools import StallMeter, SteadyLoad, ids_per_partition
 from tests.chaos.ledger import FULL, Ledger, under_exactly_once
 from tests.chaos.test_faults import FAULT_ENV, mock_calls, produce_ids, report, start_mock
 from tests.cluster import LocalCluster, wait_in_sync
-from tests.support import MockLLM, Worker, unique, unique_ids, wait_until
+from tests.support import MockLLM, Worker, Workers, unique, unique_ids, wait_until
 
 PARTITIONS = 3
 ALL = FULL or os.environ.get("CHAOS_CLUSTER") == "1"
@@ -45,9 +45,7 @@ class Run:
         self.workers: list[Worker] = []
 
     def worker(self, wait: bool = True) -> Worker:
-        worker = Worker(
-            self.cluster.bootstrap,
-            self.tmp_path,
+        worker = Workers(self.cluster.bootstrap, self.tmp_path).make(
             app_id=self.app_id,
             name=f"w{len(self.workers) + 1}",
             env_extra=self.env,

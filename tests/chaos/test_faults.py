@@ -20,6 +20,7 @@ from tests.support import (
     LocalKafka,
     MockLLM,
     Worker,
+    Workers,
     free_port,
     page_with_total,
     unique,
@@ -101,8 +102,8 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path):
     env = broker.env()
     broker.run("start", env)
     mock = start_mock(tmp_path)
-    worker = Worker(
-        broker.bootstrap, tmp_path, env_extra={**FAULT_ENV, **GUARANTEE_ENV, "DLQ_INFERENCE_URL": mock.api_url}
+    worker = Workers(broker.bootstrap, tmp_path).make(
+        env_extra={**FAULT_ENV, **GUARANTEE_ENV, "DLQ_INFERENCE_URL": mock.api_url}
     )
     try:
         worker.start()

@@ -19,7 +19,7 @@ import pytest
 
 from tests.chaos.ledger import FULL, Ledger
 from tests.kafka_io import produce, request_bytes
-from tests.support import MockLLM, Worker, unique_ids
+from tests.support import MockLLM, Worker, Workers, unique_ids
 
 MODEL = "limited-model"
 
@@ -32,9 +32,7 @@ def run_against_limited_mock(
         tmp,
         args=["--latency-ms", str(latency_ms), "--jitter-ms", str(jitter_ms), "--limit-rpm", str(rpm), "--seed", "7"],
     ).start()
-    worker = Worker(
-        bootstrap,
-        tmp,
+    worker = Workers(bootstrap, tmp).make(
         env_extra={"DLQ_INFERENCE": "openai", "DLQ_INFERENCE_URL": mock.api_url, "DLQ_CONCURRENCY": "64", **worker_env},
     )
     try:

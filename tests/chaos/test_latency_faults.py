@@ -33,7 +33,7 @@ from tests.chaos.latency_support import calls_reached, mock_calls, parked, produ
 from tests.chaos.ledger import FULL, Ledger, assert_guarantee, under_exactly_once
 from tests.chaos.tcp_proxy import DelayProxy
 from tests.chaos.test_faults import report
-from tests.support import KAFKA_LOCAL, ROOT, MockLLM, Worker, free_port, unique, wait_until
+from tests.support import KAFKA_LOCAL, ROOT, MockLLM, Workers, free_port, unique, wait_until
 
 LATENCY_S = 0.2
 """One-way delay the proxy adds to every chunk (so a round trip to the broker costs 400 ms)."""
@@ -147,7 +147,8 @@ def test_offsets_are_never_committed_ahead_of_the_table_writes_of_the_same_step(
         "DLQ_SESSION_TIMEOUT": "6s",
     }
     workers = [
-        Worker(bootstrap, tmp_path, app_id=app_id, prefix=f"{app_id}.", name=f"w{n}", env_extra=env) for n in (1, 2, 3)
+        Workers(bootstrap, tmp_path).make(app_id=app_id, prefix=f"{app_id}.", name=f"w{n}", env_extra=env)
+        for n in (1, 2, 3)
     ]
     started = time.monotonic()
     try:

@@ -9,7 +9,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from tests.kafka_io import all_keys_seen, produce, read_topic, request_bytes
-from tests.support import Worker, unique_ids
+from tests.support import Workers, unique_ids
 
 TABLES = ("parked-retries", "requests", "dead-letters", "dead-letters-by-time", "replay-ledger", "stats", "progress")
 
@@ -50,7 +50,7 @@ async def create_topic(bootstrap: str, name: str, configs: dict[str, str], repli
 
 
 def test_on_three_brokers_every_topic_and_changelog_has_three_replicas_and_min_insync_two(kafka_cluster, tmp_path):
-    worker = Worker(kafka_cluster.bootstrap, tmp_path, env_extra={"DLQ_REPLICATION_FACTOR": "3"})
+    worker = Workers(kafka_cluster.bootstrap, tmp_path).make(env_extra={"DLQ_REPLICATION_FACTOR": "3"})
     try:
         worker.start()
         ids = unique_ids("rf", 5)

@@ -19,8 +19,9 @@ from dlqapp.kafka.records import record_of
 from dlqapp.settings import Settings
 from dlqapp.tables.steps import StepContext
 from dlqapp.tables.topology import TierTopic, Topology
-from dlqapp.wiring.components import Components, Outside
+from dlqapp.wiring.components import Components, Ports
 from dlqapp.wiring.composition import build_components
+from tests.unit.fake_clock import FakeClock
 
 PARTITIONS = 1  # one partition: every id is owned by the event's partition
 
@@ -85,7 +86,7 @@ class FakeTopic:
 
 
 def send_to(*topics: FakeTopic) -> Any:
-    """A producer's `send` (dlqapp.tables.partition_io.Send) that records into `topics` by name."""
+    """A producer's `send` (dlqapp.tables.request_store.Send) that records into `topics` by name."""
     by_name = {topic.name: topic for topic in topics}
 
     async def send(topic: str, key: bytes, value: bytes | None, partition: int, headers: Any) -> asyncio.Future[None]:
@@ -120,17 +121,7 @@ def consumed(
     key: bytes | None, value: bytes | None, headers: dict[str, bytes] | None = None, message: FakeMessage | None = None
 ) -> Record:
     """A consumed message as the door makes it (`dlqapp.kafka.records.record_of`)."""
-    return record_of(FakeEvent(key, value, headers or {}, message or FakeMessage("input")), FixedClock())  # type: ignore[arg-type]
-
-
-class FixedClock:
-    """Epoch milliseconds that move only when told to."""
-
-    def __init__(self, now: int = 1_700_000_000_000) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
+    return record_of(FakeEvent(key, value, headers or {}, message or FakeMessage("input")), FakeClock())  # type: ignore[arg-type]
 
 
 class ScriptedBackend:
@@ -153,7 +144,7 @@ class ScriptedBackend:
         return InferenceOutput(text="answer", model=model or "m")
 
 
-class FakeDueHop:
+class FakeHandOver:
     """The due hop's producer: remembers what the timer handed over."""
 
     def __init__(self) -> None:
@@ -224,14 +215,14 @@ class Worker:
     """A worker's components as the composition root builds them, over in-memory fakes."""
 
     backend: ScriptedBackend
-    clock: FixedClock
+    clock: FakeClock
     topology: Topology
-    parts: Components
+    components: Components
 
     def __getattr__(self, name: str) -> Any:
-        component = getattr(self.parts, name)  # w.pipeline, w.scheduler, w.operator, w.io, …
+        component = getattr(self.components, name)  # w.pipeline, w.scheduler, w.operator, w.store, …
         if name in STEP_ENTRY_POINTS:
-            return InSteps(component, self.parts.steps, STEP_ENTRY_POINTS[name])
+            return InSteps(component, self.components.steps, STEP_ENTRY_POINTS[name])
         return component
 
     @property
@@ -269,7 +260,7 @@ class Worker:
     @property
     def counts(self) -> Counter[str]:
         """What the counters hold for the one partition (written or not)."""
-        return self.parts.counters.total([0], lambda partition, key: None)
+        return self.components.counters.total([0], lambda partition, key: None)
 
 
 def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool = False, **env: str) -> Worker:
@@ -287,7 +278,7 @@ def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool 
         }
     )
     backend = backend or ScriptedBackend()
-    clock = FixedClock()
+    clock = FakeClock()
     topology = fake_topology(settings)
     topics = [
         topology.input,
@@ -297,15 +288,15 @@ def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool 
         topology.commands,
         *(t.topic for t in topology.tiers),
     ]
-    outside = Outside(
+    ports = Ports(
         send=send_to(*topics),
         backend=backend,
-        due_hop=FakeDueHop(),
+        handover=FakeHandOver(),
         input_share=lambda: 1.0,
         hand_back=lambda event: None,
         clock=clock,
     )
-    return Worker(backend, clock, topology, build_components(settings, topology, outside))
+    return Worker(backend, clock, topology, build_components(settings, topology, ports))
 
 
 def request(request_id: str, **extra: Any) -> bytes:

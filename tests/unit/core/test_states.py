@@ -19,18 +19,18 @@ from dlqapp.core.states import (
     RETRY_SCHEDULED,
     SUCCEEDED,
     RequestState,
-    StateRecord,
+    StoredState,
 )
 
 T0 = 1_700_000_000_000
 
 
-def typed(doc: dict | None) -> StateRecord | None:
+def typed(doc: dict | None) -> StoredState | None:
     """A stored state (its JSON) decoded as the worker reads it."""
-    return None if doc is None else StateRecord.decode(json.dumps(doc).encode())
+    return None if doc is None else StoredState.decode(json.dumps(doc).encode())
 
 
-def stored(record: StateRecord) -> dict:
+def stored(record: StoredState) -> dict:
     """What the worker writes to the requests table for `record` (its JSON)."""
     return json.loads(record.encode())
 
@@ -59,12 +59,12 @@ class states:
 
     @staticmethod
     def load(blob: bytes | None) -> dict | None:
-        record = StateRecord.decode(blob)
+        record = StoredState.decode(blob)
         return None if record is None else stored(record)
 
 
 def run(request_id: str, *steps: tuple[RequestState, dict]) -> tuple[dict, Counter]:
-    """Apply `steps` (state, detail) from nothing, one ms apart, as `PartitionIO.set_state`
+    """Apply `steps` (state, detail) from nothing, one ms apart, as `RequestStore.set_state`
     does: the final record and every counter moved on the way."""
     record = None
     counters: Counter = Counter()

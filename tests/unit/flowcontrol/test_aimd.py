@@ -11,13 +11,13 @@ import pytest
 from dlqapp.core.errors import ErrorClass, Failure
 from dlqapp.flowcontrol.aimd import AimdLimit, pushed_back
 from dlqapp.flowcontrol.bucket import TokenBucket
-from tests.unit.flowcontrol.fake_clock import Clock
+from tests.unit.fake_clock import seconds_clock
 
 # -- AIMD ----------------------------------------------------------------------------------
 
 
 def test_aimd_starts_at_the_floor_doubles_per_round_trip_until_a_drop_then_cuts_and_grows_by_one_per_round_trip():
-    clock = Clock()
+    clock = seconds_clock()
     aimd = AimdLimit(floor=2, ceiling=64, clock=clock)
     assert aimd.limit == 2
     for _ in range(2):
@@ -39,7 +39,7 @@ def test_aimd_starts_at_the_floor_doubles_per_round_trip_until_a_drop_then_cuts_
 
 
 def test_aimd_stays_between_floor_and_ceiling_and_does_not_grow_while_idle():
-    clock = Clock()
+    clock = seconds_clock()
     aimd = AimdLimit(floor=3, ceiling=8, clock=clock)
     for _ in range(100):
         aimd.on_sample(0.1, dropped=False, in_flight=8)
@@ -54,7 +54,7 @@ def test_aimd_stays_between_floor_and_ceiling_and_does_not_grow_while_idle():
 
 
 def test_aimd_treats_a_much_slower_success_as_a_drop():
-    clock = Clock()
+    clock = seconds_clock()
     aimd = AimdLimit(floor=1, ceiling=100, clock=clock)
     for _ in range(30):
         aimd.on_sample(1.0, dropped=False, in_flight=aimd.limit)
@@ -66,7 +66,7 @@ def test_aimd_treats_a_much_slower_success_as_a_drop():
 
 def test_aimd_refuses_a_floor_above_the_ceiling():
     with pytest.raises(ValueError):
-        AimdLimit(floor=10, ceiling=5, clock=Clock())
+        AimdLimit(floor=10, ceiling=5, clock=seconds_clock())
 
 
 def test_push_back_is_a_refusal_or_a_timeout_that_took_its_time():
@@ -102,7 +102,7 @@ def simulate(rpm: int, latency_s: float, count: int, seed: int = 3) -> dict[str,
     """`count` requests through AIMD (no rate limits) against a provider enforcing `rpm` like
     dlqapp-mock-llm (a bucket of one second); a 429 comes back at once and is retried 1 s later."""
     rng = random.Random(seed)
-    clock = Clock()
+    clock = seconds_clock()
     aimd = AimdLimit(floor=1, ceiling=64, clock=clock)
     rate = rpm / 60
     provider = TokenBucket(rate, rate, clock, initial=rate)

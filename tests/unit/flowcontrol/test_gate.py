@@ -11,14 +11,14 @@ import pytest
 from dlqapp.flowcontrol.gate import RateGate
 from dlqapp.flowcontrol.limits import parse_rate_limits
 from dlqapp.flowcontrol.slots import DUE, HIGH, LOW, NORMAL, SlotLimiter
-from tests.unit.flowcontrol.fake_clock import Clock
+from tests.unit.fake_clock import seconds_clock
 
 # -- the rate gate -------------------------------------------------------------------------------
 
 
 def test_calls_are_paced_at_the_limit_and_waiting_for_one_model_does_not_block_another():
     async def run():
-        clock = Clock()
+        clock = seconds_clock()
         gate = RateGate(parse_rate_limits("slow=60rpm"), clock=clock, sleep=clock.sleep)
         sent: list[tuple[str, float]] = []
 
@@ -37,7 +37,7 @@ def test_calls_are_paced_at_the_limit_and_waiting_for_one_model_does_not_block_a
 
 def test_tokens_are_charged_by_estimate_and_corrected_by_usage():
     async def run():
-        clock = Clock()
+        clock = seconds_clock()
         gate = RateGate(parse_rate_limits("m=6000tpm"), clock=clock, sleep=clock.sleep)  # 100 tokens/s, bucket of 50
         permit = await gate.acquire("m", 300)  # waits for a full bucket, then leaves it 250 in debt
         assert clock.now == pytest.approx(1000.5)
@@ -51,7 +51,7 @@ def test_tokens_are_charged_by_estimate_and_corrected_by_usage():
 
 def test_the_share_of_the_owned_partitions_sets_the_rate_and_a_deadline_bounds_the_wait():
     async def run():
-        clock = Clock()
+        clock = seconds_clock()
         share = [1.0]
         gate = RateGate(
             parse_rate_limits("*=120rpm"), default_model="d", share=lambda: share[0], clock=clock, sleep=clock.sleep
@@ -72,7 +72,7 @@ def test_the_share_of_the_owned_partitions_sets_the_rate_and_a_deadline_bounds_t
 
 def test_a_retry_after_pauses_a_limited_model_but_never_an_unlimited_one():
     async def run():
-        clock = Clock()
+        clock = seconds_clock()
         gate = RateGate(parse_rate_limits("m=6000rpm"), clock=clock, sleep=clock.sleep)
         gate.pause("m", 3.0)
         gate.pause("other", 86_400)
@@ -87,7 +87,7 @@ def test_a_retry_after_pauses_a_limited_model_but_never_an_unlimited_one():
 
 def test_capacity_is_taken_when_the_backend_slot_is_granted_so_a_wait_for_a_slot_cannot_make_a_burst():
     async def run():
-        clock = Clock()
+        clock = seconds_clock()
         gate = RateGate(parse_rate_limits("m=120rpm"), clock=clock, sleep=clock.sleep)  # 2 a second, a bucket of 1
         slots = SlotLimiter(1)
         hold = asyncio.Event()
@@ -118,7 +118,7 @@ def test_capacity_is_taken_when_the_backend_slot_is_granted_so_a_wait_for_a_slot
 
 def test_callers_of_one_model_take_their_turns_by_priority():
     async def run():
-        clock = Clock()
+        clock = seconds_clock()
         gate = RateGate(parse_rate_limits("m=60rpm"), clock=clock, sleep=clock.sleep)
         order = []
 

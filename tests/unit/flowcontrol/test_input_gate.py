@@ -5,25 +5,18 @@ from __future__ import annotations
 import asyncio
 
 from dlqapp.flowcontrol.input_gate import InputGate
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000_000
-
-    def __call__(self) -> int:
-        return self.now
+from tests.unit.fake_clock import FakeClock
 
 
 def gate(breaker_closed: bool = True, max_hold_ms: int = 2_000) -> tuple[InputGate, FakeClock, dict[str, bool]]:
-    clock = FakeClock()
+    clock = FakeClock(now=1_000_000)
     breaker = {"closed": breaker_closed}
     return InputGate(lambda: breaker["closed"], clock, max_hold_ms=max_hold_ms), clock, breaker
 
 
 def test_fired_hints_close_the_gate_until_the_due_agent_has_every_one():
     g, _, _ = gate()
-    g.fired([b"k1", b"k2"])
+    g.handed_over([b"k1", b"k2"])
     assert not g.is_open and g.in_hop == 2 and g.holds == 1
     g.received(b"k1")
     assert not g.is_open
@@ -33,14 +26,14 @@ def test_fired_hints_close_the_gate_until_the_due_agent_has_every_one():
 
 def test_a_key_the_gate_never_saw_changes_nothing():
     g, _, _ = gate()
-    g.fired([b"k1"])
+    g.handed_over([b"k1"])
     g.received(b"other")
     assert not g.is_open
 
 
 def test_the_gate_stays_open_while_the_breaker_is_not_closed():
     g, _, breaker = gate(breaker_closed=False)
-    g.fired([b"k1"])
+    g.handed_over([b"k1"])
     assert g.is_open  # fresh requests are the breaker's probes
     breaker["closed"] = True
     g.refresh()
@@ -49,7 +42,7 @@ def test_the_gate_stays_open_while_the_breaker_is_not_closed():
 
 def test_a_lost_hint_holds_input_back_no_longer_than_max_hold():
     g, clock, _ = gate(max_hold_ms=2_000)
-    g.fired([b"lost"])
+    g.handed_over([b"lost"])
     clock.now += 1_999
     g.refresh()
     assert not g.is_open
@@ -60,7 +53,7 @@ def test_a_lost_hint_holds_input_back_no_longer_than_max_hold():
 
 def test_a_rebalance_opens_the_gate():
     g, _, _ = gate()
-    g.fired([b"k1"])
+    g.handed_over([b"k1"])
     g.forget()
     assert g.is_open
 
@@ -74,7 +67,7 @@ def test_run_pauses_and_resumes_the_consumer_and_wait_open_waits():
             applied.append(paused)
 
         runner = asyncio.create_task(g.run(set_paused))
-        g.fired([b"k1"])
+        g.handed_over([b"k1"])
         waiter = asyncio.create_task(g.wait_open())
         await asyncio.sleep(0)
         await asyncio.sleep(0)
@@ -102,7 +95,7 @@ def test_a_resume_that_fails_is_tried_again_until_it_is_applied():
             applied.append(paused)
 
         runner = asyncio.create_task(g.run(set_paused))
-        g.fired([b"k1"])
+        g.handed_over([b"k1"])
         await asyncio.sleep(0.01)
         g.received(b"k1")
         for _ in range(100):
@@ -127,13 +120,13 @@ def test_fetching_is_paused_only_when_input_is_busy_as_the_gate_closes():
             applied.append(paused)
 
         runner = asyncio.create_task(g.run(set_paused))
-        g.fired([b"idle"])  # closed, input idle: fetching goes on (the feed still holds input back)
+        g.handed_over([b"idle"])  # closed, input idle: fetching goes on (the feed still holds input back)
         for _ in range(3):
             await asyncio.sleep(0)
         assert not g.is_open
         g.received(b"idle")
         busy["now"] = True
-        g.fired([b"flood"])  # closed while input is backlogged: fetching pauses
+        g.handed_over([b"flood"])  # closed while input is backlogged: fetching pauses
         for _ in range(3):
             await asyncio.sleep(0)
         runner.cancel()

@@ -9,7 +9,7 @@ from dlqapp.core.requests import Request
 from dlqapp.flowcontrol.bucket import TokenBucket
 from dlqapp.flowcontrol.estimate import DEFAULT_COMPLETION_TOKENS, estimate_tokens, used_tokens
 from dlqapp.flowcontrol.limits import ModelLimit, parse_rate_limits
-from tests.unit.flowcontrol.fake_clock import Clock
+from tests.unit.fake_clock import seconds_clock
 
 # -- limits ------------------------------------------------------------------------------
 
@@ -42,7 +42,7 @@ def test_bad_rate_limits_say_what_is_wrong(text, problem):
 
 
 def test_bucket_refills_at_its_rate_up_to_its_capacity():
-    clock = Clock()
+    clock = seconds_clock()
     bucket = TokenBucket(10, 5, clock)
     assert bucket.level == 0 and bucket.wait_s(1) == pytest.approx(0.1)
     clock.now += 10
@@ -52,7 +52,7 @@ def test_bucket_refills_at_its_rate_up_to_its_capacity():
 
 
 def test_bucket_debt_is_repaid_before_anything_else_goes_and_more_than_capacity_waits_for_a_full_bucket():
-    clock = Clock()
+    clock = seconds_clock()
     bucket = TokenBucket(100, 50, clock, initial=50)
     assert bucket.wait_s(500) == 0  # larger than the bucket: it goes once the bucket is full
     bucket.take(500)
@@ -64,7 +64,7 @@ def test_bucket_debt_is_repaid_before_anything_else_goes_and_more_than_capacity_
 
 
 def test_bucket_keeps_no_more_than_a_smaller_new_capacity():
-    clock = Clock()
+    clock = seconds_clock()
     bucket = TokenBucket(10, 10, clock, initial=10)
     bucket.set_rate(5, 2.5)
     assert bucket.level == 2.5 and bucket.wait_s(3) == pytest.approx(0.0)  # more than capacity: a full bucket will do

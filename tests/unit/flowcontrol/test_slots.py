@@ -6,7 +6,7 @@ import asyncio
 
 from dlqapp.flowcontrol.aimd import AimdLimit
 from dlqapp.flowcontrol.slots import DUE, HIGH, LOW, NORMAL, SlotLimiter
-from tests.unit.flowcontrol.fake_clock import Clock
+from tests.unit.fake_clock import seconds_clock
 
 # -- slots by priority -----------------------------------------------------------------------
 
@@ -63,7 +63,7 @@ def test_low_priority_waits_at_most_max_passes_grants_under_a_flood_of_high():
 
 def test_a_shrinking_limit_hands_out_no_slot_until_fewer_are_in_flight():
     async def run():
-        clock = Clock()
+        clock = seconds_clock()
         aimd = AimdLimit(floor=1, ceiling=4, clock=clock)
         limiter = SlotLimiter(4, aimd)
         for _ in range(10):

@@ -22,7 +22,7 @@ async def step(
     transaction: PartitionTransaction, *records: tuple[str, bytes], hold: asyncio.Event | None = None
 ) -> None:
     """What a stream step does: enter, send, (maybe wait), leave, then wait for the commit."""
-    await transaction.gate.enter()
+    await transaction.barrier.enter()
     try:
         for topic, value in records:
             await transaction.send(topic, b"k", value, 0, None)
@@ -30,18 +30,18 @@ async def step(
                 await hold.wait()
         committed = transaction.committed()
     finally:
-        await transaction.gate.leave()
+        await transaction.barrier.leave()
     await committed
 
 
 async def sent(transaction: PartitionTransaction, *records: tuple[str, bytes]) -> None:
     """A step's outputs handed to the open transaction, without waiting for its commit."""
-    await transaction.gate.enter()
+    await transaction.barrier.enter()
     try:
         for topic, value in records:
             await transaction.send(topic, b"k", value, 0, None)
     finally:
-        await transaction.gate.leave()
+        await transaction.barrier.leave()
 
 
 def test_a_step_is_acked_only_after_its_transaction_commits_and_its_outputs_become_visible_together():
@@ -121,10 +121,10 @@ def test_a_spoiled_transaction_never_commits():
     async def run():
         producer = FakeProducer()
         transaction = await started(producer)
-        await transaction.gate.enter()
+        await transaction.barrier.enter()
         await transaction.send("results", b"k", b"half of a step", 0, None)
         transaction.spoil("a step failed after it sent outputs")
-        await transaction.gate.leave()
+        await transaction.barrier.leave()
         with pytest.raises(TransactionFailed, match="a step failed"):
             await transaction.commit()
         assert producer.visible == []
@@ -153,12 +153,12 @@ def test_a_send_the_producer_refuses_spoils_the_transaction():
     async def run():
         producer = FakeProducer()
         transaction = await started(producer)
-        await transaction.gate.enter()
+        await transaction.barrier.enter()
         await transaction.send("results", b"k", b"first half", 0, None)
         producer.open = None  # the producer lost its transaction under us
         with pytest.raises(TransactionFailed, match="a send to dlq failed"):
             await transaction.send("dlq", b"k", b"second half", 0, None)
-        await transaction.gate.leave()
+        await transaction.barrier.leave()
         with pytest.raises(TransactionFailed):
             await transaction.commit()
 

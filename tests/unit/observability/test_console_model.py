@@ -125,7 +125,7 @@ class DueHopSpy:
 
 def parked_worker(tmp_path, rid: str):
     w = worker(tmp_path, ScriptedBackend({rid: 1}))
-    w.scheduler.due_hop = DueHopSpy()
+    w.scheduler.handover = DueHopSpy()
     run(w.pipeline.on_input(consumed(rid.encode(), request(rid), message=FakeMessage("input", 0, 0)), w.input))
     (key,) = list(w.parked_table)
     return w, key
@@ -139,7 +139,7 @@ def test_run_now_hands_the_entry_to_the_due_agent_like_the_timer_and_a_second_fi
     w, key = parked_worker(tmp_path, "r1")
     answer = run(w.operator.execute(command("run_now", "r1")))
     assert answer["status"] == "fired" and answer["tier"] == "retry-1s"
-    assert w.scheduler.due_hop.sent == [(b"r1", key, w.io.owner("r1"))] and key in w.scheduler.fired
+    assert w.scheduler.handover.sent == [(b"r1", key, w.store.owner("r1"))] and key in w.scheduler.handed_over
     assert run(w.operator.execute(command("run_now", "r1")))["status"] == "refused"  # already handed over
     assert [r["action"] for r in w.operator.ledger_for("r1")] == ["run_now"]
     run(

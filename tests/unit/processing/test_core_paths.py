@@ -188,14 +188,14 @@ def test_the_retry_timer_tick_fires_due_retries_and_recounts(tmp_path):
     w = worker(tmp_path)
     calls = []
 
-    async def fire_due():
+    async def hand_over_due():
         calls.append("fire")
         return 0
 
     async def recount():
         calls.append("recount")
 
-    w.scheduler.fire_due = fire_due
+    w.scheduler.hand_over_due = hand_over_due
     w.parked.recount_if_reassigned = recount
     timer = RetryTimer(app=None, scheduler=w.scheduler, interval_ms=20)
     run(timer.tick())

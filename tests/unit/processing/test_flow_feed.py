@@ -28,12 +28,12 @@ def test_a_closed_gate_keeps_taking_events_and_starts_them_in_order_once_it_open
         window = h.window(4)
         feed = GatedFeed(window, gate, open_limit=4, closed_limit=50)
         pump = asyncio.create_task(feed.run())
-        gate.fired([b"hint"])  # closed
+        gate.handed_over([b"hint"])  # closed
         for i in range(30):  # far more than the window: none of these puts may block
             current.set(i)
             await asyncio.wait_for(feed.put(h.acks.track(FakeEvent(i, acked)), lambda: _record(seen, current)), 1)
         await asyncio.sleep(0.01)
-        assert seen == [] and feed.held == 30
+        assert seen == [] and feed.waiting == 30
         gate.received(b"hint")  # open
         await _until(lambda: len(acked) == 30)
         assert seen == list(range(30)) and acked == list(range(30))
@@ -68,15 +68,15 @@ def test_an_open_gate_pushes_back_at_the_open_limit_and_a_closing_gate_lifts_it(
             await release.wait()
 
         await feed.put(h.acks.track(FakeEvent(0, acked)), slow)  # started: the window's only slot
-        await _until(lambda: feed.held == 0)
+        await _until(lambda: feed.waiting == 0)
         await feed.put(h.acks.track(FakeEvent(1, acked)), slow)  # the pump waits for a slot with it
         await feed.put(h.acks.track(FakeEvent(2, acked)), slow)
         blocked = asyncio.create_task(feed.put(h.acks.track(FakeEvent(3, acked)), slow))  # 2 held: at the open limit
         await asyncio.sleep(0.02)
         assert not blocked.done()
-        gate.fired([b"hint"])  # closing lifts the limit to 5
+        gate.handed_over([b"hint"])  # closing lifts the limit to 5
         await asyncio.wait_for(blocked, 1)
-        assert feed.held == 2
+        assert feed.waiting == 2
         release.set()
         gate.received(b"hint")
         await _until(lambda: len(acked) == 4)
@@ -93,10 +93,10 @@ def test_releasing_a_feed_gives_its_held_events_back_unacked():
         gate = _gate()
         window = h.window(4)
         feed = GatedFeed(window, gate, open_limit=4, closed_limit=10)
-        gate.fired([b"hint"])
+        gate.handed_over([b"hint"])
         for i in range(3):
             await feed.put(h.acks.track(FakeEvent(i, acked)), _reraise)
-        assert feed.release() == 3 and forgotten == [0, 1, 2] and feed.held == 0 and acked == []
+        assert feed.release() == 3 and forgotten == [0, 1, 2] and feed.waiting == 0 and acked == []
 
     asyncio.run(run())
 
@@ -115,7 +115,7 @@ def test_input_piling_up_behind_a_closed_gate_counts_as_backlogged_and_asks_the_
             applied.append(paused)
 
         runner = asyncio.create_task(gate.run(set_paused))
-        gate.fired([b"hint"])
+        gate.handed_over([b"hint"])
         await _until(lambda: applied[-1:] == [False])  # closed, but input is quiet: fetching goes on
         for i in range(5):
             await feed.put(h.acks.track(FakeEvent(i, [])), _reraise)
@@ -152,7 +152,7 @@ def test_events_taken_while_the_windows_are_released_are_given_back_not_started_
         releasing = asyncio.create_task(windows.release())  # 0 gets its grace period
         await asyncio.sleep(0.01)
         await feed.put(h.acks.track(FakeEvent(1, acked)), held)  # taken during the release
-        gate.fired([b"hint"])
+        gate.handed_over([b"hint"])
         await feed.put(h.acks.track(FakeEvent(2, acked)), held)  # and while the gate is closed
         await releasing
         gate.received(b"hint")
@@ -188,7 +188,7 @@ def test_an_event_starts_at_once_when_nothing_waits_before_it_and_never_overtake
 
         await feed.put(h.acks.track(FakeEvent(0, acked)), handler(0))  # no pump running: started by `put` itself
         await _until(lambda: acked == [0])
-        gate.fired([b"hint"])  # closed: the next one is held
+        gate.handed_over([b"hint"])  # closed: the next one is held
         await feed.put(h.acks.track(FakeEvent(1, acked)), handler(1))
         submit, handing_over = window.submit, asyncio.Event()
 
@@ -199,7 +199,7 @@ def test_an_event_starts_at_once_when_nothing_waits_before_it_and_never_overtake
         window.submit = slow_submit
         pump = asyncio.create_task(feed.run())
         gate.received(b"hint")  # open: the pump takes 1 and is handing it over
-        await _until(lambda: feed.held == 0)
+        await _until(lambda: feed.waiting == 0)
         await asyncio.wait_for(
             feed.put(h.acks.track(FakeEvent(2, acked)), handler(2)), 1
         )  # the window has room, but 1 is not started yet

@@ -4,7 +4,7 @@ import asyncio
 
 from dlqapp.core.headers import H_RUN_NOW
 from dlqapp.core.record import Record
-from dlqapp.retries.due_hop import is_run_now
+from dlqapp.retries.handover import is_run_now
 from dlqapp.retries.lead import MIN_LEAD_MS, DueLead
 from tests.unit.fakes import FakeMessage, ScriptedBackend, consumed, request, worker
 
@@ -114,13 +114,13 @@ def test_with_a_lead_the_timer_just_ticks_and_without_one_it_wakes_for_the_next_
 
     now = 1_000_000
     scheduler = SimpleNamespace(next_due=now + 5, lead=DueLead(cap_ms=1000), clock=lambda: now)
-    scheduler.next_fire_at = scheduler.next_due - scheduler.lead.ms
+    scheduler.next_hand_over_at = scheduler.next_due - scheduler.lead.ms
     timer = RetryTimer(app=None, scheduler=scheduler, interval_ms=20)
     assert timer.next_sleep_s() == 0.02  # handed over long before it is due at any tick
     scheduler.lead = DueLead(cap_ms=0)
-    scheduler.next_fire_at = scheduler.next_due
+    scheduler.next_hand_over_at = scheduler.next_due
     assert timer.next_sleep_s() == 0.005  # no lead: wake when it falls due
-    scheduler.next_fire_at = None
+    scheduler.next_hand_over_at = None
     assert timer.next_sleep_s() == 0.02
 
 

@@ -3,13 +3,13 @@
 import json
 
 from dlqapp.core.envelope import Envelope
-from dlqapp.core.states import StateRecord
+from dlqapp.core.states import StoredState
 from dlqapp.retries.scheduler import superseded_by
 
 
-def stored(doc: dict) -> StateRecord:
+def stored(doc: dict) -> StoredState:
     """A request state as the requests table holds it."""
-    return StateRecord.decode(json.dumps({"request_id": "r", **doc}).encode())
+    return StoredState.decode(json.dumps({"request_id": "r", **doc}).encode())
 
 
 def test_a_stale_copy_of_a_retry_chain_is_recognised():

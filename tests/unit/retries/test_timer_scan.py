@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
-from dlqapp.core.states import StateRecord
+from dlqapp.core.states import StoredState
 from dlqapp.retries.keys import due_upper_bound, parked_key
 from dlqapp.retries.scan import REFIRE_AFTER_MS, ScanStarts, next_due_after, scan_due
 
@@ -23,9 +23,9 @@ def db(tmp_path):
     store.close()
 
 
-def stored(doc: dict) -> StateRecord:
+def stored(doc: dict) -> StoredState:
     """A request state as the requests table holds it."""
-    return StateRecord.decode(json.dumps({"request_id": "r", **doc}).encode())
+    return StoredState.decode(json.dumps({"request_id": "r", **doc}).encode())
 
 
 def test_fires_due_keys_earliest_first_and_never_future_ones(db):

@@ -294,17 +294,17 @@ async def test_counts_join_only_inside_the_transaction_so_a_commit_between_never
     records for the next transaction, never be sealed into this one without its state."""
     steps, producer, _, _ = await exactly_once(world)
     transaction = steps.transactions.of(0)
-    await transaction.gate.enter()  # another step holds the transaction open
+    await transaction.barrier.enter()  # another step holds the transaction open
     await transaction.send("results", b"other", b"x", 0, None)
     may_end = asyncio.Event()
     writer = asyncio.ensure_future(_count_and_write(steps, world, may_end))
     commit = asyncio.ensure_future(steps.commit_all())
-    while not transaction.gate._committing:  # the commit closes the gate, waiting for the other step
+    while not transaction.barrier._committing:  # the commit closes the gate, waiting for the other step
         await asyncio.sleep(0)
     may_end.set()  # the writer ends its step now, and waits at the closed gate
     for _ in range(5):
         await asyncio.sleep(0)
-    await transaction.gate.leave()
+    await transaction.barrier.leave()
     await commit
     first = {(topic, key): value for topic, key, value in producer.visible_keyed}
     assert ("steps-test-t-changelog", b"r2") not in first

@@ -21,18 +21,18 @@ from dlqapp.core.clock import Clock
 from dlqapp.core.headers import H_ORIGINAL_TIMESTAMP, H_SOURCE
 from dlqapp.core.partitioning import owner_partition
 from dlqapp.core.record import Record
-from dlqapp.core.states import RequestState, StateRecord
+from dlqapp.core.states import RequestState, StoredState
 from dlqapp.observability.logs import log_event
 from dlqapp.tables.counters import Counters
 
-log = logging.getLogger("dlqapp.tables.partition_io")
+log = logging.getLogger("dlqapp.tables.request_store")
 
 Send = Callable[[str, bytes, bytes | None, int, list[tuple[str, bytes]]], Awaitable[Awaitable[Any]]]
 """`send(topic, key, value, partition, headers)`: hands one record to the producer and
 returns what resolves once the broker has it (dlqapp.kafka.faust_producer.producer_send)."""
 
 
-class PartitionIO:
+class RequestStore:
     """Sends confirmed by the broker, ownership, and request state on the owning partition."""
 
     def __init__(self, partitions: int, requests: TableT, counters: Counters, clock: Clock, send: Send) -> None:
@@ -77,10 +77,10 @@ class PartitionIO:
         await self.send(topic, request_id, record.payload or b"", as_header_pairs(headers))
         log_event(log, logging.DEBUG, "rerouted", request_id=request_id, topic=record.topic)
 
-    def load_state(self, request_id: str) -> StateRecord | None:
-        return StateRecord.decode(self.requests.get(request_id.encode()))
+    def load_state(self, request_id: str) -> StoredState | None:
+        return StoredState.decode(self.requests.get(request_id.encode()))
 
-    def store_state(self, request_id: str, record: StateRecord) -> None:
+    def store_state(self, request_id: str, record: StoredState) -> None:
         """Write a state record as it is (inside the owning partition's stream)."""
         self.requests[request_id.encode()] = record.encode()
 

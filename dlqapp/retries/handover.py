@@ -11,7 +11,7 @@ from aiokafka import AIOKafkaProducer
 from dlqapp.core.headers import H_RUN_NOW
 
 
-class DueHop:
+class HandOver:
     """Hands due keys to the due agent (the internal due topic) on a producer of its own.
 
     A due message is a hint, not the record: the entry stays parked until the due agent
@@ -42,11 +42,11 @@ class DueHop:
         `now` (an operator's "run now") marks it to be attempted at once; otherwise the due
         agent waits for the retry's due time (the timer fires ahead of it, see DueLead)."""
         if self._producer is None:
-            raise RuntimeError("DueHop.send before start()")
+            raise RuntimeError("HandOver.send before start()")
         headers = [(H_RUN_NOW, b"1")] if now else None
         return await self._producer.send(self.topic, value=value, key=key, partition=partition, headers=headers)
 
 
 def is_run_now(headers: Mapping[str, str]) -> bool:
-    """The due message (its parsed headers) asks for the attempt at once (`DueHop.send(now=True)`)."""
+    """The due message (its parsed headers) asks for the attempt at once (`HandOver.send(now=True)`)."""
     return H_RUN_NOW in headers
