@@ -27,7 +27,7 @@ class Replays:
     """Replays on the workers owning the dead letters (commands through `Cluster.ask`)."""
 
     def __init__(
-        self, cluster: Cluster, topology: Topology, partitions: int, jobs: ReplayJobs, list_dead_letters: Any
+        self, cluster: Cluster, topology: Topology, *, partitions: int, jobs: ReplayJobs, list_dead_letters: Any
     ) -> None:
         self.cluster = cluster
         self.topology = topology

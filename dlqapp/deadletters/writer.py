@@ -53,7 +53,7 @@ def ends_its_chain(state: states.StoredState | None, record: Record, error_class
 class DeadLetterWriter:
     """Sends dead letters to `dlq` (confirmed by the broker) and records the request's state."""
 
-    def __init__(self, store: RequestStore, dlq: TopicT, in_flight: InFlight, clock: Clock) -> None:
+    def __init__(self, store: RequestStore, dlq: TopicT, *, in_flight: InFlight, clock: Clock) -> None:
         self.store = store
         self.dlq = dlq
         self.in_flight = in_flight
@@ -72,7 +72,7 @@ class DeadLetterWriter:
         )
 
     async def write_unprocessable(
-        self, record: Record, error_class: ErrorClass, reason: str, request_id: str | None = None
+        self, record: Record, error_class: ErrorClass, reason: str, *, request_id: str | None = None
     ) -> None:
         """Dead-letter a message dlqapp cannot handle (invalid, or `poison`: its handler failed).
 

@@ -159,9 +159,9 @@ class BackendCaller:
             permit = await self.gate.acquire(
                 target,
                 estimate_tokens(request),
-                self._time_left_s(request),
-                priority,
-                lambda: slot.enter_async_context(self.limiter.slot(priority)),
+                max_wait_s=self._time_left_s(request),
+                priority=priority,
+                slot=lambda: slot.enter_async_context(self.limiter.slot(priority)),
             )
             if permit is None:
                 return NotCalled(

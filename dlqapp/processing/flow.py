@@ -244,7 +244,7 @@ class GatedFeed:
     already fetched can arrive).
     """
 
-    def __init__(self, window: InFlightWindow, gate: InputGate, open_limit: int, closed_limit: int) -> None:
+    def __init__(self, window: InFlightWindow, gate: InputGate, *, open_limit: int, closed_limit: int) -> None:
         self._window = window
         self._gate = gate
         self._open_limit = open_limit

@@ -100,7 +100,7 @@ class Pipeline:
             request = parse_request(record.payload, self.max_payload_bytes)
         except InvalidRequest as exc:
             await self.dead_letters.write_unprocessable(
-                record, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", exc.request_id
+                record, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", request_id=exc.request_id
             )
             return
         request_id = request.request_id
@@ -109,8 +109,10 @@ class Pipeline:
             return
         if self.is_duplicate(request_id, record):
             return
-        envelope = Envelope.fresh(request_id, record.payload or b"", record.headers, record.written_ms, record.source)
-        await self.attempt(envelope, request, record.topic, None, priority=PRIORITIES[request.priority])
+        envelope = Envelope.fresh(
+            request_id, record.payload or b"", record.headers, written_ms=record.written_ms, read_from=record.source
+        )
+        await self.attempt(envelope, request, topic=record.topic, tier=None, priority=PRIORITIES[request.priority])
 
     def is_duplicate(self, request_id: str, record: Record) -> bool:
         """True (and counted) when this message must not start an attempt chain of its own
@@ -163,6 +165,7 @@ class Pipeline:
         self,
         envelope: Envelope,
         request: Request,
+        *,
         topic: str,
         tier: Tier | None,
         priority: int,
@@ -178,7 +181,7 @@ class Pipeline:
             request.deadline, self.clock()
         )
         if expired is not None:
-            await self.carry_out(expired, envelope, request, None)
+            await self.carry_out(expired, envelope, request, record=None)
             return
         self.in_flight.add(request.request_id)
         try:
@@ -194,10 +197,11 @@ class Pipeline:
                 not_before=not_before,
             )
             if isinstance(called, NotCalled):  # its deadline passed while it waited
-                await self.carry_out(called.outcome, envelope, request, None)
+                await self.carry_out(called.outcome, envelope, request, record=None)
                 return
             outcome = within_deadline(
-                decide(self.policy, number, called.failure, called.output, self.clock(), self._rng), request.deadline
+                decide(self.policy, number, called.failure, output=called.output, now_ms=self.clock(), rng=self._rng),
+                request.deadline,
             )
             if isinstance(outcome, TryFallback):
                 envelope.record(called.attempt)
@@ -211,10 +215,12 @@ class Pipeline:
                     model=outcome.model,
                 )
                 if isinstance(called, NotCalled):
-                    await self.carry_out(called.outcome, envelope, request, None)
+                    await self.carry_out(called.outcome, envelope, request, record=None)
                     return
-                outcome = decide_after_fallback(outcome.model, called.failure, called.output, number + 1)
-            await self.carry_out(outcome, envelope, request, called.attempt)
+                outcome = decide_after_fallback(
+                    outcome.model, called.failure, output=called.output, attempts=number + 1
+                )
+            await self.carry_out(outcome, envelope, request, record=called.attempt)
         finally:
             # idle once this step's writes are on their way: the next attempt's must follow them
             self.after_sent(lambda: self.in_flight.discard(request.request_id))
@@ -226,6 +232,7 @@ class Pipeline:
         outcome: Succeeded | RetryAt | DeadLetter,
         envelope: Envelope,
         request: Request | None,
+        *,
         record: Attempt | None,
     ) -> None:
         """Send the outcome to its topic, wait for the broker, then record the state."""

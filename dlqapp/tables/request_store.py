@@ -35,7 +35,7 @@ returns what resolves once the broker has it (dlqapp.kafka.faust_producer.produc
 class RequestStore:
     """Sends confirmed by the broker, ownership, and request state on the owning partition."""
 
-    def __init__(self, partitions: int, requests: TableT, counters: Counters, clock: Clock, send: Send) -> None:
+    def __init__(self, partitions: int, requests: TableT, *, counters: Counters, clock: Clock, send: Send) -> None:
         self.partitions = partitions
         self._send = send
         self.requests = requests

@@ -260,7 +260,7 @@ async def exactly_once(world: World) -> tuple[StreamSteps, FakeProducer, Acks, P
     acks = Acks(lambda event: None)
     progress = Progress(
         world.progress_table,
-        acks.progress,
+        positions=acks.progress,
         read=lambda partition, key: world.progress_table.data._db_for_partition(partition).get(key),
         has_strikes=lambda partition: False,
     )
