@@ -1,0 +1,166 @@
+"""Run a history, check it, and when it fails make it smaller: drop faults, operator actions
+and producer events one chunk at a time, run the rest again, and keep it when it still
+breaks one of the rules the first run broke. Bounded by a time budget and a number of runs.
+
+What fails is written to `build/histories/` (or HISTORY_OUT): the history as JSON (the
+shortest failing one too), what was collected, and a command line that plays it again:
+
+    HISTORY_REPLAY=build/histories/<name>.json scripts/test tests/history -k replay -s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.history.check import Violation, check_all, rule_names
+from tests.history.generate import FAULT_KINDS, OPERATOR_KINDS, History
+from tests.history.run import HistoryRun, ProxiedKafka, save
+from tests.support import ROOT
+
+OUT = Path(os.environ.get("HISTORY_OUT") or ROOT / "build" / "histories")
+
+
+@dataclass
+class Outcome:
+    history: History
+    collected: dict[str, Any]
+    violations: list[Violation]
+    workdir: Path
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.violations)
+
+    def summary(self) -> dict[str, Any]:
+        """One line of a report (CHAOS_REPORT)."""
+        return {
+            "test": "history",
+            "history": self.history.name,
+            "seed": self.history.seed,
+            "events": len(self.history.events),
+            **self.history.counts(),
+            "requests": len({p["id"] for p in self.collected["produced"] if p["valid"]}),
+            "records": len(self.collected["produced"]),
+            "outcomes": sum(1 for o in self.collected["outcomes"] if not o["tombstone"]),
+            "faults_injected": [f["kind"] for f in self.collected["faults"]],
+            "operator_actions": [f"{o['action']}/{o['via']}" for o in self.collected["operator"]],
+            "violations": len(self.violations),
+            "rules_broken": sorted(rule_names(self.violations)),
+            "seconds": self.collected.get("timing", {}).get("total_s"),
+            "settled": self.collected.get("timing", {}).get("settled"),
+        }
+
+
+def play(history: History, kafka: ProxiedKafka, workdir: Path) -> Outcome:
+    """Run `history` in `workdir` and check it (what was collected is saved there too)."""
+    collected = HistoryRun(history, kafka, workdir).run()
+    violations = check_all(collected)
+    collected["violations"] = [v.as_dict() for v in violations]
+    save(collected, workdir / "collected.json")
+    return Outcome(history, collected, violations, workdir)
+
+
+@dataclass
+class Shrunk:
+    smallest: Outcome
+    runs: int
+    tried: list[str] = field(default_factory=list)
+
+
+def candidates(history: History) -> list[set[int]]:
+    """Sets of event indexes to try dropping, biggest first within each family: each fault,
+    each operator action, then the producer events in halves, quarters, … down to one."""
+    faults = [i for i, e in enumerate(history.events) if e.kind in FAULT_KINDS and e.kind != "leave"]
+    operator = [i for i, e in enumerate(history.events) if e.kind in OPERATOR_KINDS]
+    producer = [i for i, e in enumerate(history.events) if i not in faults and i not in operator and e.kind != "leave"]
+    sets = [{i} for i in faults] + [{i} for i in operator]
+    size = len(producer) // 2
+    while size >= 1:
+        sets += [set(producer[start : start + size]) for start in range(0, len(producer), size)]
+        size //= 2
+    return sets
+
+
+def shrink(
+    failing: Outcome,
+    rerun: Callable[[History, int], Outcome],
+    budget_s: float,
+    max_runs: int,
+) -> Shrunk:
+    """The smallest history found (within `budget_s` and `max_runs` reruns) that still
+    breaks one of the rules `failing` broke."""
+    wanted = rule_names(failing.violations)
+    best = failing
+    runs = 0
+    tried: list[str] = []
+    deadline = time.monotonic() + budget_s
+    progress = True
+    while progress:
+        progress = False
+        for drop in candidates(best.history):
+            if runs >= max_runs or time.monotonic() > deadline:
+                return Shrunk(best, runs, tried)
+            smaller = best.history.without(drop)
+            if not smaller.events or len(smaller.events) >= len(best.history.events):
+                continue
+            runs += 1
+            outcome = rerun(smaller, runs)
+            still = rule_names(outcome.violations) & wanted
+            tried.append(f"dropped {sorted(drop)} -> {len(smaller.events)} events: {sorted(still) or 'passes'}")
+            if still:
+                best = outcome
+                progress = True
+                break
+    return Shrunk(best, runs, tried)
+
+
+def write_failure(first: Outcome, shrunk: Shrunk | None) -> str:
+    """Save the failing history (and its shortest form), print-ready text naming the files
+    and the command that replays it."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    stem = first.history.name.replace(" ", "_").replace("(", "").replace(")", "")
+    original = OUT / f"{stem}.json"
+    original.write_text(first.history.to_json())
+    lines = [
+        f"history {first.history.name!r} (seed {first.history.seed}) broke {len(first.violations)} rule(s):",
+        *(f"  {v}" for v in first.violations[:30]),
+        f"collected: {first.workdir / 'collected.json'}",
+        f"history:   {original}",
+    ]
+    replay = original
+    if shrunk is not None and shrunk.smallest is not first:
+        small = OUT / f"{stem}.shrunk.json"
+        small.write_text(shrunk.smallest.history.to_json())
+        replay = small
+        lines += [
+            f"shrunk in {shrunk.runs} rerun(s) to {len(shrunk.smallest.history.events)} of "
+            f"{len(first.history.events)} events, still breaking {sorted(rule_names(shrunk.smallest.violations))}:",
+            shrunk.smallest.history.describe(),
+            f"shortest:  {small} (collected: {shrunk.smallest.workdir / 'collected.json'})",
+        ]
+    elif shrunk is not None:
+        lines.append(f"no smaller failing history found in {shrunk.runs} rerun(s)")
+    else:
+        lines.append(first.history.describe())
+    try:
+        shown = replay.relative_to(ROOT)
+    except ValueError:
+        shown = replay
+    lines.append(f"replay:    HISTORY_REPLAY={shown} scripts/test tests/history -k replay -s")
+    return "\n".join(lines)
+
+
+def report_line(outcome: Outcome, extra: dict[str, Any] | None = None) -> str:
+    """Print one JSON line for the history, and append it to CHAOS_REPORT when set."""
+    line = json.dumps({**outcome.summary(), **(extra or {})}, default=str)
+    print(line)
+    if os.environ.get("CHAOS_REPORT"):
+        with open(os.environ["CHAOS_REPORT"], "a") as f:
+            f.write(line + "\n")
+    return line
