@@ -300,6 +300,29 @@ def _valid_replay_shas(c: dict[str, Any]) -> set[str]:
     return shas
 
 
+def duplicates_by_id(c: dict[str, Any]) -> dict[str, int]:
+    """For each valid id: its valid request records that reached dlqapp (produced, and
+    replays carrying valid bytes) less the chains they started (distinct sources on
+    `input` of its own outcomes). Each record either starts a chain or is skipped."""
+    valid = set(valid_ids(c))
+    shas = _valid_replay_shas(c)
+    records = Counter(p["id"] for p in c["produced"] if p["valid"])
+    records.update(r["key"] for r in c["replays_on_input"] if r["sha256"] in shas and r["key"] in valid)
+    input_topic = c["topics"]["input"]
+    chains = Counter(
+        key
+        for key, src in {(o["key"], source_of(o)) for o in outcomes(c)}
+        if key in valid and src is not None and src[0] == input_topic
+    )
+    return {rid: records[rid] - chains[rid] for rid in sorted(valid)}
+
+
+def clean_ids(c: dict[str, Any]) -> set[str]:
+    """The valid ids that ended settled and with an outcome of their own (rule c holds)."""
+    own = {o["key"] for o in outcomes(c)}
+    return {rid for rid in valid_ids(c) if rid in own and (request_body(c, rid) or {}).get("state") in SETTLED}
+
+
 def expected_counts(c: dict[str, Any]) -> dict[str, Any]:
     """What `GET /dlq/stats/` should say, from the topics and what was produced:
 
@@ -310,23 +333,12 @@ def expected_counts(c: dict[str, Any]) -> dict[str, Any]:
     - dlq_size, dlq_by_error_class: live keys of the compacted `dlq` topic;
     - reprocessed: replays on `input` (records with a `replay_of` header);
     - retried per tier: records on each tier topic;
-    - duplicates_skipped: valid request records that reached dlqapp (produced, and replays
-      of valid bytes) less the chains they started (distinct (key, source) of the outcomes
-      keyed by a valid id whose source is `input`).
+    - duplicates_skipped: the sum of `duplicates_by_id`.
     """
     outs = outcomes(c)
-    readable = {p["id"] for p in c["produced"] if p["id"]}
-    without_id = sum(1 for p in c["produced"] if not p["id"])
     live = live_dlq_keys(c)
-    valid = set(valid_ids(c))
-    valid_shas = _valid_replay_shas(c)
-    valid_records = sum(1 for p in c["produced"] if p["valid"]) + sum(
-        1 for r in c["replays_on_input"] if r["sha256"] in valid_shas
-    )
-    input_topic = c["topics"]["input"]
-    chains = {(o["key"], source_of(o)) for o in outs if o["key"] in valid and (source_of(o) or ("",))[0] == input_topic}
     return {
-        "received": len(readable) + without_id,
+        "received": len({p["id"] for p in c["produced"] if p["id"]}) + sum(1 for p in c["produced"] if not p["id"]),
         "succeeded": len({o["key"] for o in outs if o["topic"] == "results"}),
         "dead_lettered": dict(
             Counter(o["headers"].get("error_class") or "unknown" for o in outs if o["topic"] == "dlq")
@@ -335,16 +347,23 @@ def expected_counts(c: dict[str, Any]) -> dict[str, Any]:
         "dlq_by_error_class": dict(Counter(o["headers"].get("error_class") or "unknown" for o in live.values())),
         "reprocessed": len(c["replays_on_input"]),
         "retried": dict(c["tier_counts"]),
-        "duplicates_skipped": valid_records - len(chains),
+        "duplicates_skipped": sum(duplicates_by_id(c).values()),
     }
 
 
 def rule_e_counts(c: dict[str, Any]) -> list[Violation]:
+    """The stats against `expected_counts`. `received` and `duplicates_skipped` are compared
+    only when every valid id ended settled with an outcome of its own (else rule c says
+    what is wrong, and these totals cannot be known); per id, each clean id's `duplicates`
+    (GET /requests/{id}/) must equal its `duplicates_by_id`. GET /dlq/ must list the live
+    dlq keys, each once, and total them."""
     stats = c["stats"]
     if stats.get("status") != 200 or not isinstance(stats.get("body"), dict):
         return [Violation("e.stats", "GET /dlq/stats/ did not answer", {"answer": stats})]
     said = stats["body"]
     want = expected_counts(c)
+    clean = clean_ids(c)
+    all_clean = clean == set(valid_ids(c))
     found = []
 
     def compare(name: str, said_value: Any, want_value: Any, how: str) -> None:
@@ -357,7 +376,14 @@ def rule_e_counts(c: dict[str, Any]) -> list[Violation]:
                 )
             )
 
-    compare("received", said.get("received"), want["received"], "distinct ids sent + records without an id")
+    if all_clean:
+        compare("received", said.get("received"), want["received"], "distinct ids sent + records without an id")
+        compare(
+            "duplicates_skipped",
+            said.get("duplicates_skipped"),
+            want["duplicates_skipped"],
+            "valid request records received less the chains they started",
+        )
     compare("succeeded", said.get("succeeded"), want["succeeded"], "distinct keys on results")
     compare(
         "dead_lettered", said.get("dead_lettered") or {}, want["dead_lettered"], "dead letters on dlq by error_class"
@@ -371,12 +397,32 @@ def rule_e_counts(c: dict[str, Any]) -> list[Violation]:
     )
     compare("reprocessed", said.get("reprocessed"), want["reprocessed"], "replays on input")
     compare("retried", said.get("retried") or {}, want["retried"], "records on each tier topic")
-    compare(
-        "duplicates_skipped",
-        said.get("duplicates_skipped"),
-        want["duplicates_skipped"],
-        "valid request records received less the chains they started",
-    )
+    expected_dups = duplicates_by_id(c)
+    for rid in sorted(clean):
+        recorded = (request_body(c, rid) or {}).get("duplicates")
+        if recorded != expected_dups[rid]:
+            found.append(
+                Violation(
+                    "e.duplicates_skipped",
+                    f"{rid} counts {recorded} duplicate(s) skipped; the topics show {expected_dups[rid]}"
+                    " (its valid records less the chains they started)",
+                    {
+                        "id": rid,
+                        "produced": [
+                            {k: p[k] for k in ("kind", "partition", "offset", "skew_ms")}
+                            for p in c["produced"]
+                            if p["valid"] and p["id"] == rid
+                        ],
+                        "replays": [r for r in c["replays_on_input"] if r["key"] == rid],
+                        "outcomes": [brief(o) for o in outcomes(c) if o["key"] == rid],
+                        "history": [
+                            h
+                            for h in (request_body(c, rid) or {}).get("history") or []
+                            if h.get("state") == "duplicate_skipped"
+                        ],
+                    },
+                )
+            )
     listing = c["dlq_listing"]
     if listing.get("status") != 200:
         found.append(Violation("e.dlq_listing", "GET /dlq/ did not answer", {"answer": listing}))
@@ -616,3 +662,12 @@ def check_all(c: dict[str, Any]) -> list[Violation]:
 
 def rule_names(violations: list[Violation]) -> set[str]:
     return {v.rule for v in violations}
+
+
+if __name__ == "__main__":  # judge a saved run again: python -m tests.history.check <collected.json>
+    import sys
+    from pathlib import Path
+
+    collected = json.loads(Path(sys.argv[1]).read_text())
+    for violation in check_all(collected):
+        print(violation)
