@@ -664,6 +664,22 @@ def rule_names(violations: list[Violation]) -> set[str]:
     return {v.rule for v in violations}
 
 
+SEVERITY = (("a", "b", "c", "g", "h", "i", "j"), ("d", "f"), ("e",), ("runner",))
+"""Families of rules, gravest first: a lost or doubled outcome, a stop that is no stop, a
+restart loop, dropped bad input and a crash; then paying twice and late retries; then
+counts; then trouble of the runner's own."""
+
+
+def gravest(violations: list[Violation]) -> set[str]:
+    """The rules broken in the gravest family present (what shrinking keeps failing)."""
+    names = rule_names(violations)
+    for family in SEVERITY:
+        found = {n for n in names if n.split(".")[0] in family}
+        if found:
+            return found
+    return names
+
+
 if __name__ == "__main__":  # judge a saved run again: python -m tests.history.check <collected.json>
     import sys
     from pathlib import Path

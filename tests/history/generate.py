@@ -332,8 +332,22 @@ def record_at_the_size_limit(followers: int = 20) -> History:
     return History(None, "case3-record-at-the-size-limit", events, {}, 60)
 
 
+def kill_during_bad_burst(count: int = 1000) -> History:
+    """Found by the checker (not in the issue): `count` invalid records, then kill -9 of
+    the worker 1.5 s in, while it dead-letters them. No state guards an invalid record, so
+    each one handled since the last offset commit is dead-lettered again by the restarted
+    worker: its chain gets two dead letters (rule a), and the counts drift (rule e)."""
+    events = [
+        Event(0.0, "burst", {"prefix": "nomsg-", "count": count, "form": "no_messages"}),
+        Event(0.0, "request", {"id": "ok", "plan": None, "keyed": True}),
+        Event(1.5, "kill", {"worker": "w1"}),
+    ]
+    return History(None, "case4-kill-during-bad-burst", events, {}, 60)
+
+
 NAMED = {
     "case1": invalid_copy_replayed_while_parked,
     "case2": sigterm_during_dead_letter_burst,
     "case3": record_at_the_size_limit,
+    "case4": kill_during_bad_burst,
 }

@@ -29,6 +29,7 @@ import asyncio
 import base64
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -129,6 +130,9 @@ class ProxiedKafka:
     def stop(self) -> None:
         self._run("stop", check=False)
         self.proxy.stop()
+        log = self.tmp / "kafka" / "kafka.log"
+        if log.exists():  # the broker's side of a failure, kept with the histories' logs
+            shutil.copy(log, self.tmp / "kafka.log")
         shutil.rmtree(self.tmp / "kafka", ignore_errors=True)
 
 
@@ -137,9 +141,11 @@ class ProxiedKafka:
 
 class Producer:
     """An aiokafka producer on a loop of its own (a thread), used synchronously: each send
-    returns where the record landed."""
+    returns where the record landed. Its client logs are silenced: during a broker restart
+    it retries (idempotently) and says so many times a second."""
 
     def __init__(self, bootstrap: str) -> None:
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="history-producer", daemon=True)
         self.thread.start()

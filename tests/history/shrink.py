@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.history.check import Violation, check_all, rule_names
+from tests.history.check import Violation, check_all, gravest, rule_names
 from tests.history.generate import FAULT_KINDS, OPERATOR_KINDS, History
 from tests.history.run import HistoryRun, ProxiedKafka, save
 from tests.support import ROOT
@@ -94,8 +94,9 @@ def shrink(
     max_runs: int,
 ) -> Shrunk:
     """The smallest history found (within `budget_s` and `max_runs` reruns) that still
-    breaks one of the rules `failing` broke."""
-    wanted = rule_names(failing.violations)
+    breaks one of the gravest rules `failing` broke (check.gravest: a count that drifts
+    does not steer shrinking away from a lost request)."""
+    wanted = gravest(failing.violations)
     best = failing
     runs = 0
     tried: list[str] = []
@@ -128,7 +129,8 @@ def write_failure(first: Outcome, shrunk: Shrunk | None) -> str:
     original = OUT / f"{stem}.json"
     original.write_text(first.history.to_json())
     lines = [
-        f"history {first.history.name!r} (seed {first.history.seed}) broke {len(first.violations)} rule(s):",
+        f"history {first.history.name!r} (seed {first.history.seed}) broke {len(rule_names(first.violations))}"
+        f" rule(s), {len(first.violations)} violation(s):",
         *(f"  {v}" for v in first.violations[:30]),
         f"collected: {first.workdir / 'collected.json'}",
         f"history:   {original}",
@@ -138,9 +140,11 @@ def write_failure(first: Outcome, shrunk: Shrunk | None) -> str:
         small = OUT / f"{stem}.shrunk.json"
         small.write_text(shrunk.smallest.history.to_json())
         replay = small
+        still = sorted(gravest(first.violations) & rule_names(shrunk.smallest.violations))
         lines += [
             f"shrunk in {shrunk.runs} rerun(s) to {len(shrunk.smallest.history.events)} of "
-            f"{len(first.history.events)} events, still breaking {sorted(rule_names(shrunk.smallest.violations))}:",
+            f"{len(first.history.events)} events, still breaking {still}"
+            f" (all it breaks: {sorted(rule_names(shrunk.smallest.violations))}):",
             shrunk.smallest.history.describe(),
             f"shortest:  {small} (collected: {shrunk.smallest.workdir / 'collected.json'})",
         ]

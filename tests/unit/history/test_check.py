@@ -400,3 +400,23 @@ def test_dropping_a_request_drops_the_events_about_it():
     smaller = history.without({index})
     assert all(e.target != "r7" for e in smaller.events)
     assert len(smaller.events) < len(history.events) - 1  # r7 had a copy and an operator action
+
+
+def test_shrinking_keeps_the_smallest_history_that_still_breaks_the_gravest_rule(tmp_path):
+    from tests.history.shrink import Outcome, shrink
+
+    history = generate(11)
+    culprit = next(e for e in history.events if e.kind == "request")
+
+    def rerun(smaller: History, _: int) -> Outcome:
+        # fails rule c while the culprit is in; a count drifts whatever remains
+        violations = [check.Violation("e.received", "drift")]
+        if any(e is culprit or e == culprit for e in smaller.events):
+            violations.append(check.Violation("c.settled", "lost"))
+        return Outcome(smaller, {}, violations, tmp_path)
+
+    first = rerun(history, 0)
+    assert check.gravest(first.violations) == {"c.settled"}
+    shrunk = shrink(first, rerun, budget_s=60, max_runs=200)
+    assert [e.target for e in shrunk.smallest.history.events] == [culprit.target]
+    assert shrink(first, rerun, budget_s=60, max_runs=2).runs == 2  # bounded
