@@ -12,6 +12,34 @@ Words used below:
 - a *valid id* is the request id of a valid request the producer sent;
 - a key *belongs to* id X when it is X or starts with `X~` (an invalid copy's dead letter:
   `X~<class>~<digest>`).
+
+The rules (each function's docstring and body say exactly how):
+- a. one outcome per chain: no (key, source) has two outcomes, of either kind;
+- b. a replay answered `reprocessed` with `replay_count: n` for X (or an invalid copy of
+  X) ends with exactly one outcome belonging to X whose `replay_count` header is n (a bulk
+  or CLI answer names only keys: n is then read from X's ledger entries of that moment);
+- c. nothing lost: every valid id (and every id readable in an invalid record that the API
+  knows) ends settled (`succeeded`, `dead_lettered`, `discarded`); a valid id has an
+  outcome keyed by itself; `succeeded` has a result; `dead_lettered` has a dead letter
+  that is still live on the compacted topic;
+- d. no paying twice: no call in the mock's log for X after X's first committed result
+  (its record timestamp + 500 ms), unless a forced replay of X was asked before that call;
+- e. counts equal the topics (see `expected_counts` and `rule_e_counts`);
+- f. retries on time: no attempt in an outcome's attempt history started more than 5 s
+  after its `scheduled` time unless a fault's window (start, end + 5 s) overlaps
+  [scheduled, start]; none started before it unless an operator pressed run-now for it.
+  The workers run with DLQ_BREAKER=false (tests.support.Worker), so the breaker never
+  holds a retry and needs no exemption;
+- g. stops: each SIGTERM ends its process within DLQ_DRAIN_TIMEOUT + 5 s, with no restart
+  line or `ready` line logged after the signal, and the pid gone;
+- h. no restart loop: a worker process logs no more restarts in place (max of the
+  `restarting the worker` lines and the `ready` lines less one) than faults injected
+  while it ran (its own kill or SIGTERM and a crash revival not counted);
+- i. bad input kept: every invalid, near-limit, oversize or null record produced has a
+  dead letter whose `source` is its position and whose value is its bytes (a null one:
+  the `payload_null` header);
+- j. no crash: no worker process ends while nobody stopped it (the runner then starts it
+  again, as an orchestrator would, so the rest of the history still runs).
 """
 
 from __future__ import annotations

@@ -132,7 +132,11 @@ class History:
                     {**event.args, "wait_for": [x for x in event.args["wait_for"] if x not in gone_ids]},
                 )
             kept.append(event)
-        return History(self.seed, f"{self.name} (shrunk)", kept, dict(self.settings), self.settle_s)
+        # the same gaps between the events that remain, from 0 s (a shorter run)
+        shift = min((e.at for e in kept), default=0.0)
+        kept = [Event(round(e.at - shift, 2), e.kind, e.args) for e in kept]
+        name = self.name if self.name.endswith(" (shrunk)") else f"{self.name} (shrunk)"
+        return History(self.seed, name, kept, dict(self.settings), self.settle_s)
 
     # -- JSON ------------------------------------------------------------------------
 

@@ -411,12 +411,12 @@ def test_shrinking_keeps_the_smallest_history_that_still_breaks_the_gravest_rule
     def rerun(smaller: History, _: int) -> Outcome:
         # fails rule c while the culprit is in; a count drifts whatever remains
         violations = [check.Violation("e.received", "drift")]
-        if any(e is culprit or e == culprit for e in smaller.events):
+        if any(e.kind == "request" and e.target == culprit.target for e in smaller.events):
             violations.append(check.Violation("c.settled", "lost"))
         return Outcome(smaller, {}, violations, tmp_path)
 
     first = rerun(history, 0)
     assert check.gravest(first.violations) == {"c.settled"}
     shrunk = shrink(first, rerun, budget_s=60, max_runs=200)
-    assert [e.target for e in shrunk.smallest.history.events] == [culprit.target]
+    assert [(e.at, e.target) for e in shrunk.smallest.history.events] == [(0.0, culprit.target)]
     assert shrink(first, rerun, budget_s=60, max_runs=2).runs == 2  # bounded
