@@ -349,9 +349,26 @@ def kill_during_bad_burst(count: int = 1000) -> History:
     return History(None, "case4-kill-during-bad-burst", events, {}, 60)
 
 
+def kill_right_after_replays(count: int = 40) -> History:
+    """The issue's first suspect path, seen from outside: `count` requests that fail their
+    first two calls with 401 (each dead-lettered at once), replayed in bulk (each fails
+    again: a second dead letter, now of the replay's chain), then kill -9 of the worker
+    0.3 s later. A replay whose input offset was not committed yet is read again by the
+    restarted worker; its state says `dead_lettered`, not a duplicate, so it runs again
+    (a third call, which succeeds): one chain, a dead letter and a result (rule a)."""
+    events = [
+        Event(0.0, "request", {"id": f"x{i}", "plan": {"fail_times": 2, "status": 401}, "keyed": True})
+        for i in range(count)
+    ]
+    events.append(Event(4.0, "replay_all", {"via": "http", "error_class": "auth_error", "wait_for": []}))
+    events.append(Event(4.3, "kill", {"worker": "w1"}))
+    return History(None, "case5-kill-right-after-replays", events, {}, 60)
+
+
 NAMED = {
     "case1": invalid_copy_replayed_while_parked,
     "case2": sigterm_during_dead_letter_burst,
     "case3": record_at_the_size_limit,
     "case4": kill_during_bad_burst,
+    "case5": kill_right_after_replays,
 }

@@ -623,21 +623,21 @@ class HistoryRun:
     # -- operator ----------------------------------------------------------------------
 
     def _ask(self, method: str, path: str, body: Any = None) -> tuple[int | None, Any]:
-        """A mutation on a live worker; connection refused moves on to the next (or waits
-        for one); a timeout is recorded as it is (the action may or may not have happened)."""
+        """A mutation on a live worker. A refused connection (nothing was asked) moves on
+        to the next worker, or waits for one; any other failure (a reset, a timeout) is
+        recorded as it is: the action may or may not have happened, and asking again
+        would be another action."""
         deadline = time.monotonic() + 60
         while True:
             for worker in self.live():
                 try:
                     return http_json(worker.worker.url + path, method, body, timeout=60)
-                except TimeoutError as exc:
-                    return None, f"timed out: {exc}"
                 except OSError as exc:
-                    if "timed out" in str(exc):
-                        return None, f"timed out: {exc}"
-                    continue
+                    if isinstance(getattr(exc, "reason", exc), ConnectionRefusedError):
+                        continue
+                    return None, f"no answer: {type(exc).__name__}: {exc}"
             if time.monotonic() > deadline:
-                return None, "no worker answered"
+                return None, "no worker took the request"
             time.sleep(0.5)
 
     def _cli(self, *args: str) -> tuple[int | None, Any]:
