@@ -488,7 +488,9 @@ def attempts_of(o: dict[str, Any]) -> list[dict[str, Any]]:
 def excused(c: dict[str, Any], start_ms: int, end_ms: int) -> list[dict[str, Any]]:
     """The faults whose window (from their start until FAULT_TAIL_MS after they ended)
     overlaps [start_ms, end_ms]."""
-    return [f for f in c["faults"] if f["start_ms"] <= end_ms and start_ms <= f["end_ms"] + FAULT_TAIL_MS]
+    return [
+        f for f in c["faults"] if f["start_ms"] <= end_ms and start_ms <= (f["end_ms"] or f["start_ms"]) + FAULT_TAIL_MS
+    ]
 
 
 def rule_f_retries_on_time(c: dict[str, Any]) -> list[Violation]:
@@ -562,7 +564,7 @@ def rule_g_stops(c: dict[str, Any]) -> list[Violation]:
 def rule_h_no_restart_loop(c: dict[str, Any]) -> list[Violation]:
     found = []
     end = max(
-        [f["end_ms"] for f in c["faults"]] + [r.get("ended_ms") or 0 for r in c["worker_runs"]] + [c["started_ms"]]
+        [f["end_ms"] or 0 for f in c["faults"]] + [r.get("ended_ms") or 0 for r in c["worker_runs"]] + [c["started_ms"]]
     )
     for run in c["worker_runs"]:
         restarts = max(run["restarts"], run["ready_lines"] - 1)
@@ -625,21 +627,38 @@ def rule_i_bad_input_kept(c: dict[str, Any]) -> list[Violation]:
 # -- j. workers end only when told --------------------------------------------------------------------------------
 
 
+FAILED_AT_START_EXIT_CODE = 75
+"""dlqapp's exit code for a worker whose transactions failed before it was ever ready."""
+
+
 def rule_j_no_crash(c: dict[str, Any]) -> list[Violation]:
     """A worker process that ended while nobody stopped it (the runner then started it
-    again, as an orchestrator would)."""
-    return [
-        Violation(
-            "j.no_crash",
-            f"{run['worker']} (pid {run.get('pid')}) ended by itself with exit code {run.get('exit_code')}",
-            {
-                "run": {k: run.get(k) for k in ("started_ms", "ready_ms", "ended_ms", "exit_code", "log")},
-                "log": run.get("crash_lines"),
-            },
+    again, as an orchestrator would). Not counted: a process that was never ready and
+    exited with code 75 while the broker was restarting (what the docs promise then)."""
+    found = []
+    for run in c["worker_runs"]:
+        if run.get("ended_by") != "crashed":
+            continue
+        broker_away = [
+            f
+            for f in c["faults"]
+            if f["kind"] == "broker_restart"
+            and f["start_ms"] <= (run.get("ended_ms") or 0)
+            and run["started_ms"] <= (f["end_ms"] or f["start_ms"])
+        ]
+        if run.get("exit_code") == FAILED_AT_START_EXIT_CODE and not run.get("ready_ms") and broker_away:
+            continue
+        found.append(
+            Violation(
+                "j.no_crash",
+                f"{run['worker']} (pid {run.get('pid')}) ended by itself with exit code {run.get('exit_code')}",
+                {
+                    "run": {k: run.get(k) for k in ("started_ms", "ready_ms", "ended_ms", "exit_code", "log")},
+                    "log": run.get("crash_lines"),
+                },
+            )
         )
-        for run in c["worker_runs"]
-        if run.get("ended_by") == "crashed"
-    ]
+    return found
 
 
 # -- the runner's own trouble -------------------------------------------------------------------------------------

@@ -351,6 +351,7 @@ class HistoryRun:
         self.producer: Producer | None = None
         self._timers: list[threading.Timer] = []
         self._lanes: dict[str, threading.Thread] = {}
+        self._lanes_lock = threading.Lock()
         self._stop_watching = threading.Event()
         self.crashes: list[dict[str, Any]] = []
 
@@ -410,7 +411,9 @@ class HistoryRun:
                     waiting.append(thread)
                 else:
                     self._play(index, event)
-            for thread in [*waiting, *self._lanes.values()]:
+            with self._lanes_lock:
+                lanes = list(self._lanes.values())
+            for thread in [*waiting, *lanes]:
                 thread.join(300)
             for fault in self.faults:
                 fault["end_ms"] = fault["end_ms"] or now_ms()
@@ -758,7 +761,8 @@ class HistoryRun:
                 self.errors.append(f"event {index} ({lane}): {type(exc).__name__}: {exc}"[:1000])
 
         thread = threading.Thread(target=go, name=f"fault-{lane}-{index}", daemon=True)
-        self._lanes[lane] = thread
+        with self._lanes_lock:
+            self._lanes[lane] = thread
         thread.start()
 
     def _restart(self, worker: TrackedWorker, fault: dict[str, Any]) -> None:
@@ -874,6 +878,8 @@ class HistoryRun:
         return read_until_quiet(self.kafka.bootstrap, topics, PARTITIONS, None, quiet_s=3.0, timeout=180)
 
     def _collect(self) -> dict[str, Any]:
+        for fault in self.faults:  # a revival may still be under way
+            fault["end_ms"] = fault["end_ms"] or now_ms()
         results_topic, dlq_topic, input_topic = self.topic("results"), self.topic("dlq"), self.topic("input")
         status, root = self._get("/")
         topics = root.get("topics", []) if status == 200 else []
@@ -932,7 +938,7 @@ class HistoryRun:
             "dlq_listing": dlq_pages,
             "calls": calls.get("calls", []),
             "operator": self.operator,
-            "faults": self.faults,
+            "faults": [dict(f) for f in self.faults],
             "sigterms": self.sigterms,
             "worker_runs": [run for w in self.workers.values() for run in w.summary()],
             "crashes": self.crashes,
