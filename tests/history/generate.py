@@ -32,10 +32,12 @@ operator (`via`: `http` or `cli`)
   has a dead letter (discard) or a parked retry (the other two).
 
 faults
-- `kill` `{worker}` (kill -9, then started again), `sigterm` `{worker}` (timed until it
-  exits, then started again), `join` (a second worker starts), `leave` (it gets SIGTERM
-  and stays down), `broker_restart`, `slow_broker` `{delay_ms, for_s}` (every client's
-  traffic to the broker delayed, both ways).
+- `kill` `{worker, when_dlq_size}` (kill -9, then started again), `sigterm` `{worker,
+  when_dlq_size}` (timed until it exits, then started again); with `when_dlq_size`, not
+  before the DLQ holds that many entries (to land in the middle of a burst); `join` (a
+  second worker starts), `leave` (it gets SIGTERM and stays down), `broker_restart`,
+  `slow_broker` `{delay_ms, for_s}` (every client's traffic to the broker delayed, both
+  ways).
 """
 
 from __future__ import annotations
@@ -336,15 +338,15 @@ def record_at_the_size_limit(followers: int = 20) -> History:
     return History(None, "case3-record-at-the-size-limit", events, {}, 60)
 
 
-def kill_during_bad_burst(count: int = 1000) -> History:
+def kill_during_bad_burst(count: int = 2000) -> History:
     """Found by the checker (not in the issue): `count` invalid records, then kill -9 of
-    the worker 1.5 s in, while it dead-letters them. No state guards an invalid record, so
+    the worker once a fifth of them are in the DLQ. No state guards an invalid record, so
     each one handled since the last offset commit is dead-lettered again by the restarted
     worker: its chain gets two dead letters (rule a), and the counts drift (rule e)."""
     events = [
         Event(0.0, "burst", {"prefix": "nomsg-", "count": count, "form": "no_messages"}),
         Event(0.0, "request", {"id": "ok", "plan": None, "keyed": True}),
-        Event(1.5, "kill", {"worker": "w1"}),
+        Event(0.5, "kill", {"worker": "w1", "when_dlq_size": count // 5}),
     ]
     return History(None, "case4-kill-during-bad-burst", events, {}, 60)
 

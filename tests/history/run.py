@@ -771,10 +771,25 @@ class HistoryRun:
             self.errors.append(f"{worker.name} did not start again: {error}")
         fault["end_ms"] = now_ms()
 
+    def _dlq_reached(self, event: Event) -> None:
+        """Wait (at most CONDITION_TIMEOUT_S) until the DLQ holds `when_dlq_size` entries,
+        when the event asks for it: a fault that must land in the middle of a burst."""
+        wanted = event.args.get("when_dlq_size")
+        if wanted:
+
+            def reached() -> bool:
+                status, stats = self._get("/dlq/stats/")
+                return status == 200 and stats.get("dlq_size", 0) >= wanted
+
+            note = self._wait(reached, f"{wanted} dead letters")
+            if note:
+                self.errors.append(f"{event.kind}: {note}")
+
     def _on_kill(self, index: int, event: Event) -> None:
         name = event.args.get("worker", "w1")
 
         def work() -> None:
+            self._dlq_reached(event)
             worker = self.workers.get(name)
             if worker is None or not worker.running:
                 return
@@ -788,6 +803,7 @@ class HistoryRun:
         name = event.args.get("worker", "w1")
 
         def work() -> None:
+            self._dlq_reached(event)
             worker = self.workers.get(name)
             if worker is None or not worker.running:
                 return

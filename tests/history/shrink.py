@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -132,7 +133,7 @@ def write_failure(first: Outcome, shrunk: Shrunk | None) -> str:
         f"history {first.history.name!r} (seed {first.history.seed}) broke {len(rule_names(first.violations))}"
         f" rule(s), {len(first.violations)} violation(s):",
         *(f"  {v}" for v in first.violations[:30]),
-        f"collected: {first.workdir / 'collected.json'}",
+        f"collected: {keep(first.workdir, OUT / stem)} (and the workers' logs)",
         f"history:   {original}",
     ]
     replay = original
@@ -146,7 +147,7 @@ def write_failure(first: Outcome, shrunk: Shrunk | None) -> str:
             f"{len(first.history.events)} events, still breaking {still}"
             f" (all it breaks: {sorted(rule_names(shrunk.smallest.violations))}):",
             shrunk.smallest.history.describe(),
-            f"shortest:  {small} (collected: {shrunk.smallest.workdir / 'collected.json'})",
+            f"shortest:  {small} (collected: {keep(shrunk.smallest.workdir, OUT / (stem + '.shrunk'))})",
         ]
     elif shrunk is not None:
         lines.append(f"no smaller failing history found in {shrunk.runs} rerun(s)")
@@ -158,6 +159,16 @@ def write_failure(first: Outcome, shrunk: Shrunk | None) -> str:
         shown = replay
     lines.append(f"replay:    HISTORY_REPLAY={shown} scripts/test tests/history -k replay -s")
     return "\n".join(lines)
+
+
+def keep(workdir: Path, where: Path) -> Path:
+    """Copy what a run collected and its logs out of the test's tmp dir (pytest keeps only
+    its last few), to `where`; the copy of collected.json."""
+    where.mkdir(parents=True, exist_ok=True)
+    for path in [workdir / "collected.json", *workdir.glob("*.log")]:
+        if path.exists():
+            shutil.copy(path, where / path.name)
+    return where / "collected.json"
 
 
 def report_line(outcome: Outcome, extra: dict[str, Any] | None = None) -> str:
