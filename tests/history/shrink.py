@@ -1,6 +1,6 @@
-"""Run a history, check it, and when it fails make it smaller: drop faults, operator actions
-and producer events one chunk at a time, run the rest again, and keep it when it still
-breaks one of the rules the first run broke. Bounded by a time budget and a number of runs.
+"""Run a history, check it, and when it fails make it smaller: drop half its events, then a
+quarter, … down to single ones, run the rest again, and keep it when it still breaks one
+of the gravest rules the first run broke. Bounded by a time budget and a number of runs.
 
 What fails is written to `build/histories/` (or HISTORY_OUT): the history as JSON (the
 shortest failing one too), what was collected, and a command line that plays it again:
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.history.check import Violation, check_all, gravest, rule_names
-from tests.history.generate import FAULT_KINDS, OPERATOR_KINDS, History
+from tests.history.generate import History
 from tests.history.run import HistoryRun, ProxiedKafka, save
 from tests.support import ROOT
 
@@ -75,17 +75,16 @@ class Shrunk:
 
 
 def candidates(history: History) -> list[set[int]]:
-    """Sets of event indexes to try dropping, biggest first within each family: each fault,
-    each operator action, then the producer events in halves, quarters, … down to one."""
-    faults = [i for i, e in enumerate(history.events) if e.kind in FAULT_KINDS and e.kind != "leave"]
-    operator = [i for i, e in enumerate(history.events) if e.kind in OPERATOR_KINDS]
-    producer = [i for i, e in enumerate(history.events) if i not in faults and i not in operator and e.kind != "leave"]
-    sets = [{i} for i in faults] + [{i} for i in operator]
-    size = len(producer) // 2
-    while size >= 1:
-        sets += [set(producer[start : start + size]) for start in range(0, len(producer), size)]
+    """Sets of event indexes to try dropping, as delta debugging does: halves first, then
+    quarters, eighths, … down to single events (a `leave` goes with its `join`)."""
+    events = [i for i, e in enumerate(history.events) if e.kind != "leave"]
+    sets: list[set[int]] = []
+    size = max(1, len(events) // 2)
+    while True:
+        sets += [set(events[start : start + size]) for start in range(0, len(events), size)]
+        if size == 1:
+            return sets
         size //= 2
-    return sets
 
 
 def shrink(
