@@ -18,7 +18,7 @@ from pathlib import Path
 from tests.history.check import check_all
 from tests.history.generate import NAMED, History, generate
 from tests.history.run import ProxiedKafka
-from tests.history.shrink import play, report_line, shrink, write_failure
+from tests.history.shrink import Outcome, play, report_line, shrink, write_failure
 
 
 def main() -> int:
@@ -56,12 +56,11 @@ def main() -> int:
                 failed += 1
                 shrunk = None
                 if args.shrink_runs:
-                    shrunk = shrink(
-                        outcome,
-                        lambda h, i, n=n: play(h, kafka, tmp / f"h{n}-shrink{i}"),
-                        args.shrink_budget,
-                        args.shrink_runs,
-                    )
+
+                    def rerun(smaller: History, i: int, n: int = n) -> Outcome:
+                        return play(smaller, kafka, tmp / f"h{n}-shrink{i}")
+
+                    shrunk = shrink(outcome, rerun, args.shrink_budget, args.shrink_runs)
                 print(write_failure(outcome, shrunk), flush=True)
             else:
                 assert not check_all(outcome.collected)

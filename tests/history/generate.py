@@ -165,11 +165,23 @@ def _short(value: Any) -> str:
 
 # -- random histories ------------------------------------------------------------------
 
+
+@dataclass(frozen=True)
+class Shape:
+    """How big a random history is: (least, most) of each."""
+
+    requests: tuple[int, int]
+    operator: tuple[int, int]
+    faults: tuple[int, int]
+    produce_s: tuple[float, float]
+    """Seconds over which the requests are sent."""
+
+
 SIZES = {
-    # requests, operator actions, faults (most), seconds over which requests are sent
-    "small": {"requests": (15, 30), "operator": (1, 3), "faults": (0, 1), "produce_s": (4.0, 8.0)},
-    "large": {"requests": (20, 60), "operator": (2, 5), "faults": (0, 2), "produce_s": (6.0, 15.0)},
+    "small": Shape(requests=(15, 30), operator=(1, 3), faults=(0, 1), produce_s=(4.0, 8.0)),
+    "large": Shape(requests=(20, 60), operator=(2, 5), faults=(0, 2), produce_s=(6.0, 15.0)),
 }
+
 
 RETRYABLE = (503, 500, 429)
 FINAL = (401, 400)
@@ -195,10 +207,10 @@ def generate(seed: int, size: str = "small") -> History:
     duplicates, bad records, operator actions and faults, at random moments."""
     rng = random.Random(seed)
     shape = SIZES[size]
-    produce_s = rng.uniform(*shape["produce_s"])
+    produce_s = rng.uniform(*shape.produce_s)
     events: list[Event] = []
     fate: dict[str, str] = {}
-    for i in range(rng.randint(*shape["requests"])):
+    for i in range(rng.randint(*shape.requests)):
         rid = f"r{i}"
         plan, fate[rid] = _plan(rng)
         skew = rng.choice((0, 0, 0, rng.randint(-300_000, 300_000)))
@@ -247,23 +259,24 @@ def generate(seed: int, size: str = "small") -> History:
     for bad in range(rng.randint(0, 2)):
         kind = rng.choice(("near_limit", "oversize", "null", "burst"))
         at = round(rng.uniform(0, produce_s), 2)
+        bad_args: dict[str, Any]
         if kind == "near_limit":
-            args = {
+            bad_args = {
                 "id": f"big{bad}",
                 "form": rng.choice(("non_json", "json")),
                 "size": MAX_MESSAGE_BYTES - rng.randint(300, 1200),
                 "partition": rng.choice((0, None)),
             }
         elif kind == "oversize":
-            args = {"id": f"over{bad}", "size": rng.randint(MAX_PAYLOAD_BYTES + 1, 4 * MAX_PAYLOAD_BYTES)}
+            bad_args = {"id": f"over{bad}", "size": rng.randint(MAX_PAYLOAD_BYTES + 1, 4 * MAX_PAYLOAD_BYTES)}
         elif kind == "null":
-            args = {"key": f"null{bad}", "partition": rng.choice((None, 0))}
+            bad_args = {"key": f"null{bad}", "partition": rng.choice((None, 0))}
         else:
-            args = {"prefix": f"burst{bad}-", "count": rng.randint(20, 200), "form": "no_messages"}
-        events.append(Event(at, kind, args))
+            bad_args = {"prefix": f"burst{bad}-", "count": rng.randint(20, 200), "form": "no_messages"}
+        events.append(Event(at, kind, bad_args))
 
     operator_from = produce_s + 7.0  # retries of 1s,2s,3s have ended by then
-    for _ in range(rng.randint(*shape["operator"])):
+    for _ in range(rng.randint(*shape.operator)):
         action = rng.choice(("replay", "replay", "replay_all", "replay_all", "discard", "run_now", "dead_letter_now"))
         via = "cli" if rng.random() < 0.3 else "http"
         at = round(operator_from + rng.uniform(0, 6), 2)
@@ -282,7 +295,7 @@ def generate(seed: int, size: str = "small") -> History:
                 args["payload"] = {"request_id": rid, "messages": [{"role": "user", "content": f"edited {rid}"}]}
             events.append(Event(at, action, args))
 
-    faults = rng.randint(*shape["faults"])
+    faults = rng.randint(*shape.faults)
     for _ in range(faults):
         kind = rng.choice(("kill", "kill", "sigterm", "join", "broker_restart", "slow_broker"))
         at = round(rng.uniform(1.0, produce_s + 8.0), 2)

@@ -224,6 +224,7 @@ class TrackedWorker:
             run = {"started_ms": now_ms(), "log_from": self._log_size(), "ended_ms": None, "ended_by": None}
             self.runs.append(run)
             self.worker.start(wait=False)
+            assert self.worker.process is not None
             run["pid"] = self.worker.process.pid
         try:
             self.worker.wait_ready(timeout=120)
@@ -235,7 +236,8 @@ class TrackedWorker:
 
     def _ended(self, how: str) -> None:
         if self.runs and self.runs[-1]["ended_ms"] is None:
-            self.runs[-1].update(ended_ms=now_ms(), ended_by=how, exit_code=self.worker.process.returncode)
+            code = self.worker.process.returncode if self.worker.process is not None else None
+            self.runs[-1].update(ended_ms=now_ms(), ended_by=how, exit_code=code)
 
     def kill(self, how: str = "kill") -> None:
         with self.lock:
@@ -263,6 +265,7 @@ class TrackedWorker:
 
     def _sigterm(self) -> dict[str, Any]:
         process = self.worker.process
+        assert process is not None
         log_at = self._log_size()
         sent = time.monotonic()
         sent_ms = now_ms()
