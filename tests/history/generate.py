@@ -32,9 +32,9 @@ operator (`via`: `http` or `cli`)
   has a dead letter (discard) or a parked retry (the other two).
 
 faults
-- `kill` `{worker, when_dlq_size}` (kill -9, then started again), `sigterm` `{worker,
-  when_dlq_size}` (timed until it exits, then started again); with `when_dlq_size`, not
-  before the DLQ holds that many entries (to land in the middle of a burst); `join` (a
+- `kill` `{worker, when_stats}` (kill -9, then started again), `sigterm` `{worker,
+  when_stats}` (timed until it exits, then started again); with `when_stats` (e.g.
+  `{"dlq_size": 400}`), not before `GET /dlq/stats/` shows those counts; `join` (a
   second worker starts), `leave` (it gets SIGTERM and stays down), `broker_restart`,
   `slow_broker` `{delay_ms, for_s}` (every client's traffic to the broker delayed, both
   ways).
@@ -359,7 +359,7 @@ def kill_during_bad_burst(count: int = 2000) -> History:
     events = [
         Event(0.0, "burst", {"prefix": "nomsg-", "count": count, "form": "no_messages"}),
         Event(0.0, "request", {"id": "ok", "plan": None, "keyed": True}),
-        Event(0.5, "kill", {"worker": "w1", "when_dlq_size": count // 5}),
+        Event(0.5, "kill", {"worker": "w1", "when_stats": {"dlq_size": count // 5}}),
     ]
     return History(None, "case4-kill-during-bad-burst", events, {}, 60)
 
@@ -368,15 +368,16 @@ def kill_right_after_replays(count: int = 40) -> History:
     """The issue's first suspect path, seen from outside: `count` requests that fail their
     first two calls with 401 (each dead-lettered at once), replayed in bulk (each fails
     again: a second dead letter, now of the replay's chain), then kill -9 of the worker
-    0.3 s later. A replay whose input offset was not committed yet is read again by the
+    meanwhile. A replay whose input offset was not committed yet is read again by the
     restarted worker; its state says `dead_lettered`, not a duplicate, so it runs again
-    (a third call, which succeeds): one chain, a dead letter and a result (rule a)."""
+    (a third call, which succeeds): one chain, a dead letter and a result (rule a). The
+    kill waits until half the replays were made."""
     events = [
         Event(0.0, "request", {"id": f"x{i}", "plan": {"fail_times": 2, "status": 401}, "keyed": True})
         for i in range(count)
     ]
     events.append(Event(4.0, "replay_all", {"via": "http", "error_class": "auth_error", "wait_for": []}))
-    events.append(Event(4.3, "kill", {"worker": "w1"}))
+    events.append(Event(4.1, "kill", {"worker": "w1", "when_stats": {"reprocessed": count // 2}}))
     return History(None, "case5-kill-right-after-replays", events, {}, 60)
 
 

@@ -774,17 +774,18 @@ class HistoryRun:
             self.errors.append(f"{worker.name} did not start again: {error}")
         fault["end_ms"] = now_ms()
 
-    def _dlq_reached(self, event: Event) -> None:
-        """Wait (at most CONDITION_TIMEOUT_S) until the DLQ holds `when_dlq_size` entries,
-        when the event asks for it: a fault that must land in the middle of a burst."""
-        wanted = event.args.get("when_dlq_size")
+    def _stats_reached(self, event: Event) -> None:
+        """Wait (at most CONDITION_TIMEOUT_S) until each count of `GET /dlq/stats/` named in
+        the event's `when_stats` reached its value: a fault that must land in the middle of
+        a burst (`{"dlq_size": 400}`) or of a bulk replay (`{"reprocessed": 20}`)."""
+        wanted = event.args.get("when_stats") or {}
         if wanted:
 
             def reached() -> bool:
                 status, stats = self._get("/dlq/stats/")
-                return status == 200 and stats.get("dlq_size", 0) >= wanted
+                return status == 200 and all((stats.get(k) or 0) >= v for k, v in wanted.items())
 
-            note = self._wait(reached, f"{wanted} dead letters")
+            note = self._wait(reached, f"stats {wanted}")
             if note:
                 self.errors.append(f"{event.kind}: {note}")
 
@@ -792,7 +793,7 @@ class HistoryRun:
         name = event.args.get("worker", "w1")
 
         def work() -> None:
-            self._dlq_reached(event)
+            self._stats_reached(event)
             worker = self.workers.get(name)
             if worker is None or not worker.running:
                 return
@@ -806,7 +807,7 @@ class HistoryRun:
         name = event.args.get("worker", "w1")
 
         def work() -> None:
-            self._dlq_reached(event)
+            self._stats_reached(event)
             worker = self.workers.get(name)
             if worker is None or not worker.running:
                 return
@@ -901,10 +902,16 @@ class HistoryRun:
             fault["end_ms"] = fault["end_ms"] or now_ms()
         results_topic, dlq_topic, input_topic = self.topic("results"), self.topic("dlq"), self.topic("input")
         status, root = self._get("/")
+        if status != 200:  # a worker may be on its way back: wait for one, once
+            self._wait(lambda: self._get("/")[0] == 200, "a worker answering")
+            status, root = self._get("/")
         topics = root.get("topics", []) if status == 200 else []
         tier_topics = [t for t in topics if t.startswith(self.prefix + "retry-")]
-        outcomes = [outcome_of(r, results_topic) for r in self._read([results_topic, dlq_topic])]
-        inputs = self._read([input_topic])
+        if status != 200:
+            self.errors.append(f"no worker answered GET / at the end: {root}")
+        # one read of every topic, once their end offsets stayed put (committed records only)
+        records = self._read([results_topic, dlq_topic, input_topic, *tier_topics])
+        outcomes = [outcome_of(r, results_topic) for r in records if r.topic in (results_topic, dlq_topic)]
         replays_on_input = [
             {
                 "key": r.key.decode("utf-8", "replace") if r.key else None,
@@ -913,13 +920,13 @@ class HistoryRun:
                 "sha256": digest(r.value),
                 "headers": {k: v for k, v in r.headers.items() if k.startswith("replay")},
             }
-            for r in inputs
-            if "replay_of" in r.headers
+            for r in records
+            if r.topic == input_topic and "replay_of" in r.headers
         ]
-        tiers: dict[str, int] = {}
-        if tier_topics:
-            for record in self._read(tier_topics):
-                tiers[record.topic] = tiers.get(record.topic, 0) + 1
+        tiers = {topic: 0 for topic in tier_topics}
+        for record in records:
+            if record.topic in tiers:
+                tiers[record.topic] += 1
         lookup = set(self.valid_ids())
         lookup |= {
             p["id"] for p in self.produced if p["id"] and p["kind"] in ("invalid_copy", "near_limit", "oversize")
