@@ -381,7 +381,46 @@ def kill_right_after_replays(count: int = 40) -> History:
     return History(None, "case5-kill-right-after-replays", events, {}, 60)
 
 
+def clean_baseline() -> History:
+    """No fault and no bad record: requests that succeed at once, after retries (503, 429
+    with Retry-After), or end in the DLQ (500 every time, 401), duplicates while parked and
+    after success, producer clocks 2 minutes off, and every operator action (run now,
+    dead-letter now, replay, replay edited, replay by CLI, discard, replay all of a class).
+    It must break no rule: the checker's own control."""
+    plans: list[dict[str, Any] | None] = [
+        None,
+        {"fail_times": 1, "status": 503},
+        {"fail_times": 2, "status": 429, "retry_after": 1},
+        {"fail_times": 9, "status": 500},
+        {"fail_times": 1, "status": 401},
+        {"fail_times": 4, "status": 503},
+    ]
+    events = [
+        Event(
+            round(0.2 * i, 2),
+            "request",
+            {"id": f"c{i}", "plan": plans[i % 6], "keyed": i % 2 == 0, "skew_ms": (0, 120_000, -120_000)[i % 3]},
+        )
+        for i in range(12)
+    ]
+    edited = {"request_id": "c5", "messages": [{"role": "user", "content": "edited"}]}
+    events += [
+        Event(1.0, "duplicate", {"id": "c0", "after": "succeeded", "keyed": True}),
+        Event(1.0, "duplicate", {"id": "c1", "after": "parked", "keyed": False}),
+        Event(1.5, "run_now", {"id": "c9", "via": "http"}),
+        Event(1.5, "dead_letter_now", {"id": "c3", "via": "cli"}),
+        Event(12.0, "replay", {"id": "c4", "via": "http"}),
+        Event(12.5, "replay", {"id": "c10", "via": "cli"}),
+        Event(13.0, "replay", {"id": "c5", "via": "http", "payload": edited}),
+        Event(13.5, "discard", {"id": "c11", "via": "http"}),
+        Event(14.0, "replay_all", {"via": "http", "error_class": "server_error", "wait_for": []}),
+    ]
+    events.sort(key=lambda e: e.at)
+    return History(None, "clean-baseline", events, {}, 60)
+
+
 NAMED = {
+    "clean": clean_baseline,
     "case1": invalid_copy_replayed_while_parked,
     "case2": sigterm_during_dead_letter_burst,
     "case3": record_at_the_size_limit,

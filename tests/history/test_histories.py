@@ -1,7 +1,8 @@
 """The history checker (issue #39) against real workers and a real Kafka.
 
-- `make test`: the three named histories of the issue and HISTORIES (default 2) small
-  random ones from HISTORY_SEED (default 1000).
+- `make test`: the named histories (tests/history/generate.py NAMED: a clean control,
+  the three cases of the issue, two more the checker found) and HISTORIES (default 2)
+  small random ones from HISTORY_SEED (default 1000).
 - `make chaos` (CHAOS_FULL=1): HISTORIES (default 50) large random ones, one JSON line
   each appended to CHAOS_REPORT when set.
 - `HISTORY_REPLAY=<file> scripts/test tests/history -k replay -s`: one saved history again.
@@ -61,7 +62,7 @@ def judge(history: History, kafka: ProxiedKafka, tmp_path: Path, shrink_runs: in
 
 @pytest.mark.parametrize("name", sorted(NAMED))
 def test_named_history(name: str, history_kafka: ProxiedKafka, tmp_path: Path) -> None:
-    """The three cases of issue #39, as written there (nothing to shrink)."""
+    """The named histories, as written (hand-made and small: nothing to shrink)."""
     judge(NAMED[name](), history_kafka, tmp_path, shrink_runs=0)
 
 
