@@ -74,6 +74,35 @@ class MockState:
     limits: ProviderLimits | None = None
     once: list[tuple[str, float]] = field(default_factory=list)
     always: list[tuple[str, float]] = field(default_factory=list)
+    call_log: CallLog | None = None
+    """Every call with its arrival time, when `--log-calls` asked for it (else None)."""
+
+
+class CallLog:
+    """Each call in arrival order: request id, when it arrived (epoch ms, the mock's wall
+    clock) and the status it was answered with (`timeout` for a hang, None while it runs).
+
+    For checks about *when* calls came (tests/history: no call for a request after its
+    first result). Kept only with `--log-calls`: a benchmark's millions of calls would
+    make it grow without bound.
+    """
+
+    def __init__(self, clock: Any = time.time) -> None:
+        self._clock = clock
+        self.entries: list[dict[str, Any]] = []
+
+    def arrived(self, request_id: str) -> dict[str, Any]:
+        """Record a call as it arrives; set the returned entry's `status` once answered."""
+        entry: dict[str, Any] = {"request_id": request_id, "at_ms": int(self._clock() * 1000), "status": None}
+        self.entries.append(entry)
+        return entry
+
+    def of(self, request_id: str | None = None) -> list[dict[str, Any]]:
+        """The entries (copies), all or one request id's."""
+        return [dict(e) for e in self.entries if request_id is None or e["request_id"] == request_id]
+
+    def clear(self) -> None:
+        self.entries.clear()
 
 
 class ProviderLimits:
