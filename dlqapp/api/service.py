@@ -227,6 +227,13 @@ class Api:
             "admin_page": "/ui/",
         }
 
+    def require_ready(self) -> None:
+        """ApiError 503 with the reason while this worker is not ready (its tables may be
+        recovering: what it would list or count is not the whole truth yet)."""
+        state = self.readiness()
+        if not state.ready:
+            raise ApiError(503, f"this worker is not ready ({state.reason}); try again in a moment")
+
     def readiness(self) -> Readiness:
         """Whether this worker serves its share now (`GET /readyz`), and why not."""
         return worker_readiness(self.app)

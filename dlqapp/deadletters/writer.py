@@ -23,7 +23,9 @@ from dlqapp.core.headers import (
     H_PAYLOAD_NULL,
     H_PAYLOAD_TRUNCATED,
     H_REPLAY_COUNT,
+    H_SOURCE,
     header_int,
+    header_json,
 )
 from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import DeadLetter
@@ -85,7 +87,10 @@ class DeadLetterWriter:
         """
         payload = record.payload
         request_id = request_id or salvage_request_id(payload)
-        position = hashlib.sha256(f"{record.topic}:{record.partition}:{record.offset}".encode()).hexdigest()[:12]
+        source = header_json(record.headers, H_SOURCE, dict) or record.source  # forwarded: where it was written
+        # the record's own position too: a `source` header a producer set is not trusted to be unique
+        where = f"{source.get('topic')}:{source.get('partition')}:{source.get('offset')}|{record.position}"
+        position = hashlib.sha256(where.encode()).hexdigest()[:12]
         if request_id:
             key, owner = unprocessable_key(request_id, error_class.value, position), request_id
         else:
@@ -99,7 +104,7 @@ class DeadLetterWriter:
             request_id=request_id or key,
             payload=payload or b"",
             original_timestamp=record.timestamp_ms,
-            source=record.source,
+            source=source,
             lineage=lineage_of(record.headers),
         )
         envelope.last_error = reason
@@ -116,7 +121,7 @@ class DeadLetterWriter:
             and request_id not in self.in_flight
             and ends_its_chain(self.store.load_state(request_id), record, error_class)
         ):
-            self.store.set_state(
+            self.store.set_state(  # counts the dead letter with the state change
                 request_id,
                 states.DEAD_LETTERED,
                 self.clock(),
@@ -124,8 +129,10 @@ class DeadLetterWriter:
                 final_error=reason[:500],
                 dlq_key=key,
             )
-        elif not request_id:
-            self.store.counters.add("received")  # no id to keep a state under, but it did arrive
+        else:  # a copy beside a live request, or a record without an id: its dead letter counts alone
+            self.store.counters.add(f"dead_lettered|{error_class.value}")
+            if not request_id and not lineage_of(record.headers):
+                self.store.counters.add("received")  # no id to keep a state under, but it did arrive
         log_event(
             log,
             logging.INFO,
