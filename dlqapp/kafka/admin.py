@@ -96,7 +96,9 @@ def topic_configs(settings: Settings) -> dict[str, dict[str, str]]:
     return configs
 
 
-async def ensure_topics(settings: Settings, internal: Mapping[str, InternalTopic] | None = None) -> list[str]:
+async def ensure_topics(
+    settings: Settings, internal: Mapping[str, InternalTopic] | None = None, *, worked_before: bool = False
+) -> list[str]:
     """Create missing topics and wait until every broker knows them all; raise
     `TopicMismatchError` if an existing one differs, or if topics are missing and the
     cluster has fewer brokers than DLQ_REPLICATION_FACTOR.
@@ -108,9 +110,11 @@ async def ensure_topics(settings: Settings, internal: Mapping[str, InternalTopic
     `min.insync.replicas` is kept in line too. Returns the created names.
     """
     internal = dict(internal or {})
-    closed_since: list[float] = []
+    # a worker restarted in place connected with these settings before: a listener closing
+    # its connections is a broker away, not another protocol, for as long as checks retry
+    closed = ClosedAtOnce(RETRY_FOR_S if worked_before else CLOSED_AT_ONCE_FOR_S)
     return await retry_while_transient(
-        lambda: _ensure_once(settings, internal, closed_since),
+        lambda: _ensure_once(settings, internal, closed),
         lambda exc: log.warning("topics_check_retry error=%r", exc),
     )
 
@@ -137,8 +141,8 @@ def transient(exc: BaseException) -> bool:
     )
 
 
-async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic], closed_since: list[float]) -> list[str]:
-    admin = await connect_admin(settings, closed_since)
+async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic], closed: ClosedAtOnce) -> list[str]:
+    admin = await connect_admin(settings, closed)
     try:
         wanted = topic_configs(settings)
         changelogs = list(internal)
@@ -196,14 +200,29 @@ CLOSED_AT_ONCE_FOR_S = 15.0
 before they are taken for another protocol than DLQ_KAFKA_SECURITY_PROTOCOL."""
 
 
-async def connect_admin(settings: Settings, closed_since: list[float] | None = None) -> AIOKafkaAdminClient:
+class ClosedAtOnce:
+    """Since when a listener closes connections at once, and how long that is borne."""
+
+    def __init__(self, patience_s: float) -> None:
+        self.patience_s = patience_s
+        self.since: float | None = None
+
+    def bear(self) -> bool:
+        """One more connection closed at once: True while it may still be a broker away."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        return now - self.since < self.patience_s
+
+
+async def connect_admin(settings: Settings, closed: ClosedAtOnce | None = None) -> AIOKafkaAdminClient:
     """A started admin client; KafkaAccessError when the settings cannot work (a refused
     login, an untrusted certificate, another protocol), KafkaConnectionError when Kafka is
     not reachable (retried by the caller).
 
     A connection the listener closes at once is ambiguous: another protocol, or a broker
     down behind a proxy or load balancer. It is retried (KafkaConnectionError) until
-    `CLOSED_AT_ONCE_FOR_S` after the first such close (`closed_since` keeps when that was)."""
+    `closed`'s patience after the first such close (`CLOSED_AT_ONCE_FOR_S` by default)."""
     admin = AIOKafkaAdminClient(**settings.kafka_client(client_id=f"{settings.app_id}-admin"))
     with ConnectionCauses() as causes:
         try:
@@ -211,11 +230,8 @@ async def connect_admin(settings: Settings, closed_since: list[float] | None = N
         except KafkaConnectionError:
             await admin.close()
             reason = explain(causes.messages, settings.kafka_security, settings.kafka_bootstrap)
-            if reason is not None and closed_at_once(causes.messages) and closed_since is not None:
-                if not closed_since:
-                    closed_since.append(time.monotonic())
-                if time.monotonic() - closed_since[0] < CLOSED_AT_ONCE_FOR_S:
-                    raise
+            if reason is not None and closed_at_once(causes.messages) and closed is not None and closed.bear():
+                raise
             if reason is not None:
                 raise KafkaAccessError(reason) from None
             raise

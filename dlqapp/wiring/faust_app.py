@@ -158,7 +158,7 @@ class DlqApp(faust.App):
                 risk="any certificate the CA signed is accepted for any broker",
             )
         try:
-            created = await ensure_topics(self.dlq_settings, internal)
+            created = await ensure_topics(self.dlq_settings, internal, worked_before=self.restarts.in_a_row > 0)
         except (TopicMismatchError, KafkaAccessError) as exc:
             log.critical("refusing to start: %s", exc)
             print(f"dlqapp: refusing to start: {exc}", file=sys.stderr, flush=True)

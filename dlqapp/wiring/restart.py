@@ -47,8 +47,9 @@ MAX_BACKOFF_S = 30.0
 STABLE_S = 60.0
 """A worker ready this long before it fails restarts at once, like a first failure."""
 
-STOP_MARGIN_S = 5.0
-"""Beyond DLQ_DRAIN_TIMEOUT, how long a requested stop may take before the process ends anyway."""
+STOP_MARGIN_S = 4.0
+"""Beyond DLQ_DRAIN_TIMEOUT, how long a requested stop may take before the process ends anyway
+(the promise is DLQ_DRAIN_TIMEOUT plus 5 s: a second left for the exit itself)."""
 
 
 def backoff_s(restarts_before: int) -> float:

@@ -33,12 +33,24 @@ def test_connections_closed_at_once_are_retried_for_a_while_then_named(monkeypat
     now = [100.0]
     monkeypatch.setattr(admin.time, "monotonic", lambda: now[0])
     settings = Settings.from_env({})
-    closed_since: list[float] = []
+    closed = admin.ClosedAtOnce(admin.CLOSED_AT_ONCE_FOR_S)
     with pytest.raises(KafkaConnectionError):  # at first: perhaps a broker restarting behind a proxy
-        asyncio.run(admin.connect_admin(settings, closed_since))
+        asyncio.run(admin.connect_admin(settings, closed))
     now[0] += admin.CLOSED_AT_ONCE_FOR_S - 1
     with pytest.raises(KafkaConnectionError):
-        asyncio.run(admin.connect_admin(settings, closed_since))
+        asyncio.run(admin.connect_admin(settings, closed))
     now[0] += 2  # still closed after the whole while: another protocol
     with pytest.raises(KafkaAccessError, match="DLQ_KAFKA_SECURITY_PROTOCOL=PLAINTEXT"):
-        asyncio.run(admin.connect_admin(settings, closed_since))
+        asyncio.run(admin.connect_admin(settings, closed))
+
+
+def test_a_worker_restarted_in_place_bears_closed_connections_as_long_as_the_checks_retry(monkeypatch):
+    """It connected with these settings before: a broker restarting behind a proxy, not a protocol."""
+    monkeypatch.setattr(admin, "AIOKafkaAdminClient", ClosingAdmin)
+    now = [100.0]
+    monkeypatch.setattr(admin.time, "monotonic", lambda: now[0])
+    closed = admin.ClosedAtOnce(admin.RETRY_FOR_S)
+    for _ in range(3):
+        with pytest.raises(KafkaConnectionError):
+            asyncio.run(admin.connect_admin(Settings.from_env({}), closed))
+        now[0] += admin.CLOSED_AT_ONCE_FOR_S
