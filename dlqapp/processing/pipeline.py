@@ -99,12 +99,13 @@ class Pipeline:
         try:
             request = parse_request(record.payload, self.max_payload_bytes)
         except InvalidRequest as exc:
-            if exc.request_id and record.payload is not None and not self.store.owns(record, exc.request_id):
+            request_id = exc.request_id or salvage_request_id(record.payload)  # an oversized one's too
+            if request_id and record.payload is not None and not self.store.owns(record, request_id):
                 # judged where its id's state lives (a copy of a live request, or the request itself)
-                await self.store.forward(record, topic, exc.request_id)
+                await self.store.forward(record, topic, request_id)
                 return
             await self.dead_letters.write_unprocessable(
-                record, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", request_id=exc.request_id
+                record, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", request_id=request_id
             )
             return
         request_id = request.request_id
