@@ -9,6 +9,7 @@ from typing import Any
 
 from bench.demo import markdown as demo_markdown
 from bench.sections.lateness import LATENESS_SCENARIOS
+from bench.sections.trace_cost import markdown as trace_cost_markdown
 from bench.soak import markdown as soak_markdown
 from bench.soak import plot as soak_plot
 from bench.systems import CONCURRENCY, LATENCY_MS
@@ -72,6 +73,7 @@ def markdown(r: dict[str, Any]) -> str:
         ("tls_cost", tls_markdown),
         ("demo", demo_markdown),
         ("guarantee", _md_guarantee),
+        ("trace_cost", trace_cost_markdown),
     ):
         if section in r:
             lines += [*render(r[section]), ""]
