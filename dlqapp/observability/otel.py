@@ -13,6 +13,7 @@ starts a new trace (and `dlqapp.core.headers.trace_context` never carries a malf
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from importlib.metadata import entry_points
@@ -29,8 +30,11 @@ from dlqapp.core.envelope import Attempt, Envelope
 from dlqapp.core.headers import H_TRACESTATE, trace_context
 from dlqapp.core.outcomes import DeadLetter, RetryAt, Succeeded
 from dlqapp.observability import tracing
+from dlqapp.observability.logs import log_event
 from dlqapp.settings import Settings
 from dlqapp.settings.tracing import EXPORTER_GROUP
+
+log = logging.getLogger("dlqapp.observability.otel")
 
 SERVICE = "dlqapp"
 """`service.name` when neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES names one."""
@@ -89,6 +93,13 @@ class OtelTracing(tracing.Tracing):
         provider = TracerProvider(resource=resource(settings))  # exports what is left at exit
         for exporter in exporters:
             provider.add_span_processor(BatchSpanProcessor(exporter))
+        log_event(
+            log,
+            logging.INFO,
+            "tracing_on",
+            exporters=",".join(settings.span_exporters) or None,
+            service=provider.resource.attributes.get(SERVICE_NAME),
+        )
         return cls(provider, default_model=settings.default_model)
 
     def attempt(self, envelope: Envelope, *, tier: str, model: str | None) -> tracing.AttemptSpan:
