@@ -182,32 +182,28 @@ class _Attempt(tracing.AttemptSpan):
         self._ended = False
 
     def fall_back(self, failed: Attempt, envelope: Envelope, *, model: str) -> None:
-        span = self._span
-        span.set_attribute(tracing.OUTCOME, "fallback")
-        self._called(failed)
-        span.end()
+        attributes: dict[str, Any] = {tracing.OUTCOME: "fallback"}
+        self._finish(attributes, _called(failed, attributes))
+        self._span.end()
         self._span = self._tracing.start_attempt(envelope, tier="fallback", model=model)
 
     def outcome(self, outcome: Succeeded | RetryAt | DeadLetter, attempt: Attempt | None) -> None:
-        span = self._span
-        span.set_attribute(tracing.OUTCOME, tracing.outcome_name(outcome))
-        if attempt is not None:
-            self._called(attempt)
+        attributes: dict[str, Any] = {tracing.OUTCOME: tracing.outcome_name(outcome)}
+        error = _called(attempt, attributes) if attempt is not None else None
         if isinstance(outcome, Succeeded):
-            span.set_attribute(tracing.RESPONSE_MODEL, outcome.output.model)
-        elif attempt is None or not attempt.error_class:  # no call (expired), or a call that did not fail
-            error, reason = tracing.failure_of(outcome)
-            span.set_attribute(tracing.ERROR_TYPE, error)
-            span.set_status(Status(StatusCode.ERROR, f"{error}: {reason}"[:STATUS_CHARS]))
+            attributes[tracing.RESPONSE_MODEL] = outcome.output.model
+        elif error is None:  # no call (expired), or a call that did not fail
+            error_class, reason = tracing.failure_of(outcome)
+            attributes[tracing.ERROR_TYPE] = error_class
+            error = f"{error_class}: {reason}"
+        self._finish(attributes, error)
 
-    def _called(self, attempt: Attempt) -> None:
-        """What the call showed: its error class (a failure) and, for a retry, its lateness."""
-        span = self._span
-        if attempt.error_class:
-            span.set_attribute(tracing.ERROR_TYPE, attempt.error_class)
-            span.set_status(Status(StatusCode.ERROR, f"{attempt.error_class}: {attempt.error}"[:STATUS_CHARS]))
-        if attempt.due_ms is not None:
-            span.set_attribute(tracing.LATENESS_MS, max(0, attempt.at - attempt.due_ms))
+    def _finish(self, attributes: dict[str, Any], error: str | None) -> None:
+        """Set the attributes an attempt ended with (in one call: each costs the SDK a check
+        and a lock), and the status error with `error` as its description."""
+        self._span.set_attributes(attributes)
+        if error is not None:
+            self._span.set_status(Status(StatusCode.ERROR, error[:STATUS_CHARS]))
 
     def failed(self, exc: BaseException) -> None:
         span = self._span
@@ -219,3 +215,14 @@ class _Attempt(tracing.AttemptSpan):
         if not self._ended:
             self._ended = True
             self._span.end()
+
+
+def _called(attempt: Attempt, attributes: dict[str, Any]) -> str | None:
+    """What the call showed, added to `attributes`: its error class (a failure) and, for a retry,
+    its lateness. Returns the error (class and message), None when the call succeeded."""
+    if attempt.due_ms is not None:
+        attributes[tracing.LATENESS_MS] = max(0, attempt.at - attempt.due_ms)
+    if not attempt.error_class:
+        return None
+    attributes[tracing.ERROR_TYPE] = attempt.error_class
+    return f"{attempt.error_class}: {attempt.error}"
