@@ -32,17 +32,21 @@ def sink():
     sink.stop()
 
 
+def tracing_env(sink: OtlpSink, **env: str) -> dict[str, str]:
+    return {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": sink.endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_SERVICE_NAME": SERVICE,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "DLQ_SIMULATED_SUCCESS_RATE": "1.0",
+        **env,
+    }
+
+
 @pytest.fixture(scope="module")
 def traced(start_worker, sink):
-    return start_worker(
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_EXPORTER_OTLP_ENDPOINT=sink.endpoint,
-        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-        OTEL_SERVICE_NAME=SERVICE,
-        OTEL_BSP_SCHEDULE_DELAY="100",
-        DLQ_RETRY_DELAYS="300ms,600ms,900ms",
-        DLQ_SIMULATED_SUCCESS_RATE="1.0",
-    )
+    return start_worker(**tracing_env(sink, DLQ_RETRY_DELAYS="300ms,600ms,900ms"))
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +157,21 @@ def test_without_an_exporter_a_context_is_carried_on_and_none_is_added(untraced,
     assert "traceparent" not in plain.headers and "tracestate" not in plain.headers
     assert_valid("result", plain.json)
     assert sink.of_request(with_context) == [] and sink.of_request(without) == []
+
+
+def test_a_retry_parked_before_a_kill_continues_the_trace_on_the_next_worker(make_worker, sink):
+    env = tracing_env(sink, DLQ_RETRY_DELAYS="8s,9s,10s")
+    first = make_worker(env_extra=env).start()
+    rid = unique("restarted")
+    traceparent, trace_id, parent = a_traceparent()
+    send(first, rid, {"traceparent": traceparent}, **fails(1, "timeout"))
+    wait_until(lambda: first.get(f"/requests/{rid}/")[1].get("state") == "retry_scheduled", 30, f"{rid} parked")
+    outcome(first, "retry-8s", rid)  # committed (read_committed), so the next worker finds it parked
+    (before,) = spans_of(sink, rid, 1)  # exported before the kill
+    first.kill()
+    second = make_worker(env_extra=env, app_id=first.app_id, prefix=first.prefix).start()
+    (result,) = outcome(second, "results", rid)
+    _, after = spans_of(sink, rid, 2)
+    assert {before.trace_id, after.trace_id} == {trace_id} and before.parent_span_id == parent
+    assert after.parent_span_id == before.span_id and after.attributes["dlqapp.attempt"] == 2
+    assert result.headers["traceparent"].startswith(after.traceparent_prefix)
