@@ -1,5 +1,5 @@
 """The report of a run: latest.json, latest.md (a table per section) and the plots, plus a
-JSON of its own for the demo, TLS cost and soak sections."""
+JSON of its own for the demo, TLS cost, soak and trace cost sections."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     (out / "latest.json").write_text(json.dumps(results, indent=2))
     (out / "latest.md").write_text(markdown(results))
     plots(results, samples, out)
-    for section in ("demo", "tls_cost", "soak"):
+    for section in ("demo", "tls_cost", "soak", "trace_cost"):
         if section in results:
             (out / f"{section}.json").write_text(
                 json.dumps({"when": results["when"], "machine": results["machine"], **results[section]}, indent=2)
