@@ -7,6 +7,7 @@ imports from tests/, so the dependency is stated in one place.
 
 from __future__ import annotations
 
+from tests.otlp_sink import OtlpSink
 from tests.secure import SecureKafka
 from tests.support import (
     FAUST,
@@ -29,6 +30,7 @@ __all__ = [
     "FAUST",
     "LocalKafka",
     "MockLLM",
+    "OtlpSink",
     "Record",
     "SecureKafka",
     "Worker",

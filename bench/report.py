@@ -1,5 +1,5 @@
 """The report of a run: latest.json, latest.md (a table per section) and the plots, plus a
-JSON of its own for the demo, TLS cost and soak sections."""
+JSON of its own for the demo, TLS cost, soak and trace cost sections."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from bench.demo import markdown as demo_markdown
 from bench.sections.lateness import LATENESS_SCENARIOS
+from bench.sections.trace_cost import markdown as trace_cost_markdown
 from bench.soak import markdown as soak_markdown
 from bench.soak import plot as soak_plot
 from bench.systems import CONCURRENCY, LATENCY_MS
@@ -37,7 +38,7 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     (out / "latest.json").write_text(json.dumps(results, indent=2))
     (out / "latest.md").write_text(markdown(results))
     plots(results, samples, out)
-    for section in ("demo", "tls_cost", "soak"):
+    for section in ("demo", "tls_cost", "soak", "trace_cost"):
         if section in results:
             (out / f"{section}.json").write_text(
                 json.dumps({"when": results["when"], "machine": results["machine"], **results[section]}, indent=2)
@@ -72,6 +73,7 @@ def markdown(r: dict[str, Any]) -> str:
         ("tls_cost", tls_markdown),
         ("demo", demo_markdown),
         ("guarantee", _md_guarantee),
+        ("trace_cost", trace_cost_markdown),
     ):
         if section in r:
             lines += [*render(r[section]), ""]

@@ -20,7 +20,9 @@ fixed 100 ms latency) and measures:
    and the lateness of fresh retries at each level;
 4. recovery: kill -9 with many parked retries, time until processing again;
 5. flow control: 2,000 requests against a provider limited to 600 rpm, with no flow
-   control, adaptive concurrency alone, and DLQ_RATE_LIMITS: 429s, attempts, completion.
+   control, adaptive concurrency alone, and DLQ_RATE_LIMITS: 429s, attempts, completion;
+6. what traces cost (`trace_cost`): the overhead load with tracing off and with every span
+   exported over OTLP/HTTP to a local endpoint, in turn in each of 3 runs.
 
 `--only parked_scale,recovery` runs some sections (the report then holds only those).
 
@@ -64,6 +66,7 @@ from bench.sections import (  # noqa: E402
     stats_cost,
     throughput,
     timer,
+    trace_cost,
 )
 from bench.systems import Bench  # noqa: E402
 
@@ -84,9 +87,10 @@ SECTIONS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "tls_cost": standalone.tls_cost,
     "demo": standalone.demo,
     "guarantee": guarantee.guarantee_cost,
+    "trace_cost": trace_cost.trace_cost,
 }
 """Report section → the function measuring it, in the order a full run measures them."""
-NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost", "demo", "guarantee"}
+NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost", "demo", "guarantee", "trace_cost"}
 """Left out of `--quick` unless named in `--only` (six and four workers: too slow for `make test`)."""
 
 

@@ -41,11 +41,18 @@ def ratios(section: dict[str, Any], system: str, base: str) -> dict[str, Any]:
 
 
 def cost_run(
-    bench: Bench, start: Callable[[], Running], mock: MockLLM, count: int, profile: str | None = None
+    bench: Bench,
+    start: Callable[[], Running],
+    mock: MockLLM,
+    count: int,
+    profile: str | None = None,
+    before_stop: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """Start a system, hand it `count` requests at once, wait for every outcome: its
     requests/s, and the CPU seconds per 1,000 requests it and the mock used meanwhile.
-    With `profile` (and --profile), py-spy records the system meanwhile (see `Profiler`)."""
+    With `profile` (and --profile), py-spy records the system meanwhile (see `Profiler`).
+    `before_stop` runs once the figures are taken, the system still running; what it
+    returns joins them."""
     system = start()
     profiler = Profiler(bench.profile_dir, profile, system.pid) if bench.profile_dir and profile else None
     try:
@@ -58,6 +65,7 @@ def cost_run(
         except SystemDied as exc:
             raise SystemDied(f"{exc} (its log: {system.log})") from None
         cpu, mock_cpu = cpu_seconds(system.pid) - cpu, cpu_seconds(mock.process.pid) - mock_cpu
+        extra = before_stop() if before_stop is not None else {}
     finally:
         if profiler is not None:
             profiler.stop()
@@ -68,16 +76,23 @@ def cost_run(
         "cpu_s_per_1k": cpu * 1000 / count,
         "mock_cpu_s_per_1k": mock_cpu * 1000 / count,
         "dead_lettered": len(outcomes) - len(results),
+        **extra,
     }
 
 
 def cost_run_repeated(
-    bench: Bench, start: Callable[[], Running], mock: MockLLM, count: int, profile: str | None = None, attempts: int = 2
+    bench: Bench,
+    start: Callable[[], Running],
+    mock: MockLLM,
+    count: int,
+    profile: str | None = None,
+    attempts: int = 2,
+    before_stop: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, float]:
     """`cost_run`, once more should the process die (reported, never hidden: `repeated`)."""
     for attempt in range(1, attempts + 1):
         try:
-            return {**cost_run(bench, start, mock, count, profile), "repeated": attempt - 1}
+            return {**cost_run(bench, start, mock, count, profile, before_stop), "repeated": attempt - 1}
         except SystemDied as exc:
             print(f"  ! {exc}; attempt {attempt} of {attempts}", flush=True)
             if attempt == attempts:

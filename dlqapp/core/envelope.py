@@ -26,6 +26,7 @@ from dlqapp.core.headers import (
     H_SOURCE,
     header_int,
     header_json,
+    trace_context,
 )
 
 HISTORY_LIMIT = 50
@@ -76,6 +77,7 @@ class Envelope:
     last_error: str | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     lineage: dict[str, str] = field(default_factory=dict)
+    """Headers carried on to every record of the request: replay lineage and trace context (`carried_on`)."""
 
     def record(self, attempt: Attempt) -> None:
         """Append an attempt to the history (bounded) and update the last error."""
@@ -113,7 +115,7 @@ class Envelope:
             payload=payload,
             original_timestamp=written_ms,
             source=header_json(headers, H_SOURCE, dict) or read_from,
-            lineage=lineage_of(headers),
+            lineage=carried_on(headers),
         )
 
     @classmethod
@@ -133,7 +135,7 @@ class Envelope:
             error_class=h.get(H_ERROR_CLASS),
             last_error=h.get(H_LAST_ERROR),
             history=[a for a in header_json(h, H_HISTORY, list) or [] if isinstance(a, dict)],
-            lineage=lineage_of(h),
+            lineage=carried_on(h),
         )
 
     def to_bytes(self) -> bytes:
@@ -155,6 +157,13 @@ def lineage_of(headers: Mapping[str, str]) -> dict[str, str]:
     if replay_count is not None:
         lineage[H_REPLAY_COUNT] = str(replay_count)
     return lineage
+
+
+def carried_on(headers: Mapping[str, str]) -> dict[str, str]:
+    """What a request carries on to every record written for it (`Envelope.lineage`): its
+    replay lineage and its W3C trace context (`traceparent`, `tracestate`; a malformed one
+    is left behind)."""
+    return {**lineage_of(headers), **trace_context(headers)}
 
 
 @dataclass

@@ -7,6 +7,7 @@ malformed value is read as absent, never raised.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -35,6 +36,10 @@ a topic dlqapp reads can be): `true`, its payload a preview of `payload_bytes` b
 H_PAYLOAD_BYTES = "payload_bytes"
 H_RUN_NOW = "run_now"
 """On a due message (dlqapp's internal `dlqapp-due` topic): an operator's "run now", attempted at once."""
+H_TRACEPARENT = "traceparent"
+"""W3C Trace Context: the trace a request belongs to and the span that wrote this record."""
+H_TRACESTATE = "tracestate"
+"""W3C Trace Context: vendors' trace data, carried with `traceparent`."""
 
 
 def header_dict(headers: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> dict[str, str]:
@@ -88,3 +93,33 @@ def header_json(headers: Mapping[str, str], name: str, kind: type) -> Any:
     except (ValueError, RecursionError):
         return None
     return data if isinstance(data, kind) else None
+
+
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.DOTALL)
+MAX_TRACESTATE_CHARS = 512
+"""The most of a `tracestate` carried on (W3C: at least 512 characters are to be propagated)."""
+
+
+def trace_context(headers: Mapping[str, str]) -> dict[str, str]:
+    """The W3C trace context (`traceparent`, and `tracestate` beside it) a record carries on, or
+    an empty dict when it has none or a malformed one (read as absent, never raised).
+
+    A `traceparent` is `version-trace_id-parent_id-flags` in lowercase hex, neither id all
+    zeros, version `ff` invalid; version `00` has nothing after the flags, a later version
+    may (only its first four fields are read, as the spec asks). A `tracestate` is kept
+    only beside a valid `traceparent` and when it is printable ASCII of at most
+    `MAX_TRACESTATE_CHARS`; the vendors' entries inside it are not interpreted."""
+    value = headers.get(H_TRACEPARENT)
+    if value is None or len(value) > 512:
+        return {}
+    match = _TRACEPARENT.fullmatch(value.strip(" \t"))
+    if match is None:
+        return {}
+    version, trace_id, parent_id, flags, rest = match.groups()
+    if version == "ff" or (version == "00" and rest) or trace_id == "0" * 32 or parent_id == "0" * 16:
+        return {}
+    context = {H_TRACEPARENT: f"{version}-{trace_id}-{parent_id}-{flags}"}
+    state = headers.get(H_TRACESTATE)
+    if state and len(state) <= MAX_TRACESTATE_CHARS and state.isascii() and state.isprintable():
+        context[H_TRACESTATE] = state
+    return context

@@ -34,6 +34,7 @@ from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_
 from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
+from dlqapp.observability.tracing import Tracing
 from dlqapp.tables.request_store import RequestStore
 from dlqapp.tables.retention import (
     ledger_last_change,
@@ -80,7 +81,9 @@ class Operator:
         in_flight: InFlight,
         max_replays: int,
         clock: Clock,
+        tracing: Tracing | None = None,
     ) -> None:
+        """`tracing`: a span per replay, in the dead letter's trace (dlqapp.observability.tracing; default: off)."""
         self.store = store
         self.recorder = recorder
         self.dead_letters = recorder.table
@@ -91,6 +94,7 @@ class Operator:
         self.in_flight = in_flight
         self.max_replays = max_replays
         self.clock = clock
+        self.tracing = tracing or Tracing()
 
     def ledger_for(self, request_id: str) -> list[dict[str, Any]]:
         blob = self.ledger.get(request_id.encode())
@@ -187,7 +191,18 @@ class Operator:
         }
         self._append_ledger(rid, ledger, record)
         self.store.set_state(rid, states.REPROCESSED, at, replay_count=replays + 1, replayed_by=command.actor)
-        await self.store.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
+        with self.tracing.replay(
+            entry.headers or {},
+            request_id=rid,
+            replay_count=replays + 1,
+            replay_of=dlq_position,
+            replayed_by=command.actor,
+            edited=command.payload is not None,
+            forced=command.force,
+            error_class=entry.error_class,
+        ) as trace_context:  # the replay's span: the replayed request's attempts continue its trace
+            headers.update(trace_context)
+            await self.store.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
         await self._remove(key)
         self.store.counters.add("reprocessed")
         metrics.replays.inc()

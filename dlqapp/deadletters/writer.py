@@ -15,7 +15,7 @@ from faust import TopicT
 
 from dlqapp.core import states
 from dlqapp.core.clock import Clock
-from dlqapp.core.envelope import Envelope, lineage_of
+from dlqapp.core.envelope import Envelope, carried_on, lineage_of
 from dlqapp.core.errors import ErrorClass
 from dlqapp.core.headers import (
     H_ORIGINAL_HEADERS,
@@ -105,7 +105,7 @@ class DeadLetterWriter:
             payload=payload or b"",
             original_timestamp=record.timestamp_ms,
             source=source,
-            lineage=lineage_of(record.headers),
+            lineage=carried_on(record.headers),
         )
         envelope.last_error = reason
         extra = {

@@ -44,6 +44,7 @@ from dlqapp.flowcontrol.slots import PRIORITIES
 from dlqapp.kafka.transactions import RecordTooLarge
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
+from dlqapp.observability.tracing import NO_SPAN, AttemptSpan, Tracing
 from dlqapp.processing.caller import BackendCaller, NotCalled
 from dlqapp.retries.scheduler import RetryParking
 from dlqapp.tables.request_store import RequestStore, as_header_pairs
@@ -76,10 +77,12 @@ class Pipeline:
         after_sent: Callable[[Callable[[], None]], None],
         redelivery_by_time: bool = False,
         rng: random.Random | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         """`after_sent(hook)` runs `hook` once the current step's writes are on their way
         (dlqapp.tables.steps.StreamSteps.after_sent); `redelivery_by_time`: take a message
-        written before its request was first seen for a redelivery (at_least_once)."""
+        written before its request was first seen for a redelivery (at_least_once);
+        `tracing`: one span per attempt (dlqapp.observability.tracing; default: off)."""
         self.caller = caller
         self.policy = policy
         self.store = store
@@ -93,6 +96,7 @@ class Pipeline:
         self.after_sent = after_sent
         self.redelivery_by_time = redelivery_by_time
         self._rng = rng or random.Random()
+        self.tracing = tracing or Tracing()
 
     # -- intake -----------------------------------------------------------------------
 
@@ -196,13 +200,36 @@ class Pipeline:
 
         `topic` is where the attempt came from (for the history); `tier` the retry tier, None
         for input; `not_before` (epoch ms) a time the call must not start before, its backend
-        slot held meanwhile (a due retry taking its slot ahead of its due time).
+        slot held meanwhile (a due retry taking its slot ahead of its due time). The attempt
+        is a span of the request's trace (dlqapp.observability.tracing), begun here.
         """
+        span = self.tracing.attempt(envelope, tier=tier.label if tier else INPUT_LABEL, model=request.model)
+        try:
+            await self._attempt(
+                envelope, request, span, topic=topic, tier=tier, priority=priority, not_before=not_before
+            )
+        except BaseException as exc:
+            span.failed(exc)
+            raise
+        finally:
+            span.end()
+
+    async def _attempt(
+        self,
+        envelope: Envelope,
+        request: Request,
+        span: AttemptSpan,
+        *,
+        topic: str,
+        tier: Tier | None,
+        priority: int,
+        not_before: int | None,
+    ) -> None:
         expired = expiry(self.policy, envelope.original_timestamp, self.clock()) or past_deadline(
             request.deadline, self.clock()
         )
         if expired is not None:
-            await self.carry_out(expired, envelope, request, record=None)
+            await self.carry_out(expired, envelope, request, record=None, span=span)
             return
         self.in_flight.add(request.request_id)
         try:
@@ -218,7 +245,7 @@ class Pipeline:
                 not_before=not_before,
             )
             if isinstance(called, NotCalled):  # its deadline passed while it waited
-                await self.carry_out(called.outcome, envelope, request, record=None)
+                await self.carry_out(called.outcome, envelope, request, record=None, span=span)
                 return
             outcome = within_deadline(
                 decide(self.policy, number, called.failure, output=called.output, now_ms=self.clock(), rng=self._rng),
@@ -226,6 +253,7 @@ class Pipeline:
             )
             if isinstance(outcome, TryFallback):
                 envelope.record(called.attempt)
+                span.fall_back(called.attempt, envelope, model=outcome.model)
                 called = await self.caller.call(
                     request,
                     number=number + 1,
@@ -236,12 +264,12 @@ class Pipeline:
                     model=outcome.model,
                 )
                 if isinstance(called, NotCalled):
-                    await self.carry_out(called.outcome, envelope, request, record=None)
+                    await self.carry_out(called.outcome, envelope, request, record=None, span=span)
                     return
                 outcome = decide_after_fallback(
                     outcome.model, called.failure, output=called.output, attempts=number + 1
                 )
-            await self.carry_out(outcome, envelope, request, record=called.attempt)
+            await self.carry_out(outcome, envelope, request, record=called.attempt, span=span)
         finally:
             # idle once this step's writes are on their way: the next attempt's must follow them
             self.after_sent(lambda: self.in_flight.discard(request.request_id))
@@ -255,8 +283,11 @@ class Pipeline:
         request: Request | None,
         *,
         record: Attempt | None,
+        span: AttemptSpan = NO_SPAN,
     ) -> None:
-        """Send the outcome to its topic, wait for the broker, then record the state."""
+        """Send the outcome to its topic, wait for the broker, then record the state (and tell
+        the attempt's `span` how it ended)."""
+        span.outcome(outcome, record)
         if record is not None:
             envelope.record(record)
         match outcome:

@@ -36,6 +36,7 @@ from dlqapp.settings.parsing import (
     format_duration,
     parse_duration_ms,
 )
+from dlqapp.settings.tracing import DEFAULT_PROTOCOL, exporter_entry_points, parse_exporters, parse_protocol
 
 RECORD_HEADROOM_BYTES = 1024 * 1024
 """Room for dlqapp's own headers beside a record's bytes (attempt history, errors, the original
@@ -484,6 +485,40 @@ class Settings:
         _choice("uvloop", "asyncio"),
         "Event loop of the worker: `uvloop` (faster; the default) or Python's own `asyncio`.",
     )
+    otel_sdk_disabled: bool = _setting(
+        "OTEL_SDK_DISABLED",
+        "false",
+        lambda text: text.strip().lower() == "true",
+        "OpenTelemetry's switch: `true` turns tracing off whatever OTEL_TRACES_EXPORTER says.",
+    )
+    traces_exporter: tuple[str, ...] = _setting(
+        "OTEL_TRACES_EXPORTER",
+        "none",
+        parse_exporters,
+        "Where spans go (one span per attempt and per replay, docs/operations.md#traces): `otlp`, `console`, or "
+        "another installed OpenTelemetry span exporter, comma-separated; `none`: no spans, a request's "
+        "`traceparent` is still carried on. The SDK reads the rest: OTEL_EXPORTER_OTLP_ENDPOINT (or "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT), OTEL_EXPORTER_OTLP_HEADERS, OTEL_TRACES_SAMPLER, OTEL_BSP_*, ...",
+    )
+    otlp_protocol: str = _setting(
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "",
+        parse_protocol,
+        f"Protocol of the `otlp` exporter: `http/protobuf` (empty: {DEFAULT_PROTOCOL}) or `grpc` (needs "
+        "opentelemetry-exporter-otlp-proto-grpc installed).",
+    )
+    otlp_traces_protocol: str = _setting(
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "",
+        parse_protocol,
+        "The same for traces only; wins over OTEL_EXPORTER_OTLP_PROTOCOL.",
+    )
+    otel_service_name: str = _setting(
+        "OTEL_SERVICE_NAME",
+        "",
+        str,
+        "`service.name` of the spans (empty: the one in OTEL_RESOURCE_ATTRIBUTES, else `dlqapp`).",
+    )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -503,7 +538,27 @@ class Settings:
         settings._check_flow()
         settings._check_replication()
         settings._check_kafka_security()
+        settings._check_tracing()
         return settings
+
+    def _check_tracing(self) -> None:
+        try:
+            exporter_entry_points(self.traces_exporter, self.traces_protocol)
+        except ValueError as exc:
+            variable = "OTEL_EXPORTER_OTLP_" + ("TRACES_PROTOCOL" if self.otlp_traces_protocol else "PROTOCOL")
+            raise SettingsError(f"{variable}={self.traces_protocol!r} is invalid: {exc}") from None
+
+    @property
+    def traces_protocol(self) -> str:
+        """The OTLP protocol for traces: the traces-only variable, else the general one, else http/protobuf."""
+        return self.otlp_traces_protocol or self.otlp_protocol or DEFAULT_PROTOCOL
+
+    @property
+    def span_exporters(self) -> tuple[str, ...]:
+        """Entry point names of the span exporters to run (none when tracing is off)."""
+        if self.otel_sdk_disabled:
+            return ()
+        return exporter_entry_points(self.traces_exporter, self.traces_protocol)
 
     def _check_kafka_security(self) -> None:
         try:

@@ -19,6 +19,7 @@ from dlqapp.kafka.acks import Acks
 from dlqapp.kafka.offset_watch import OffsetWatch
 from dlqapp.kafka.transactions import ProducerFactory
 from dlqapp.observability.health import MinuteRates
+from dlqapp.observability.tracing import Tracing
 from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.processing.flow import InFlightWindows
@@ -66,6 +67,8 @@ class Components:
     oldest_dead_letter: OldestDeadLetter
     rates: MinuteRates
     offsets: OffsetWatch
+    tracing: Tracing
+    """Spans of attempts and replays (tracing off unless an exporter is configured)."""
 
 
 @dataclass(frozen=True)
@@ -85,3 +88,5 @@ class Ports:
     clock: Clock = now_ms
     new_producer: ProducerFactory | None = None
     """Under exactly_once: makes the transactional producer of a `transactional.id`."""
+    span_exporters: tuple[Any, ...] = ()
+    """Where spans go (OpenTelemetry span exporters; none: tracing off)."""

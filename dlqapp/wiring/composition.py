@@ -13,6 +13,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -41,6 +42,7 @@ from dlqapp.observability.faust_monitor import install_counting_monitor
 from dlqapp.observability.health import MinuteRates, worker_readiness
 from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.observability.logs import log_breaker_move
+from dlqapp.observability.tracing import Tracing
 from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.processing.flow import InFlightWindows
@@ -71,6 +73,7 @@ from dlqapp.wiring.services import (
     LoopLag,
     RetentionSweep,
     RetryTimer,
+    TracingFlush,
     TransactionCommits,
 )
 
@@ -84,7 +87,27 @@ def ports_of(app: DlqApp, settings: Settings, topology: Topology) -> Ports:
         input_share=lambda: input_share(app, settings),
         hand_back=lambda event: hand_back_unacked(app, event),
         new_producer=transactional_producer(settings) if settings.exactly_once else None,
+        span_exporters=span_exporters(settings),
     )
+
+
+def span_exporters(settings: Settings) -> tuple[Any, ...]:
+    """The span exporters OTEL_TRACES_EXPORTER names (none when tracing is off), each built as the
+    OpenTelemetry SDK builds it: with no arguments, reading its own OTEL_EXPORTER_* variables."""
+    if not settings.span_exporters:
+        return ()
+    from dlqapp.observability.otel import load_exporters  # the SDK is loaded only when tracing is on
+
+    return load_exporters(settings.span_exporters)
+
+
+def tracing_of(settings: Settings, exporters: tuple[Any, ...]) -> Tracing:
+    """Spans with the OpenTelemetry SDK, exported to `exporters`; tracing off when there are none."""
+    if not exporters:
+        return Tracing()
+    from dlqapp.observability.otel import OtelTracing
+
+    return OtelTracing.create(settings, exporters)
 
 
 def transactional_producer(settings: Settings) -> ProducerFactory:
@@ -135,6 +158,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         fallback_model=settings.fallback_model,
     )
     in_flight = InFlight()
+    tracing = tracing_of(settings, ports.span_exporters)
     caller = BackendCaller(
         backend,
         CircuitBreaker(settings.breaker_config(), on_move=log_breaker_move),
@@ -159,6 +183,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         after_sent=steps.after_sent,
         redelivery_by_time=not settings.exactly_once,
         rng=random.Random(),
+        tracing=tracing,
     )
     input_gate = InputGate(lambda: caller.breaker.state == CLOSED, clock)
     scheduler = RetryScheduler(
@@ -199,6 +224,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         in_flight=in_flight,
         max_replays=settings.max_replays,
         clock=clock,
+        tracing=tracing,
     )
     crash_guard = CrashGuard(os.path.join(settings.data_dir, "in-progress.json"), settings.poison_after_crashes)
     sweeper = Sweeper(
@@ -247,6 +273,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
             lambda topic, skipped: metrics.offset_gaps.labels(topic).inc(),
             level=logging.DEBUG if settings.exactly_once else logging.WARNING,
         ),
+        tracing=tracing,
     )
 
 
@@ -326,6 +353,8 @@ def _register_services(app: DlqApp, components: Components) -> None:
     app.add_service(LoopLag())
     if components.alerts is not None:
         app.add_service(AlertWebhook(components.alerts))
+    if components.tracing.enabled:
+        app.add_service(TracingFlush(components.tracing))
     if components.steps.exactly_once:
         app.add_service(
             TransactionCommits(components.steps, settings.commit_interval_ms, lambda exc: fail_transactions(app, exc))

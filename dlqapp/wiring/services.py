@@ -20,6 +20,7 @@ from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.kafka.faust_consumer_state import set_topic_paused
 from dlqapp.observability import metrics
+from dlqapp.observability.tracing import Tracing
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.tables.retention import Sweeper
@@ -185,6 +186,20 @@ class AlertWebhook(Service):
     @Service.task
     async def _run(self) -> None:
         await self.alerts.run(lambda: self.should_stop)
+
+
+class TracingFlush(Service):
+    """With tracing on: when the worker stops (a restart in place included, which skips the
+    exit handlers), export the spans that have ended, waiting `timeout_s` at most."""
+
+    def __init__(self, tracing: Tracing, timeout_s: float = 5.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tracing = tracing
+        self.timeout_s = timeout_s
+
+    async def on_stop(self) -> None:
+        if not await asyncio.to_thread(self.tracing.flush, self.timeout_s):
+            log.warning("tracing: spans still unexported after %.0f s at stop", self.timeout_s)
 
 
 class TransactionCommits(Service):

@@ -263,8 +263,15 @@ class Worker:
         return self.components.counters.total([0], lambda partition, key: None)
 
 
-def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool = False, **env: str) -> Worker:
-    """A one-partition worker built by `build_components` from settings over fakes."""
+def worker(
+    tmp_path: Any,
+    backend: ScriptedBackend | None = None,
+    breaker: bool = False,
+    span_exporters: tuple[Any, ...] = (),
+    **env: str,
+) -> Worker:
+    """A one-partition worker built by `build_components` from settings over fakes (tracing
+    on when given `span_exporters`: OpenTelemetry span exporters, e.g. an in-memory one)."""
     settings = Settings.from_env(
         {
             "DLQ_PARTITIONS": str(PARTITIONS),
@@ -295,6 +302,7 @@ def worker(tmp_path: Any, backend: ScriptedBackend | None = None, breaker: bool 
         input_share=lambda: 1.0,
         hand_back=lambda event: None,
         clock=clock,
+        span_exporters=span_exporters,
     )
     return Worker(backend, clock, topology, build_components(settings, topology, ports))
 

@@ -121,6 +121,8 @@ def test_dead_letters_as_dlqapp_records_them_validate_with_every_field_declared(
         "original_timestamp": "1700000000000",
         "dead_at": "1700000071000",
         "source": '{"topic":"input","partition":2,"offset":7}',
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # traces: docs/operations.md
+        "tracestate": "vendor=abc",
     }
     entry = dead_letter("r1", headers)
     assert_valid("dead-letter", entry.as_dict())

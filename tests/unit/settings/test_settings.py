@@ -56,6 +56,10 @@ def test_prefix_applies_to_every_topic():
         ({"DLQ_CONCURRENCY_FLOOR": "0"}, "DLQ_CONCURRENCY_FLOOR"),
         ({"DLQ_CONCURRENCY": "8", "DLQ_CONCURRENCY_FLOOR": "9"}, "DLQ_CONCURRENCY_FLOOR"),
         ({"DLQ_ADAPTIVE_CONCURRENCY": "maybe"}, "DLQ_ADAPTIVE_CONCURRENCY"),
+        ({"OTEL_TRACES_EXPORTER": "otlp,jaeger-thrift"}, "OTEL_TRACES_EXPORTER"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "OTEL_EXPORTER_OTLP_PROTOCOL"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "udp"}, "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_PROTOCOL"),
     ],
 )
 def test_a_bad_value_is_refused_naming_its_variable(env, var):
@@ -85,7 +89,7 @@ def test_duration_names(ms, text):
 def test_every_setting_has_a_default_that_validates_and_a_doc():
     assert Settings.from_env({})
     for env, _default, doc in SETTINGS:
-        assert env.startswith("DLQ_") and doc
+        assert env.startswith(("DLQ_", "OTEL_")) and doc  # OTEL_: OpenTelemetry's own names
 
 
 def test_the_settings_page_table_is_the_generated_one():
