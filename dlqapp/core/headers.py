@@ -33,6 +33,10 @@ H_PAYLOAD_TRUNCATED = "payload_truncated"
 """On a dead letter whose record was larger than any topic may hold (only a foreign record on
 a topic dlqapp reads can be): `true`, its payload a preview of `payload_bytes` bytes."""
 H_PAYLOAD_BYTES = "payload_bytes"
+H_SPENT = "spent"
+"""Tokens and cost of a request's attempts so far (compact JSON, dlqapp.core.prices.Spent)."""
+H_TENANT = "tenant"
+"""On input (optional): the request's tenant when its `metadata.tenant` names none."""
 H_RUN_NOW = "run_now"
 """On a due message (dlqapp's internal `dlqapp-due` topic): an operator's "run now", attempted at once."""
 

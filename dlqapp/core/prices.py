@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from dlqapp.core.usage import Usage
@@ -128,3 +128,55 @@ def read_prices_setting(value: str) -> PriceTable:
     if value and not value.startswith("{") and not os.path.exists(value):
         raise PriceError(f"not a JSON object, nor an existing file: {value!r}")
     return PriceTable.parse(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """What a request's attempts used and cost so far (carried in its `spent` header)."""
+
+    usage: Usage = field(default_factory=Usage)
+    nusd: int = 0
+    unpriced: bool = False
+    """Some attempt ran on a model without a price: `nusd` leaves it out."""
+
+    def plus(self, usage: Usage, nusd: int | None) -> Spent:
+        return Spent(self.usage + usage, self.nusd + (nusd or 0), self.unpriced or nusd is None)
+
+    @property
+    def cost_usd(self) -> float:
+        return usd(self.nusd)
+
+    def encode(self) -> str:
+        u = self.usage
+        doc: dict[str, Any] = {"p": u.prompt, "c": u.completion, "k": u.cached, "r": u.reasoning, "n": self.nusd}
+        if u.estimated:
+            doc["e"] = 1
+        if self.unpriced:
+            doc["u"] = 1
+        return json.dumps(doc, separators=(",", ":"))
+
+    @classmethod
+    def decode(cls, text: str | None) -> Spent:
+        """The header's value; nothing spent when absent or malformed (never raises)."""
+        try:
+            doc = json.loads(text) if text else None
+        except (ValueError, RecursionError):
+            doc = None
+        if not isinstance(doc, dict):
+            return cls()
+
+        def count(name: str) -> int:
+            value = doc.get(name)
+            return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+        usage = Usage(count("p"), count("c"), count("k"), count("r"), bool(doc.get("e")))
+        return cls(usage, count("n"), bool(doc.get("u")))
+
+    def public(self) -> dict[str, Any]:
+        """The fields results and dead letters show: `tokens`, `cost_usd`, and flags when set."""
+        doc: dict[str, Any] = {"tokens": self.usage.tokens(), "cost_usd": self.cost_usd}
+        if self.usage.estimated:
+            doc["cost_estimated"] = True
+        if self.unpriced:
+            doc["unpriced"] = True
+        return doc
