@@ -14,6 +14,7 @@ from typing import Any
 from dlqapp.core.clock import now_ms
 from dlqapp.core.headers import (
     H_ATTEMPTS,
+    H_BUDGET_HELD,
     H_ERROR_CLASS,
     H_HISTORY,
     H_LAST_ERROR,
@@ -100,6 +101,8 @@ class Envelope:
     """Tokens and cost of every attempt so far (header `spent`; a replay carries it on)."""
     tenant: str | None = None
     """Whose request it is (header `tenant`), once the pipeline has read it."""
+    held: bool = False
+    """Parked over its budget, not for a retry (header `budget_held`)."""
 
     def record(self, attempt: Attempt) -> None:
         """Append an attempt to the history (bounded), add up what it spent, update the last error."""
@@ -125,6 +128,7 @@ class Envelope:
             H_SOURCE: json.dumps(self.source, separators=(",", ":")),
             H_SPENT: self.spent.encode() if self.spent != _NOTHING_SPENT else None,
             H_TENANT: self.tenant,
+            H_BUDGET_HELD: "true" if self.held else None,
             **self.lineage,
             **extra,
         }
@@ -165,6 +169,7 @@ class Envelope:
             lineage=lineage_of(h),
             spent=Spent.decode(h.get(H_SPENT)),
             tenant=h.get(H_TENANT) or None,
+            held=h.get(H_BUDGET_HELD) == "true",
         )
 
     def to_bytes(self) -> bytes:

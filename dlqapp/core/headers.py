@@ -37,6 +37,8 @@ H_SPENT = "spent"
 """Tokens and cost of a request's attempts so far (compact JSON, dlqapp.core.prices.Spent)."""
 H_TENANT = "tenant"
 """On input (optional): the request's tenant when its `metadata.tenant` names none."""
+H_BUDGET_HELD = "budget_held"
+"""In a parked entry: `true` for a request held over its budget (not a retry)."""
 H_RUN_NOW = "run_now"
 """On a due message (dlqapp's internal `dlqapp-due` topic): an operator's "run now", attempted at once."""
 

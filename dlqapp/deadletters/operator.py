@@ -28,8 +28,11 @@ from dlqapp.core.headers import (
     H_REPLAY_OF,
     H_REPLAYED_AT,
     H_REPLAYED_BY,
+    H_SPENT,
+    H_TENANT,
 )
 from dlqapp.core.in_flight import InFlight
+from dlqapp.core.prices import nusd_of
 from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_id
 from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.observability import metrics
@@ -58,6 +61,8 @@ def live_chain(state: states.StoredState | None, running_here: bool) -> str | No
         return f"being replayed (replay {state.replay_count} is on its way)"
     if state.state == states.IN_FLIGHT:
         return "in flight (its message is handled again after its worker stopped)"
+    if state.state == states.BUDGET_HELD:
+        return f"held over its budget ({state.get('held_because')})"
     return None
 
 
@@ -173,6 +178,10 @@ class Operator:
             H_ORIGINAL_TIMESTAMP: str(at),  # a fresh TTL clock, a clean retry count
             H_FIRST_SEEN: str(entry.first_seen or ""),
         }
+        if H_SPENT in entry.headers:  # what it cost so far: the replay's result counts every attempt
+            headers[H_SPENT] = entry.headers[H_SPENT]
+        if entry.tenant:
+            headers[H_TENANT] = entry.tenant
         # State first: the input agent may handle the replay the moment it is sent, and
         # its outcome (a quick success, a new retry) must not be overwritten by this.
         record = {
@@ -190,6 +199,8 @@ class Operator:
         await self.store.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
         await self._remove(key)
         self.store.counters.add("reprocessed")
+        if entry.cost_usd and key == rid:  # no longer a failure: what it cost is counted again if it fails again
+            self.store.counters.add(f"cost_failed|{entry.error_class}", -nusd_of(entry.cost_usd))
         metrics.replays.inc()
         log_event(
             log,

@@ -3,7 +3,7 @@ the component graph `dlqapp.wiring.composition.build_components` builds, typed."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.processing.flow import InFlightWindows
 from dlqapp.processing.pipeline import Pipeline
+from dlqapp.processing.spend import Spending
 from dlqapp.retries.handover import HandOver
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
@@ -31,6 +32,7 @@ from dlqapp.tables.counters import Counters
 from dlqapp.tables.progress import Progress
 from dlqapp.tables.request_store import RequestStore, Send
 from dlqapp.tables.retention import Sweeper
+from dlqapp.tables.spend_view import SpendView
 from dlqapp.tables.steps import StreamSteps
 from dlqapp.tables.topology import Topology
 
@@ -66,6 +68,10 @@ class Components:
     oldest_dead_letter: OldestDeadLetter
     rates: MinuteRates
     offsets: OffsetWatch
+    spending: Spending
+    """Prices, accounts and admits attempts (money and tenants, docs/costs.md)."""
+    spend_view: SpendView
+    """Every partition's spend and the budgets set at run time, followed from the stats changelog."""
 
 
 @dataclass(frozen=True)
@@ -85,3 +91,5 @@ class Ports:
     clock: Clock = now_ms
     new_producer: ProducerFactory | None = None
     """Under exactly_once: makes the transactional producer of a `transactional.id`."""
+    owned_partitions: Callable[[], Iterable[int]] | None = None
+    """The table partitions this worker owns now (None: the group's assignment of `stats`)."""

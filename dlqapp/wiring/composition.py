@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 
 from dlqapp.core.backoff import Backoff
 from dlqapp.core.breaker import CLOSED, CircuitBreaker
+from dlqapp.core.budgets import is_stale_spend
 from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import RetryPolicy
 from dlqapp.deadletters.alerts import AlertBatcher
@@ -33,7 +34,7 @@ from dlqapp.inference import create_backend
 from dlqapp.kafka.acks import Acks
 from dlqapp.kafka.faust_consumer_state import consumer_lag, hand_back_unacked
 from dlqapp.kafka.faust_producer import producer_send
-from dlqapp.kafka.faust_tables import keys_with_prefix, partition_db
+from dlqapp.kafka.faust_tables import active_partitions, keys_with_prefix, partition_db
 from dlqapp.kafka.offset_watch import OffsetWatch
 from dlqapp.kafka.transactions import ProducerFactory, Transactions
 from dlqapp.observability import metrics
@@ -45,6 +46,7 @@ from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.processing.flow import InFlightWindows
 from dlqapp.processing.pipeline import Pipeline
+from dlqapp.processing.spend import Spending
 from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.handover import HandOver
 from dlqapp.retries.lead import DueLead
@@ -60,6 +62,7 @@ from dlqapp.tables.retention import (
     ledger_last_change,
     request_last_change,
 )
+from dlqapp.tables.spend_view import SpendView
 from dlqapp.tables.steps import StreamSteps
 from dlqapp.tables.topology import Topology, declare, register_codecs
 from dlqapp.wiring.components import Components, Ports
@@ -110,7 +113,22 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
     """Every component of a worker, wired from the settings."""
     clock, backend = ports.clock, ports.backend
     rates = MinuteRates()
-    counters = Counters(topology.stats, topology.steps, lambda name, amount: rates.add(name, amount, clock()))
+    counters = Counters(
+        topology.stats,
+        topology.steps,
+        lambda name, amount: rates.add(name, amount, clock()),
+        forget=lambda name: is_stale_spend(name, clock()),
+    )
+    spend_view = SpendView(counters.value, ports.owned_partitions or (lambda: active_partitions(topology.stats)))
+    spending = Spending(
+        settings.prices,
+        settings.budgets,
+        spend_view,
+        counters,
+        default_model=settings.default_model,
+        default_tenant=settings.default_tenant,
+        clock=clock,
+    )
     acks = Acks(ports.hand_back)
     transactions = (
         Transactions(settings.app_id, ports.new_producer, settings.transaction_timeout_ms / 1000)
@@ -156,6 +174,8 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         max_payload_bytes=settings.max_payload_bytes,
         clock=clock,
         after_sent=steps.after_sent,
+        spending=spending,
+        budget_recheck_ms=settings.budget_recheck_ms,
         redelivery_by_time=not settings.exactly_once,
         rng=random.Random(),
     )
@@ -246,6 +266,8 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
             lambda topic, skipped: metrics.offset_gaps.labels(topic).inc(),
             level=logging.DEBUG if settings.exactly_once else logging.WARNING,
         ),
+        spending=spending,
+        spend_view=spend_view,
     )
 
 
@@ -275,7 +297,7 @@ def slot_limiter(settings: Settings) -> SlotLimiter:
         if settings.adaptive_concurrency
         else None
     )
-    return SlotLimiter(settings.concurrency, adaptive)
+    return SlotLimiter(settings.concurrency, adaptive, weights=settings.tenant_weights)
 
 
 def rate_gate(settings: Settings, share: Callable[[], float]) -> RateGate:
