@@ -36,6 +36,7 @@ from dlqapp.observability import metrics
 from dlqapp.observability.health import MinuteRates, Readiness, merge_health, worker_readiness
 from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.pipeline import Pipeline
+from dlqapp.processing.spend import Spending
 from dlqapp.retries.listing import RetryFilter, local_retries, merge_retries
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
@@ -93,6 +94,9 @@ class WorkerParts(Protocol):
 
     @property
     def rates(self) -> MinuteRates: ...
+
+    @property
+    def spending(self) -> Spending: ...
 
 
 class Api:
@@ -282,6 +286,7 @@ class Api:
             "retry_lateness_p99_s": None if late_ms is None else late_ms / 1000,
             "retry_lateness_by_tier": components.caller.lateness.summary(now, lateness_window_ms),
             "event_loop_lag_s": metrics.loop_lag._value.get(),
+            "budget_held": max(0, components.counters.total_of(self.topology.stats)["budget_held_now"]),
         }
 
     async def health(self, lateness_window_ms: int | None = None) -> dict[str, Any]:

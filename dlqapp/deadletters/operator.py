@@ -19,6 +19,7 @@ from faust import TopicT
 from faust.types import TableT
 
 from dlqapp.core import states
+from dlqapp.core.budgets import Budget, BudgetError, check_key
 from dlqapp.core.clock import Clock
 from dlqapp.core.commands import RETRY_ACTIONS, Action, Command, CommandHandler, ReplayStatus, check_edit
 from dlqapp.core.headers import (
@@ -43,6 +44,7 @@ from dlqapp.tables.retention import (
     request_last_change,
     still_unchanged,
 )
+from dlqapp.tables.spend_view import budget_record_key
 
 log = logging.getLogger("dlqapp.deadletters.operator")
 
@@ -85,7 +87,10 @@ class Operator:
         in_flight: InFlight,
         max_replays: int,
         clock: Clock,
+        budgets_table: TableT | None = None,
     ) -> None:
+        """`budgets_table`: where budgets set at run time are kept (the stats table, key
+        `budget|<key>`, dlqapp.tables.spend_view)."""
         self.store = store
         self.recorder = recorder
         self.dead_letters = recorder.table
@@ -96,6 +101,7 @@ class Operator:
         self.in_flight = in_flight
         self.max_replays = max_replays
         self.clock = clock
+        self.budgets_table = budgets_table
 
     def ledger_for(self, request_id: str) -> list[dict[str, Any]]:
         blob = self.ledger.get(request_id.encode())
@@ -106,6 +112,8 @@ class Operator:
         command = Command.from_dict(raw)
         if command.action is Action.EXPIRE:
             return self._expire(command)
+        if command.action is Action.SET_BUDGET:
+            return self._set_budget(command)
         if command.action in RETRY_ACTIONS:
             answer, record = await self.retries.execute(command, self.clock())
             if record is not None:
@@ -250,6 +258,21 @@ class Operator:
                 removed += 1
         log_event(log, logging.DEBUG, "expired", table=command.table, removed=removed, asked=len(command.expired))
         return {"request_id": command.request_id, "status": ReplayStatus.EXPIRED, "removed": removed}
+
+    def _set_budget(self, command: Command) -> dict[str, Any]:
+        """Keep a budget set at run time where every worker reads it (the stats changelog)."""
+        key = command.request_id
+        try:
+            budget = Budget.parse(check_key(key), command.payload or {})
+        except BudgetError as exc:
+            return {"request_id": key, "status": ReplayStatus.INVALID, "reasons": [str(exc)]}
+        if self.budgets_table is None:
+            raise ValueError("this worker keeps no budgets")
+        at = self.clock()
+        record = {**budget.as_dict(), "set_by": command.actor, "set_at": at}
+        self.budgets_table[budget_record_key(key)] = json.dumps(record, separators=(",", ":")).encode()
+        log_event(log, logging.INFO, "budget_set", key=key, by=command.actor, **budget.as_dict())
+        return {"request_id": key, "status": ReplayStatus.SET, "budget": record}
 
     def send_expired(self, commands: TopicT) -> Callable[[str, int, list[tuple[str, int]]], Awaitable[None]]:
         """How the retention sweep hands expired keys to this agent on their partition."""

@@ -32,12 +32,13 @@ class ChangelogFollower:
         on_record: Callable[[int, bytes | None, bytes | None], None],
         *,
         read_committed: bool,
+        caught_up: asyncio.Event | None = None,
     ) -> None:
         self.options = options
         self.topic = topic
         self.on_record = on_record
         self.read_committed = read_committed
-        self.caught_up = asyncio.Event()
+        self.caught_up = caught_up or asyncio.Event()
         self.records = 0
 
     async def run(self, should_stop: Callable[[], bool]) -> None:

@@ -22,9 +22,24 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Mapping
+from typing import Any
 
 from dlqapp.core.backend import InferenceOutput
-from dlqapp.core.budgets import BudgetTable, Over, first_over, spend_names, tenant_of
+from dlqapp.core.budgets import (
+    ANY_TENANT,
+    MODEL_PREFIX,
+    SPEND,
+    WINDOWS,
+    Budget,
+    BudgetTable,
+    Over,
+    first_over,
+    next_roll_ms,
+    spend_name,
+    spend_names,
+    tenant_of,
+    window_names,
+)
 from dlqapp.core.clock import Clock
 from dlqapp.core.envelope import Attempt
 from dlqapp.core.errors import Failure
@@ -170,3 +185,51 @@ class Spending:
             for name in spend_names(tenant, model, attempt.at):
                 add(name, attempt.cost_nusd)
             metrics.cost.labels(*labels).inc(usd(attempt.cost_nusd))
+
+    def report(self) -> dict[str, Any]:
+        """`GET /budgets/`: per tenant (and per model with a budget), spent and left in the current
+        UTC day and month, over the whole cluster, with the limits in force and where they come from."""
+        now = self.clock()
+        windows = window_names(now)
+        table = self.budgets()
+        set_at_run_time = self.view.set_budgets()
+        seen = {name.split("|")[2] for name in self.view.spent_with_prefix(f"{SPEND}|t|")}
+        tenants = sorted(set(table.tenants()) | seen | {k for k in set_at_run_time if not k.startswith("model:")})
+        tenants = [t for t in tenants if t != ANY_TENANT]
+
+        def entry(scope: str, name: str, budget: Budget | None, key: str) -> dict[str, Any]:
+            row: dict[str, Any] = {}
+            for window in WINDOWS:
+                spent = self.view.spent(spend_name(scope, name, windows[window]))
+                limit = budget.limit_nusd(window) if budget is not None else None
+                row[window] = {
+                    "window": windows[window],
+                    "spent_usd": usd(spent),
+                    "in_flight_usd": usd(self.pending[spend_name(scope, name, windows[window])]),
+                    "limit_usd": None if limit is None else usd(limit),
+                    "left_usd": None if limit is None else usd(max(0, limit - spent)),
+                }
+            row["budget_from"] = (
+                "run time" if key in set_at_run_time else "DLQ_BUDGETS" if key in table.entries else None
+            )
+            return row
+
+        return {
+            "now": now,
+            "windows": windows,
+            "resets_at": next_roll_ms(now),
+            "ready": self.view.ready.is_set(),
+            "default": table.entries[ANY_TENANT].as_dict() if ANY_TENANT in table.entries else None,
+            "tenants": {
+                t: entry("t", t, table.for_tenant(t), t if t in table.entries else ANY_TENANT) for t in tenants
+            },
+            "models": {
+                m: entry("m", m, table.for_model(m), MODEL_PREFIX + m)
+                for m in sorted(
+                    set(table.models())
+                    | {k[len(MODEL_PREFIX) :] for k in set_at_run_time if k.startswith(MODEL_PREFIX)}
+                )
+                if m != ANY_TENANT
+            },
+            "set_at_run_time": set_at_run_time,
+        }

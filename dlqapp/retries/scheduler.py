@@ -36,12 +36,13 @@ from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.flowcontrol.slots import DUE, PRIORITIES
+from dlqapp.kafka.faust_tables import is_offset_record, scan_chunk
 from dlqapp.observability.logs import log_event
 from dlqapp.retries.handover import HandOver, is_run_now
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
-from dlqapp.retries.scan import REFIRE_AFTER_MS, next_due_after, scan_due
+from dlqapp.retries.scan import REFIRE_AFTER_MS, SCAN_CHUNK, next_due_after, scan_due
 from dlqapp.tables.request_store import RequestStore
 
 log = logging.getLogger("dlqapp.retries.scheduler")
@@ -233,6 +234,26 @@ class RetryScheduler:
         except BaseException:
             self.handed_over.pop(key, None)
             raise
+
+    async def release_held(self) -> int:
+        """Hand every request held over its budget to the due agent now (a budget was raised):
+        each is looked at again at once, and held again if it still does not fit. Returns how many."""
+        released = 0
+        for partition, db in list(self.parked.active_dbs()):
+            after: bytes | None = None
+            while True:
+                chunk = scan_chunk(db, after, SCAN_CHUNK, True)
+                for key, value in chunk:
+                    if is_offset_record(self.parked.table, key) or not value or b'"budget_held"' not in value:
+                        continue
+                    if Envelope.from_bytes(value).held and not self.is_handed_over(key):
+                        await self.hand_over_now(key, partition)
+                        released += 1
+                if len(chunk) < SCAN_CHUNK:
+                    break
+                after = chunk[-1][0]
+                await asyncio.sleep(0)
+        return released
 
     def is_handed_over(self, key: bytes) -> bool:
         """Handed to the due agent lately (not yet done), or being attempted now."""

@@ -32,6 +32,7 @@ from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import create_backend
 from dlqapp.kafka.acks import Acks
+from dlqapp.kafka.changelog_follower import ChangelogFollower
 from dlqapp.kafka.faust_consumer_state import consumer_lag, hand_back_unacked
 from dlqapp.kafka.faust_producer import producer_send
 from dlqapp.kafka.faust_tables import active_partitions, keys_with_prefix, partition_db
@@ -74,6 +75,7 @@ from dlqapp.wiring.services import (
     LoopLag,
     RetentionSweep,
     RetryTimer,
+    SpendFollower,
     TransactionCommits,
 )
 
@@ -218,6 +220,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         in_flight=in_flight,
         max_replays=settings.max_replays,
         clock=clock,
+        budgets_table=topology.stats,
     )
     crash_guard = CrashGuard(os.path.join(settings.data_dir, "in-progress.json"), settings.poison_after_crashes)
     sweeper = Sweeper(
@@ -345,6 +348,19 @@ def _register_services(app: DlqApp, components: Components) -> None:
     app.add_service(RetentionSweep(app, components.sweeper, components.clock))
     app.add_service(CrashJournal(components.crash_guard))
     app.add_service(LoopLag())
+    app.add_service(
+        SpendFollower(
+            ChangelogFollower(
+                settings.kafka_client(client_id="dlqapp-spend-view"),
+                components.topology.stats.changelog_topic.get_topic_name(),
+                components.spend_view.on_record,
+                read_committed=settings.exactly_once,
+                caught_up=components.spend_view.ready,
+            ),
+            components.spend_view,
+            components.scheduler,
+        )
+    )
     if components.alerts is not None:
         app.add_service(AlertWebhook(components.alerts))
     if components.steps.exactly_once:

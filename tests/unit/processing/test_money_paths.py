@@ -136,3 +136,38 @@ def test_the_budget_counts_calls_admitted_and_not_yet_accounted(tmp_path):
     for reservation in admitted:
         reservation.release()
     assert sum(spending.pending.values()) == 0
+
+
+def test_a_budget_set_at_run_time_is_a_stats_record_every_worker_reads_and_releases_the_held(tmp_path):
+    budgets = json.dumps({"*": {"day_usd": 0}})
+    w = worker(tmp_path, UsageBackend(), DLQ_PRICES=PRICES, DLQ_BUDGETS=budgets)
+    run(w.pipeline.on_input(event("r6", model="m", metadata={"tenant": "beta"}), w.input))
+    assert state_of(w, "r6")["state"] == "budget_held"
+    answer = run(
+        w.operator.execute({"action": "set_budget", "request_id": "beta", "actor": "ops", "payload": {"day_usd": 1}})
+    )
+    assert answer["status"] == "set" and answer["budget"]["day_usd"] == 1.0
+    stored = w.topology.stats[b"budget|beta"]
+    w.spend_view.on_record(0, b"budget|beta", stored)  # what the changelog follower hands every worker
+    report = w.spending.report()
+    assert (
+        report["tenants"]["beta"]["day"]["limit_usd"] == 1.0 and report["tenants"]["beta"]["budget_from"] == "run time"
+    )
+    (key,) = list(w.parked_table)
+    run(w.scheduler.hand_over_now(key, 0))  # what a budget change does for each held request (release_held)
+    run(w.scheduler.on_due(consumed(b"r6", key, {"run_now": b"true"}, message=FakeMessage("due"))))
+    assert json.loads(w.results.sent[0][1])["tenant"] == "beta"
+    bad = run(w.operator.execute({"action": "set_budget", "request_id": "beta", "actor": "o", "payload": {"day": 1}}))
+    assert bad["status"] == "invalid"
+
+
+def test_budget_bodies_of_the_api():
+    import pytest
+
+    from dlqapp.api.http import ApiError, budget_of
+
+    assert budget_of({"tenant": "acme", "day_usd": 5}) == ("acme", {"day_usd": 5, "month_usd": None})
+    assert budget_of({"model": "gpt-4o", "month_usd": 9}) == ("model:gpt-4o", {"day_usd": None, "month_usd": 9})
+    for body in ({}, {"tenant": "a", "model": "b"}, {"tenant": ""}, {"tenant": "a", "limit": 1}):
+        with pytest.raises(ApiError):
+            budget_of(body)
