@@ -114,6 +114,8 @@ class Api:
             components.settings.partitions,
             components.replay_jobs,
             self.list_dead_letters,
+            components.settings.prices,
+            components.settings.default_model,
         )
 
     # -- reads ----------------------------------------------------------------------------
