@@ -239,6 +239,7 @@ class Api:
             **caller.limiter.snapshot(),
             "rate_limit_share": round(caller.gate.share, 4),
             "rate_limits": caller.gate.snapshot(),
+            "tenants": caller.limiter.tenants_snapshot(),
         }
 
     def _assignment(self) -> dict[str, list[int]]:

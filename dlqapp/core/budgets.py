@@ -9,10 +9,13 @@ Windows are UTC calendar days (`2026-12-03`) and months (`2026-12`); a window ro
 00:00 UTC. Spend is counted per window under stats counter names (`spend_name`), in
 nano-dollars, so every partition's running counts carry it.
 
-A call is admitted when what its scope has spent in the window, plus the estimated cost
-of the calls admitted and not yet accounted, plus its own estimate, stays within the
-limit (`first_over`); otherwise the request is held until the window rolls, the budget is
-raised, or its deadline passes.
+A call is admitted when the spend of the partitions this worker owns, plus the estimated
+cost of the calls it admitted and has not yet accounted, plus its own estimate, stays within
+its share of the limit (`first_over`): `spent here + pending + estimate <= share * limit`,
+`share` being its input partitions / all. Spend is counted per partition and the shares add
+up to one, so the workers together stay within the limit without seeing each other's calls.
+Otherwise the request is held until the window rolls, the budget is raised, or its deadline
+passes.
 """
 
 from __future__ import annotations
@@ -201,12 +204,14 @@ class Over:
     spent_nusd: int
     reserved_nusd: int
     estimate_nusd: int
+    share: float = 1.0
 
     def reason(self) -> str:
+        allowed = round(self.limit_nusd * self.share)
+        where = "" if self.share >= 1 else f" (this worker's share, {self.share:.2f} of {usd(self.limit_nusd)})"
         return (
-            f"{self.scope} {self.name} over its {self.window} budget: spent {usd(self.spent_nusd)} USD"
-            f" + {usd(self.reserved_nusd)} in flight + {usd(self.estimate_nusd)} estimated"
-            f" > {usd(self.limit_nusd)} USD"
+            f"{self.scope} {self.name} over its {self.window} budget: spent {usd(self.spent_nusd)}"
+            f" + {usd(self.reserved_nusd)} in flight + {usd(self.estimate_nusd)} estimated > {usd(allowed)} USD{where}"
         )
 
 
@@ -218,10 +223,12 @@ def first_over(
     estimate_nusd: int,
     spent: Callable[[str], int],
     reserved: Callable[[str], int],
+    share: float = 1.0,
 ) -> Over | None:
-    """The first budget the call would pass (None: admitted). `spent(name)` and
-    `reserved(name)` read a spend counter (`spend_name`) over the whole cluster and the
-    estimates admitted and not yet accounted under it."""
+    """The first budget the call would pass (None: admitted). `spent(name)` reads a spend
+    counter (`spend_name`) over the partitions this worker owns, `reserved(name)` the
+    estimates it admitted and has not yet accounted under it; `share` is its share of the
+    partitions (1: it alone)."""
     scopes = [("t", "tenant", tenant, table.for_tenant(tenant)), ("m", "model", model or "", table.for_model(model))]
     windows = window_names(now_ms)
     for scope, label, name, budget in scopes:
@@ -233,8 +240,8 @@ def first_over(
                 continue
             counter = spend_name(scope, name, windows[window])
             done, pending = spent(counter), reserved(counter)
-            if done + pending + estimate_nusd > limit:
-                return Over(label, name, window, limit, done, pending, estimate_nusd)
+            if done + pending + estimate_nusd > max(0.0, share) * limit:
+                return Over(label, name, window, limit, done, pending, estimate_nusd, share)
     return None
 
 

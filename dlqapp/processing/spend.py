@@ -7,21 +7,24 @@
   (the running counts, dlqapp.tables.counters, committed with the step's outputs), and
   the Prometheus metrics by model, outcome, error class and tenant.
 - `admit` decides, before a call, whether the tenant's and the model's budgets leave room
-  for it: spent over the whole cluster (dlqapp.tables.spend_view) + the estimates of the
-  calls this worker admitted and has not yet accounted + this call's estimate. An admitted
-  call holds a `Reservation` of its estimate until its step's writes are handed over (its
-  real cost is in the counts by then); a call that does not fit is held (`Over`).
+  for it: the spend of the partitions this worker owns + the estimates of the calls it
+  admitted and has not yet accounted + this call's estimate, against its share of the budget
+  (dlqapp.core.budgets.first_over). An admitted call holds a `Reservation` of its estimate
+  until its step's writes are handed over (its real cost is in the counts by then); a call
+  that does not fit is held (`Over`).
 
-The bound: a budget is passed by at most the calls in flight when it ran out (this
-worker's are reserved; other workers' become visible once their transactions commit and
-the changelog is read, within about a commit interval and a fetch).
+The bound: spend is counted per partition and each worker admits calls within its share of
+the budget, so the workers together stay within it without seeing each other's calls; what
+can pass it is a call costing more than its estimate and, during a rebalance, the revoked
+partitions' calls still in flight on their old owner. The cluster-wide view
+(dlqapp.tables.spend_view, every partition) is what `GET /budgets/` shows.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dlqapp.core.backend import InferenceOutput
@@ -91,7 +94,9 @@ class Spending:
         default_model: str,
         default_tenant: str,
         clock: Clock,
+        share: Callable[[], float] = lambda: 1.0,
     ) -> None:
+        """`share()`: this worker's share of the work now (its input partitions / all)."""
         self.prices = prices
         self.configured = budgets
         self.view = view
@@ -99,6 +104,7 @@ class Spending:
         self.default_model = default_model
         self.default_tenant = default_tenant
         self.clock = clock
+        self.share = share
         self.pending: Counter[str] = Counter()
         """Estimates of the calls this worker admitted and has not yet accounted, per spend counter."""
 
@@ -133,7 +139,8 @@ class Spending:
                 return None
         now = self.clock()
         estimate = self.estimate_nusd(request, model)
-        over = first_over(tenant, model, table, now, estimate, self.view.spent, self.pending.__getitem__)
+        here, pending = self.view.spent_here, self.pending.__getitem__
+        over = first_over(tenant, model, table, now, estimate, here, pending, self.share())
         if over is not None:
             return over
         return Reservation(self.pending, spend_names(tenant, model, now), estimate)

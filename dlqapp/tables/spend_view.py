@@ -71,6 +71,11 @@ class SpendView:
 
     # -- read ------------------------------------------------------------------------
 
+    def spent_here(self, name: str) -> int:
+        """Nano-dollars counted under `name` on the partitions this worker owns (its own counts:
+        what its steps counted, committed or not)."""
+        return sum(self.local(p, name) for p in self.owned())
+
     def spent(self, name: str) -> int:
         """Nano-dollars counted under `name` over every partition."""
         owned = set(self.owned())

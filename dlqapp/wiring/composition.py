@@ -130,6 +130,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         default_model=settings.default_model,
         default_tenant=settings.default_tenant,
         clock=clock,
+        share=ports.input_share,
     )
     acks = Acks(ports.hand_back)
     transactions = (

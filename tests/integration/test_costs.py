@@ -73,7 +73,7 @@ def test_tokens_and_cost_add_up_to_the_mocks_ledger(mock, start_worker):
     total_cost = 0.0
     for rid in ids:
         outcome = found[rid]
-        entry = None if outcome["_topic"].endswith("results") else worker.get(f"/dlq/{rid}/")[1]
+        entry = None if outcome["_topic"].endswith("results") else dead_letter(worker, rid)
         assert (entry or outcome)["tenant"] == "acme"
         per_attempt = {"prompt": 0, "completion": 0, "cached": 0}
         history = outcome["history"] if entry is None else entry["history"]
@@ -115,6 +115,11 @@ def test_tokens_and_cost_add_up_to_the_mocks_ledger(mock, start_worker):
     _, text = http_json_text(worker.url + "/metrics")
     lines = [line for line in text.splitlines() if line.startswith("dlqapp_cost_usd_total{")]
     assert any('tenant="acme"' in line and 'model="main-model"' in line for line in lines), lines
+
+
+def dead_letter(worker: Worker, rid: str) -> dict:
+    """The DLQ entry, once the dlq agent has recorded it."""
+    return wait_until(lambda: (lambda a: a[0] == 200 and a[1])(worker.get(f"/dlq/{rid}/")), 30, f"{rid} recorded")
 
 
 def http_json_text(url: str) -> tuple[int, str]:
@@ -175,8 +180,10 @@ def test_a_budget_holds_requests_across_a_restart_and_two_workers_until_it_is_ra
         return worker.get("/budgets/")[1]["tenants"]["acme"]["day"]["spent_usd"]
 
     wait_until(lambda: spent(first) == spent(second) > 0, 30, "both workers to see the same spend")
-    in_flight_bound = 2 * 2 * 0.0003  # two workers' calls in flight (DLQ_CONCURRENCY=2 each), ~0.0003 USD at most
-    assert spent(first) <= budget + in_flight_bound
+    # each worker admits within its share of what it sees left: together they stay within the
+    # budget however late they see each other's spend (5 %: a call may cost a little more than
+    # its estimate; the mock answers a token past max_tokens)
+    assert spent(first) <= budget * 1.05
     stats = first.get("/dlq/stats/")[1]
     assert stats["budget_held"] == len(held) and stats["dead_lettered"] == {}
     assert first.get("/health/")[1]["total"]["budget_held"] == len(held)

@@ -162,3 +162,20 @@ def test_a_held_request_is_looked_at_again_at_the_recheck_the_roll_or_its_deadli
     assert hold_until(now, 30_000, None) == ms(2026, 12, 4)
     assert hold_until(now, 5_000, None) == now + 5_000
     assert hold_until(now, 30_000, now + 1_000) == now + 1_001
+
+
+def test_each_worker_admits_within_its_share_of_the_budget():
+    now = ms(2026, 12, 3, 12)
+    table = BudgetTable.parse('{"acme": {"day_usd": 1.0}}')
+    day = spend_name("t", "acme", "2026-12-03")
+    spent = {day: nusd_of(0.2)}
+
+    def verdict(pending: float, estimate: float, share: float) -> object:
+        return first_over(
+            "acme", None, table, now, nusd_of(estimate), lambda n: spent.get(n, 0), lambda n: nusd_of(pending), share
+        )
+
+    assert verdict(0.2, 0.1, 0.5) is None  # 0.2 spent here + 0.2 + 0.1 <= 0.5 x 1.0
+    over = verdict(0.2, 0.2, 0.5)
+    assert over is not None and "this worker's share" in over.reason()
+    assert verdict(0.6, 0.2, 1.0) is None  # alone: the whole budget
