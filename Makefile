@@ -8,8 +8,8 @@ TEST_WORKERS ?= 2
 test:           ## make lint, then the whole suite (TEST_WORKERS test files at a time); starts (and stops) its own Kafka unless KAFKA_BOOTSTRAP is set
 	@scripts/test -n $(TEST_WORKERS) --dist loadgroup
 
-chaos:          ## the full-size chaos suite (100k requests, kill -9, broker restart, 3 workers, a 3-broker cluster)
-	@CHAOS_FULL=1 CHAOS_REPORT=$(CURDIR)/chaos-report.jsonl scripts/test tests/chaos -s
+chaos:          ## the full-size chaos suite (100k requests, kill -9, broker restart, 3 workers, a 3-broker cluster) and 50 random histories (tests/history)
+	@CHAOS_FULL=1 CHAOS_REPORT=$(CURDIR)/chaos-report.jsonl scripts/test tests/chaos tests/history -s
 
 interop:        ## the whole gateway interop group (a real LiteLLM proxy, Kafka's console tools)
 	@INTEROP_FULL=1 scripts/test tests/interop

@@ -56,16 +56,16 @@ def _tick_on_store(path: Path, size: int, churn: int, blob: bytes) -> dict[str, 
         due = now - 1000 + i if i < DUE_NOW else now + 600_000 + i  # `DUE_NOW` are due, the rest wait
         db.put(parked_key(due, f"req-{i:08d}"), blob)
     db.flush()
-    ticks, keys = _time_scans(lambda: scan_due(db, now, None, {}, SCAN_BATCH)[0])
+    ticks, keys = _time_scans(lambda: scan_due(db, now, start=None, fired={}, batch=SCAN_BATCH)[0])
     assert len(keys) == DUE_NOW
     disk = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     for i in range(churn):
         key = parked_key(now - 100_000 + i, f"fired-{i:08d}")
         db.put(key, blob)
         db.delete(key)
-    naive, _ = _time_scans(lambda: scan_due(db, now, None, {}, SCAN_BATCH)[0])
-    _, start = scan_due(db, now, None, {}, SCAN_BATCH)
-    kept, keys = _time_scans(lambda: scan_due(db, now, start, {}, SCAN_BATCH)[0])
+    naive, _ = _time_scans(lambda: scan_due(db, now, start=None, fired={}, batch=SCAN_BATCH)[0])
+    _, start = scan_due(db, now, start=None, fired={}, batch=SCAN_BATCH)
+    kept, keys = _time_scans(lambda: scan_due(db, now, start=start, fired={}, batch=SCAN_BATCH)[0])
     assert len(keys) == DUE_NOW
     db.close()
     shutil.rmtree(path, ignore_errors=True)

@@ -33,7 +33,7 @@ def owner_url(hosts: dict[str, dict[str, list[int]]], partition: int) -> str | N
 class Cluster:
     """This worker's way to the others, found from the group's assignment of the DLQ table."""
 
-    def __init__(self, app: Any, owner: Callable[[str], int], operator_agent: Any, table_name: str) -> None:
+    def __init__(self, app: Any, owner: Callable[[str], int], *, operator_agent: Any, table_name: str) -> None:
         self.app = app
         self.owner = owner
         self.operator_agent = operator_agent

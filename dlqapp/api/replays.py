@@ -71,6 +71,7 @@ class Replays:
         self,
         cluster: Cluster,
         topology: Topology,
+        *,
         partitions: int,
         jobs: ReplayJobs,
         list_dead_letters: Any,

@@ -107,15 +107,20 @@ class Api:
         self.components = components
         self.settings = components.settings
         self.topology = components.topology
-        self.cluster = Cluster(app, components.store.owner, operator_agent, components.topology.dead_letters.name)
+        self.cluster = Cluster(
+            app,
+            components.store.owner,
+            operator_agent=operator_agent,
+            table_name=components.topology.dead_letters.name,
+        )
         self.replays = Replays(
             self.cluster,
             components.topology,
-            components.settings.partitions,
-            components.replay_jobs,
-            self.list_dead_letters,
-            components.settings.prices,
-            components.settings.default_model,
+            partitions=components.settings.partitions,
+            jobs=components.replay_jobs,
+            list_dead_letters=self.list_dead_letters,
+            prices=components.settings.prices,
+            default_model=components.settings.default_model,
         )
 
     # -- reads ----------------------------------------------------------------------------
@@ -125,7 +130,7 @@ class Api:
         index = self.topology.dead_letters_by_time
         walks = [values_newest_first(index, partition) for partition in active_partitions(index)]
         by_class = grouped(self.components.counters.total_of(self.topology.stats), "dlq_class")
-        return local_page(newest_first(walks), flt, top, by_class)
+        return local_page(newest_first(walks), flt, top=top, by_class=by_class)
 
     def local_stats(self) -> dict[str, Any]:
         stats = local_stats(
@@ -182,7 +187,7 @@ class Api:
         # a walk only when a retry is due by the state (or there is no state): a lookup of a
         # settled request costs one read, not a walk of its partition's parked retries
         walk = state.get("state") in (None, states.RETRY_SCHEDULED)
-        keys = await parked.keys_of(request_id, self.components.store.owner(request_id), hint, walk=walk)
+        keys = await parked.keys_of(request_id, self.components.store.owner(request_id), hint_due_ms=hint, walk=walk)
         logs: dict[str, list[dict[str, Any]]] = {states.SUCCEEDED: state.pop("attempt_log", None) or []}
         state["parked"] = []
         for key in keys:
@@ -228,6 +233,13 @@ class Api:
             "admin_page": "/ui/",
         }
 
+    def require_ready(self) -> None:
+        """ApiError 503 with the reason while this worker is not ready (its tables may be
+        recovering: what it would list or count is not the whole truth yet)."""
+        state = self.readiness()
+        if not state.ready:
+            raise ApiError(503, f"this worker is not ready ({state.reason}); try again in a moment")
+
     def readiness(self) -> Readiness:
         """Whether this worker serves its share now (`GET /readyz`), and why not."""
         return worker_readiness(self.app)
@@ -255,7 +267,7 @@ class Api:
         return self.components.scheduler.is_handed_over(key) or request_id in self.components.pipeline.in_flight
 
     async def local_retries(self, flt: RetryFilter, top: int) -> dict[str, Any]:
-        return await local_retries(self.components.parked, self._firing, flt, top)
+        return await local_retries(self.components.parked, self._firing, flt=flt, top=top)
 
     async def list_retries(self, flt: RetryFilter, limit: int, offset: int) -> dict[str, Any]:
         """One page of the parked retries of every worker, earliest due first."""

@@ -90,6 +90,7 @@ def register_views(app: Any, api: Api) -> None:
 
         @handled
         async def post(self, request: web.Request) -> web.Response:
+            api.require_ready()  # the keys come from every worker's tables: none may be recovering
             answer, status = await api.replays.bulk_replay(await read_json(request), actor_of(request))
             return self.json(answer, status=status)
 

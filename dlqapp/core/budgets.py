@@ -219,6 +219,7 @@ def first_over(
     tenant: str,
     model: str | None,
     table: BudgetTable,
+    *,
     now_ms: int,
     estimate_nusd: int,
     spent: Callable[[str], int],

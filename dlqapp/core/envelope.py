@@ -136,7 +136,7 @@ class Envelope:
 
     @classmethod
     def fresh(
-        cls, request_id: str, payload: bytes, headers: Mapping[str, str], written_ms: int, read_from: dict[str, Any]
+        cls, request_id: str, payload: bytes, headers: Mapping[str, str], *, written_ms: int, read_from: dict[str, Any]
     ) -> Envelope:
         """A request first seen: no attempts yet; its replay lineage and `source` header
         (where it first entered dlqapp) kept, else `read_from`."""

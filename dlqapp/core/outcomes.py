@@ -101,6 +101,7 @@ def decide(
     policy: RetryPolicy,
     attempt: int,
     failure: Failure | None,
+    *,
     output: InferenceOutput | None,
     now_ms: int,
     rng: random.Random | None = None,
@@ -127,7 +128,7 @@ def decide(
 
 
 def decide_after_fallback(
-    model: str, failure: Failure | None, output: InferenceOutput | None, attempts: int
+    model: str, failure: Failure | None, *, output: InferenceOutput | None, attempts: int
 ) -> Succeeded | DeadLetter:
     """The fallback attempt is the last one: its success is the result, its failure the DLQ."""
     if failure is None:

@@ -33,6 +33,7 @@ class Record:
     @classmethod
     def read(
         cls,
+        *,
         topic: str,
         partition: int,
         offset: int,

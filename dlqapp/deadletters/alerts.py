@@ -23,7 +23,7 @@ POST_ATTEMPTS = 4
 POST_TIMEOUT_S = 10.0
 
 
-def slack_message(counts: Counter[str], sample: list[str], window_s: float, app_id: str) -> dict[str, Any]:
+def slack_message(counts: Counter[str], sample: list[str], *, window_s: float, app_id: str) -> dict[str, Any]:
     """A Slack-compatible body: `text` for people, `dlqapp` for machines."""
     total = sum(counts.values())
     by_class = ", ".join(f"{cls} {n}" for cls, n in counts.most_common())
@@ -67,7 +67,7 @@ class AlertBatcher:
             return
         counts, sample = self.counts, self.sample
         self.counts, self.sample = Counter(), []
-        body = slack_message(counts, sample, self.window_s, self.app_id)
+        body = slack_message(counts, sample, window_s=self.window_s, app_id=self.app_id)
         if await self._post(session, body):
             self.sent += 1
             return

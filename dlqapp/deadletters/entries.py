@@ -127,6 +127,7 @@ class DeadLetterEntry:
         key: str,
         payload: bytes,
         headers: Mapping[str, str],
+        *,
         partition: int,
         offset: int,
         max_bytes: int | None = None,

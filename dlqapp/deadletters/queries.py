@@ -98,7 +98,7 @@ def page_params(params: Mapping[str, str]) -> tuple[int, int]:
 
 
 def local_page(
-    summaries_newest_first: Iterable[dict[str, Any]], flt: DlqFilter, top: int, by_class: Mapping[str, int]
+    summaries_newest_first: Iterable[dict[str, Any]], flt: DlqFilter, *, top: int, by_class: Mapping[str, int]
 ) -> dict[str, Any]:
     """Matching entries of this worker: total, newest `top` summaries, counts by class.
 

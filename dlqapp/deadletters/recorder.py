@@ -86,6 +86,7 @@ class DeadLetterRecorder:
         self,
         table: TableT,
         by_time: TableT,
+        *,
         counters: Counters,
         log_path: str,
         alerts: AlertBatcher | None = None,
@@ -114,7 +115,12 @@ class DeadLetterRecorder:
         if old is not None and old.dlq == {"partition": record.partition, "offset": record.offset}:
             return  # redelivered after a crash: already recorded, logged and alerted
         entry = DeadLetterEntry.from_message(
-            request_id, record.payload, record.headers, record.partition, record.offset, self.max_payload_bytes
+            request_id,
+            record.payload,
+            record.headers,
+            partition=record.partition,
+            offset=record.offset,
+            max_bytes=self.max_payload_bytes,
         )
         if old is not None:
             self._unindex(key, old)

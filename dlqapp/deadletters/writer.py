@@ -23,7 +23,9 @@ from dlqapp.core.headers import (
     H_PAYLOAD_NULL,
     H_PAYLOAD_TRUNCATED,
     H_REPLAY_COUNT,
+    H_SOURCE,
     header_int,
+    header_json,
 )
 from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import DeadLetter
@@ -53,7 +55,7 @@ def ends_its_chain(state: states.StoredState | None, record: Record, error_class
 class DeadLetterWriter:
     """Sends dead letters to `dlq` (confirmed by the broker) and records the request's state."""
 
-    def __init__(self, store: RequestStore, dlq: TopicT, in_flight: InFlight, clock: Clock) -> None:
+    def __init__(self, store: RequestStore, dlq: TopicT, *, in_flight: InFlight, clock: Clock) -> None:
         self.store = store
         self.dlq = dlq
         self.in_flight = in_flight
@@ -74,7 +76,7 @@ class DeadLetterWriter:
             self.store.counters.add(f"cost_failed|{outcome.error_class.value}", envelope.spent.nusd)
 
     async def write_unprocessable(
-        self, record: Record, error_class: ErrorClass, reason: str, request_id: str | None = None
+        self, record: Record, error_class: ErrorClass, reason: str, *, request_id: str | None = None
     ) -> None:
         """Dead-letter a message dlqapp cannot handle (invalid, or `poison`: its handler failed).
 
@@ -87,7 +89,10 @@ class DeadLetterWriter:
         """
         payload = record.payload
         request_id = request_id or salvage_request_id(payload)
-        position = hashlib.sha256(f"{record.topic}:{record.partition}:{record.offset}".encode()).hexdigest()[:12]
+        source = header_json(record.headers, H_SOURCE, dict) or record.source  # forwarded: where it was written
+        # the record's own position too: a `source` header a producer set is not trusted to be unique
+        where = f"{source.get('topic')}:{source.get('partition')}:{source.get('offset')}|{record.position}"
+        position = hashlib.sha256(where.encode()).hexdigest()[:12]
         if request_id:
             key, owner = unprocessable_key(request_id, error_class.value, position), request_id
         else:
@@ -101,7 +106,7 @@ class DeadLetterWriter:
             request_id=request_id or key,
             payload=payload or b"",
             original_timestamp=record.timestamp_ms,
-            source=record.source,
+            source=source,
             lineage=lineage_of(record.headers),
         )
         envelope.last_error = reason
@@ -118,7 +123,7 @@ class DeadLetterWriter:
             and request_id not in self.in_flight
             and ends_its_chain(self.store.load_state(request_id), record, error_class)
         ):
-            self.store.set_state(
+            self.store.set_state(  # counts the dead letter with the state change
                 request_id,
                 states.DEAD_LETTERED,
                 self.clock(),
@@ -126,8 +131,10 @@ class DeadLetterWriter:
                 final_error=reason[:500],
                 dlq_key=key,
             )
-        elif not request_id:
-            self.store.counters.add("received")  # no id to keep a state under, but it did arrive
+        else:  # a copy beside a live request, or a record without an id: its dead letter counts alone
+            self.store.counters.add(f"dead_lettered|{error_class.value}")
+            if not request_id and not lineage_of(record.headers):
+                self.store.counters.add("received")  # no id to keep a state under, but it did arrive
         log_event(
             log,
             logging.INFO,

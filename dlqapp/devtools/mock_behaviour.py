@@ -81,6 +81,8 @@ class MockState:
     ledger: Counter[str] = field(default_factory=Counter)
     """Tokens served in answers (the usage reported): prompt, completion, cached, reasoning."""
     ledger_by_id: dict[str, Counter[str]] = field(default_factory=dict)
+    call_log: CallLog | None = None
+    """Every call with its arrival time, when `--log-calls` asked for it (else None)."""
 
     def served(self, request_id: str, usage: dict[str, Any]) -> None:
         """Add an answer's reported usage to the ledger."""
@@ -107,6 +109,33 @@ class MockState:
             usage["prompt_tokens_details"]["cached_tokens"] = min(usage["prompt_tokens"], tokens // step * step)
         else:
             self.prefixes.add(key)
+
+
+class CallLog:
+    """Each call in arrival order: request id, when it arrived (epoch ms, the mock's wall
+    clock) and the status it was answered with (`timeout` for a hang, None while it runs).
+
+    For checks about *when* calls came (tests/history: no call for a request after its
+    first result). Kept only with `--log-calls`: a benchmark's millions of calls would
+    make it grow without bound.
+    """
+
+    def __init__(self, clock: Any = time.time) -> None:
+        self._clock = clock
+        self.entries: list[dict[str, Any]] = []
+
+    def arrived(self, request_id: str) -> dict[str, Any]:
+        """Record a call as it arrives; set the returned entry's `status` once answered."""
+        entry: dict[str, Any] = {"request_id": request_id, "at_ms": int(self._clock() * 1000), "status": None}
+        self.entries.append(entry)
+        return entry
+
+    def of(self, request_id: str | None = None) -> list[dict[str, Any]]:
+        """The entries (copies), all or one request id's."""
+        return [dict(e) for e in self.entries if request_id is None or e["request_id"] == request_id]
+
+    def clear(self) -> None:
+        self.entries.clear()
 
 
 class ProviderLimits:

@@ -25,14 +25,16 @@ Serves `POST /v1/chat/completions` (OpenAI response shape). Control plane:
   limits sent (by model in `throttled_by_model`); `tokens`: the ledger of tokens served in
   answers (`prompt`, `completion`, `cached`, `reasoning`), as their `usage` reported them.
 - `GET /_mock/usage/{request_id}`: that ledger for one request id.
+- `GET /_mock/call-log` (`?request_id=` for one id's): with `--log-calls`, every call in
+  arrival order, `{"enabled", "calls": [{"request_id", "at_ms", "status"}]}`.
+- `POST /_mock/outage` `{"on": true, "status": 503}`: every call fails like a dead provider.
+- `POST /_mock/reset`: forget plans, counts and the outage.
 
 Usage is reported like OpenAI's: `prompt_tokens` (4 characters a token, 4 a message),
 `completion_tokens`, `prompt_tokens_details.cached_tokens` (a prefix of every message but the
 last, of `--cache-min-tokens` (1,024) tokens or more, seen before: in steps of 128) and
 `completion_tokens_details.reasoning_tokens` (64 when the request names a `reasoning_effort`).
 Failed calls report no usage.
-- `POST /_mock/outage` `{"on": true, "status": 503}`: every call fails like a dead provider.
-- `POST /_mock/reset`: forget plans, counts and the outage.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from aiohttp import web
 from dlqapp.devtools.mock_behaviour import (
     HANG_S,
     TIMEOUT,
+    CallLog,
     MockState,
     Plan,
     ProviderLimits,
@@ -76,9 +79,11 @@ def build_app(state: MockState) -> web.Application:
             return failure_response(400)
         request_id = request.headers.get("X-Request-ID", "")
         state.calls[request_id] += 1
+        logged = state.call_log.arrived(request_id) if state.call_log is not None else {}
         throttled = over_limit(state, request_id, body)
         if throttled is not None:
             state.outcomes["429"] += 1
+            logged["status"] = 429
             return throttled
         delay = max(0.0, state.latency_ms + (state.rng.random() * 2 - 1) * state.jitter_ms) / 1000
         await asyncio.sleep(delay)
@@ -90,11 +95,14 @@ def build_app(state: MockState) -> web.Application:
         )
         if failure == TIMEOUT:
             state.outcomes[TIMEOUT] += 1
+            logged["status"] = TIMEOUT
             await asyncio.sleep(HANG_S)  # the client's timeout ends the call
         if isinstance(failure, web.Response):
             state.outcomes[str(failure.status)] += 1
+            logged["status"] = failure.status
             return failure
         state.outcomes["200"] += 1
+        logged["status"] = 200
         answer = completion(request_id, body)
         state.cache(body, answer["usage"])
         state.served(request_id, answer["usage"])
@@ -147,6 +155,12 @@ def build_app(state: MockState) -> web.Application:
             {"request_id": request_id, **{k: served.get(k, 0) for k in ("prompt", "completion", "cached", "reasoning")}}
         )
 
+    @routes.get("/_mock/call-log")
+    async def call_log(request: web.Request) -> web.Response:
+        log = state.call_log
+        calls = log.of(request.query.get("request_id")) if log is not None else []
+        return web.json_response({"enabled": log is not None, "calls": calls})
+
     @routes.post("/_mock/outage")
     async def outage(request: web.Request) -> web.Response:
         spec = await request.json()
@@ -164,6 +178,8 @@ def build_app(state: MockState) -> web.Application:
         state.outage_status = None
         if state.limits is not None:
             state.limits.reset()
+        if state.call_log is not None:
+            state.call_log.clear()
         return web.json_response({"reset": True})
 
     app = web.Application()
@@ -199,6 +215,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--retry-after", type=float, default=1.0, help="retry-after seconds on random 429s")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
+        "--log-calls",
+        action="store_true",
+        help="keep every call's arrival time and status (GET /_mock/call-log); off: memory stays flat",
+    )
+    parser.add_argument(
         "--limit-rpm",
         type=_positive,
         default=None,
@@ -232,6 +253,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--fail-once and --fail-always shares add up to more than 1")
     if args.limit_rpm or args.limit_tpm:
         state.limits = ProviderLimits(args.limit_rpm, args.limit_tpm)
+    if args.log_calls:
+        state.call_log = CallLog()
     print(
         f"dlqapp-mock-llm on http://{args.host}:{args.port}/v1 (latency {args.latency_ms:g}±{args.jitter_ms:g} ms)",
         flush=True,

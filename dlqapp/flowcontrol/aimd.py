@@ -34,6 +34,7 @@ class AimdLimit:
         floor: int,
         ceiling: int,
         clock: Callable[[], float],
+        *,
         backoff_ratio: float = 0.7,
         slow_factor: float = 3.0,
         slow_margin_s: float = 0.25,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 class TokenBucket:
     """Capacity that refills continuously; callers ask how long until they may take."""
 
-    def __init__(self, rate_per_s: float, capacity: float, clock: Callable[[], float], initial: float = 0.0) -> None:
+    def __init__(self, rate_per_s: float, capacity: float, clock: Callable[[], float], *, initial: float = 0.0) -> None:
         self.rate_per_s = rate_per_s
         self.capacity = capacity
         self._clock = clock

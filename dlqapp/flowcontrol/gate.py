@@ -80,6 +80,7 @@ class RateGate:
     def __init__(
         self,
         limits: RateLimits,
+        *,
         default_model: str = "",
         share: Callable[[], float] = lambda: 1.0,
         clock: Callable[[], float] = time.monotonic,
@@ -113,6 +114,7 @@ class RateGate:
         self,
         model: str | None,
         tokens: int,
+        *,
         max_wait_s: float | None = None,
         priority: int = NORMAL,
         slot: Callable[[], Awaitable[Any]] | None = None,

@@ -41,6 +41,7 @@ class OpenAIBackend:
     def __init__(
         self,
         base_url: str,
+        *,
         api_key: str,
         timeout_ms: int,
         pool_size: int,
@@ -75,7 +76,7 @@ class OpenAIBackend:
             async with self._client().post(self.url, data=payload, headers=headers) as response:
                 body = await self._json(response)
                 if response.status >= 400:
-                    raise InferenceError.of(classify_response(response.status, response.headers, body))
+                    raise InferenceError.of(classify_response(response.status, response.headers, body=body))
         except TimeoutError:
             raise InferenceError(
                 ErrorClass.TIMEOUT, f"no answer from {self.url} within {self.timeout.total:g}s"

@@ -217,7 +217,7 @@ def classify_status_and_body(status: int, body: Any) -> ErrorClass:
     return _status_class(status)
 
 
-def classify_response(status: int, headers: Mapping[str, str], body: Any, now: float | None = None) -> Failure:
+def classify_response(status: int, headers: Mapping[str, str], *, body: Any, now: float | None = None) -> Failure:
     """The failure an HTTP error response stands for."""
     code, message = error_text(body)
     error_class = classify_status_and_body(status, body)

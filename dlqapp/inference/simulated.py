@@ -37,6 +37,7 @@ class SimulatedBackend:
     def __init__(
         self,
         success_rate: float = 0.8,
+        *,
         latency_ms: int = 20,
         jitter_ms: int = 10,
         seed: int | None = None,

@@ -226,7 +226,7 @@ def _note(
         return  # the broker did not say (no authorizer answers so): nothing to judge
     for grant in grants:
         if grant.covers(resource, name):
-            absent = grant.operations if bits is None else missing([grant], resource, name, bits)
+            absent = grant.operations if bits is None else missing([grant], resource, name=name, bits=bits)
             if absent:
                 lacking.setdefault(grant, set()).update(absent)
             return

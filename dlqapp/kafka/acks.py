@@ -74,7 +74,7 @@ class Ticket:
 
     __slots__ = ("event", "line", "offset", "state", "strikes", "topic_partition")
 
-    def __init__(self, event: Any, topic_partition: tuple[str, int], offset: int, line: _Line) -> None:
+    def __init__(self, event: Any, topic_partition: tuple[str, int], offset: int, *, line: _Line) -> None:
         self.event = event
         self.line = line
         """Its topic partition's line in the assignment it was delivered in."""
@@ -109,7 +109,7 @@ class Acks:
         if line is None:
             # delivery starts at the committed offset: everything before it is done
             line = self._lines[topic_partition] = _Line(next=message.offset)
-        ticket = Ticket(event, topic_partition, message.offset, line)
+        ticket = Ticket(event, topic_partition, message.offset, line=line)
         line.tickets.append(ticket)
         return ticket
 

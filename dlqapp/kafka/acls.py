@@ -113,7 +113,7 @@ def operations_of(bits: int) -> set[Operation]:
     return {op for op in Operation if bits >= 0 and bits & (1 << op.value)}
 
 
-def missing(grants: list[Grant], resource: str, name: str, bits: int) -> list[Operation]:
+def missing(grants: list[Grant], resource: str, *, name: str, bits: int) -> list[Operation]:
     """Operations `grants` need on one resource that `bits` (the broker's answer) lacks."""
     allowed = implied(operations_of(bits))
     needed = {op for grant in grants if grant.covers(resource, name) for op in grant.operations}

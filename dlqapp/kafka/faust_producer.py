@@ -16,6 +16,7 @@ from typing import Any
 
 from aiokafka.errors import KafkaError
 from faust.agents.replies import ReplyConsumer, ReqRepResponse
+from faust.models import maybe_model
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 
 from dlqapp.kafka.admin import retry_while_transient
@@ -72,6 +73,16 @@ class SingleChannelReplyConsumer(ReplyConsumer):
             # with PartitionsMismatch; no such failure in any run with Faust's timing.
             await self.sleep(3.0)
             self._fetchers[topic_name] = self.add_future(self._drain_replies(channel))
+
+    async def _drain_replies(self, channel: Any) -> None:
+        """Faust's loop (`ReplyConsumer._drain_replies`), except that a second answer to an
+        `ask()` already answered is dropped: Faust's `set_result` on a done promise raised
+        InvalidStateError and crashed the worker (a command answered, then delivered again
+        after a rebalance or a kill and answered again)."""
+        async for reply in channel.stream():
+            for promise in list(self._waiting.get(reply.correlation_id, ())):
+                if not promise.done():
+                    promise.fulfill(reply.correlation_id, maybe_model(reply.value))
 
     def _reply_topic(self, topic: str) -> Any:
         return self.app.topic(

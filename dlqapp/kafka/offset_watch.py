@@ -35,6 +35,7 @@ class OffsetWatch:
     def __init__(
         self,
         on_gap: OnGap,
+        *,
         clock: Callable[[], float] = time.monotonic,
         log_every_s: float = 60.0,
         level: int = logging.WARNING,

@@ -137,6 +137,7 @@ class StateCollector(Collector):
 
     def __init__(
         self,
+        *,
         dlq_entries: Callable[[], int],
         parked_by_tier: Callable[[], dict[str, int]],
         consumer_lag: Callable[[], Iterable[tuple[str, int, int]]],

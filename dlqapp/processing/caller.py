@@ -165,9 +165,9 @@ class BackendCaller:
             permit = await self.gate.acquire(
                 target,
                 tokens,
-                self._time_left_s(request),
-                priority,
-                lambda: slot.enter_async_context(self.limiter.slot(priority, tenant, tokens)),
+                max_wait_s=self._time_left_s(request),
+                priority=priority,
+                slot=lambda: slot.enter_async_context(self.limiter.slot(priority, tenant, tokens)),
             )
             if permit is None:
                 return NotCalled(

@@ -136,8 +136,7 @@ class InFlightWindow:
             self._slots.release()
         if outcome is None:
             return
-        committed, answer = outcome
-        self._acks.ended(ticket, committed)
+        committed, answer = outcome  # the ticket ended inside its step (`on_end`)
         if self._on_done is not None:
             await self._when_committed(committed, lambda: self._on_done(ticket, answer))  # type: ignore[misc]
 
@@ -145,13 +144,13 @@ class InFlightWindow:
         """Run the handler in a step; route a failure by its class. None: the event is not done."""
         try:
             try:
-                async with self._steps.step(ticket.partition, ticket.position) as step:
+                async with self._steps.step(ticket.partition, ticket.position, self._ended(ticket)) as step:
                     answer = await self._handle(ticket, handler)
                 return step.committed, answer
             except (HandBack, StopWorker):
                 raise
             except Exception as exc:  # this record's failure (Poison, or a bug): dead-letter it, move on
-                async with self._steps.step(ticket.partition) as step:
+                async with self._steps.step(ticket.partition, on_end=self._ended(ticket)) as step:
                     answer = await self._on_poison(ticket, exc)
                     if ticket.strikes and self._progress is not None:
                         self._progress.clear_strike(ticket.topic_partition[0], ticket.offset)
@@ -164,6 +163,10 @@ class InFlightWindow:
             log.exception("a step failed and its event could not be dead-lettered; the worker stops")
             self._on_stop(exc)
         return None
+
+    def _ended(self, ticket: Ticket) -> Callable[[asyncio.Future[None] | None], None]:
+        """What the step calls once its work is in its transaction: the ticket has ended."""
+        return lambda committed: self._acks.ended(ticket, committed)
 
     async def _handle(self, ticket: Ticket, handler: Handler) -> object:
         """The handler, unless the crash-loop guard names the event poison; alone when it asks for care."""
@@ -244,7 +247,7 @@ class GatedFeed:
     already fetched can arrive).
     """
 
-    def __init__(self, window: InFlightWindow, gate: InputGate, open_limit: int, closed_limit: int) -> None:
+    def __init__(self, window: InFlightWindow, gate: InputGate, *, open_limit: int, closed_limit: int) -> None:
         self._window = window
         self._gate = gate
         self._open_limit = open_limit

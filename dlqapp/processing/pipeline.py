@@ -73,6 +73,7 @@ class Pipeline:
         results: TopicT,
         in_flight: InFlight,
         max_payload_bytes: int,
+        max_message_bytes: int,
         clock: Clock,
         after_sent: Callable[[Callable[[], None]], None],
         spending: Spending,
@@ -91,6 +92,7 @@ class Pipeline:
         self.results = results
         self.in_flight = in_flight
         self.max_payload_bytes = max_payload_bytes
+        self.max_message_bytes = max_message_bytes
         self.clock = clock
         self.after_sent = after_sent
         self.redelivery_by_time = redelivery_by_time
@@ -105,19 +107,40 @@ class Pipeline:
         try:
             request = parse_request(record.payload, self.max_payload_bytes)
         except InvalidRequest as exc:
+            request_id = exc.request_id or salvage_request_id(record.payload)  # an oversized one's too
+            if (
+                request_id
+                and record.payload is not None
+                and not self.store.owns(record, request_id)
+                and self.store.fits_forward(record, request_id, self.max_message_bytes)
+            ):
+                # judged where its id's state lives (a copy of a live request, or the request itself)
+                await self.store.forward(record, topic, request_id)
+                return
             await self.dead_letters.write_unprocessable(
-                record, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", exc.request_id
+                record, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", request_id=request_id
             )
             return
         request_id = request.request_id
         if not self.store.owns(record, request_id):
+            if not self.store.fits_forward(record, request_id, self.max_message_bytes):
+                reason = (
+                    f"too large ({len(record.payload or b'')} bytes) to re-send keyed by its request id to the "
+                    "partition that owns it (within DLQ_MAX_MESSAGE_BYTES); send it keyed by its request_id"
+                )
+                await self.dead_letters.write_unprocessable(
+                    record, ErrorClass.INVALID_REQUEST, reason, request_id=request_id
+                )
+                return
             await self.store.forward(record, topic, request_id)
             return
         if self.is_duplicate(request_id, record):
             return
-        envelope = Envelope.fresh(request_id, record.payload or b"", record.headers, record.written_ms, record.source)
+        envelope = Envelope.fresh(
+            request_id, record.payload or b"", record.headers, written_ms=record.written_ms, read_from=record.source
+        )
         envelope.tenant = self.spending.tenant_of(request, record.headers)
-        await self.attempt(envelope, request, record.topic, None, priority=PRIORITIES[request.priority])
+        await self.attempt(envelope, request, topic=record.topic, tier=None, priority=PRIORITIES[request.priority])
 
     def is_duplicate(self, request_id: str, record: Record) -> bool:
         """True (and counted) when this message must not start an attempt chain of its own
@@ -170,6 +193,7 @@ class Pipeline:
         self,
         envelope: Envelope,
         request: Request,
+        *,
         topic: str,
         tier: Tier | None,
         priority: int,
@@ -185,7 +209,7 @@ class Pipeline:
             request.deadline, self.clock()
         )
         if expired is not None:
-            await self.carry_out(expired, envelope, request, None)
+            await self.carry_out(expired, envelope, request, record=None)
             return
         self.in_flight.add(request.request_id)
         tenant = envelope.tenant = envelope.tenant or self.spending.tenant_of(request, {})
@@ -216,11 +240,12 @@ class Pipeline:
                 tenant=tenant,
             )
             if isinstance(called, NotCalled):  # its deadline passed while it waited
-                await self.carry_out(called.outcome, envelope, request, None)
+                await self.carry_out(called.outcome, envelope, request, record=None)
                 return
             self._spent(called, request, tenant)
             outcome = within_deadline(
-                decide(self.policy, number, called.failure, called.output, self.clock(), self._rng), request.deadline
+                decide(self.policy, number, called.failure, output=called.output, now_ms=self.clock(), rng=self._rng),
+                request.deadline,
             )
             if isinstance(outcome, TryFallback):
                 envelope.record(called.attempt)
@@ -235,11 +260,13 @@ class Pipeline:
                     tenant=tenant,
                 )
                 if isinstance(called, NotCalled):
-                    await self.carry_out(called.outcome, envelope, request, None)
+                    await self.carry_out(called.outcome, envelope, request, record=None)
                     return
                 self._spent(called, request, tenant, outcome.model)
-                outcome = decide_after_fallback(outcome.model, called.failure, called.output, number + 1)
-            await self.carry_out(outcome, envelope, request, called.attempt)
+                outcome = decide_after_fallback(
+                    outcome.model, called.failure, output=called.output, attempts=number + 1
+                )
+            await self.carry_out(outcome, envelope, request, record=called.attempt)
         finally:
             # idle once this step's writes are on their way: the next attempt's must follow them;
             # by then its cost is in the partition's counts, so its reservation can go
@@ -265,6 +292,7 @@ class Pipeline:
         outcome: Succeeded | RetryAt | DeadLetter,
         envelope: Envelope,
         request: Request | None,
+        *,
         record: Attempt | None,
     ) -> None:
         """Send the outcome to its topic, wait for the broker, then record the state."""

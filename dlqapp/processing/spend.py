@@ -88,9 +88,9 @@ class Spending:
         self,
         prices: PriceTable,
         budgets: BudgetTable,
+        *,
         view: SpendView,
         counters: Counters,
-        *,
         default_model: str,
         default_tenant: str,
         clock: Clock,
@@ -140,7 +140,9 @@ class Spending:
         now = self.clock()
         estimate = self.estimate_nusd(request, model)
         here, pending = self.view.spent_here, self.pending.__getitem__
-        over = first_over(tenant, model, table, now, estimate, here, pending, self.share())
+        over = first_over(
+            tenant, model, table, now_ms=now, estimate_nusd=estimate, spent=here, reserved=pending, share=self.share()
+        )
         if over is not None:
             return over
         return Reservation(self.pending, spend_names(tenant, model, now), estimate)

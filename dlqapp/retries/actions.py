@@ -41,6 +41,7 @@ class RetryActions:
         self,
         parked: ParkedRetries,
         scheduler: RetryScheduler,
+        *,
         dead_letters: DeadLetterWriter,
         in_flight: InFlight,
         store: RequestStore,
@@ -56,7 +57,7 @@ class RetryActions:
         rid = command.request_id
         partition = self.store.owner(rid)
         state = self.store.load_state(rid)
-        keys = await self.parked.keys_of(rid, partition, state.due if state is not None else None)
+        keys = await self.parked.keys_of(rid, partition, hint_due_ms=state.due if state is not None else None)
         if not keys:
             return {
                 "request_id": rid,
@@ -71,10 +72,10 @@ class RetryActions:
                 "reason": f"{rid} is being attempted right now",
             }, None
         if command.action is Action.RUN_NOW:
-            return await self._run_now(command, key, partition, at)
+            return await self._run_now(command, key, partition=partition, at=at)
         return await self._dead_letter_now(command, keys, at)
 
-    async def _run_now(self, command: Command, key: bytes, partition: int, at: int) -> Answer:
+    async def _run_now(self, command: Command, key: bytes, *, partition: int, at: int) -> Answer:
         envelope = self.parked.get(key)
         if envelope is None:
             return {"request_id": command.request_id, "status": ReplayStatus.NOT_FOUND}, None

@@ -41,7 +41,7 @@ class RetryFilter:
         return {k: v for k, v in (("tier", self.tier), ("error_class", self.error_class)) if v}
 
 
-def item_of(key: bytes, envelope: Envelope, tier_label: str, firing: bool) -> dict[str, Any]:
+def item_of(key: bytes, envelope: Envelope, *, tier_label: str, firing: bool) -> dict[str, Any]:
     """One row of the retries view."""
     due_ms, request_id = decode_parked_key(key)
     return {
@@ -55,7 +55,7 @@ def item_of(key: bytes, envelope: Envelope, tier_label: str, firing: bool) -> di
     }
 
 
-async def local_retries(parked: ParkedRetries, firing: Any, flt: RetryFilter, top: int) -> dict[str, Any]:
+async def local_retries(parked: ParkedRetries, firing: Any, *, flt: RetryFilter, top: int) -> dict[str, Any]:
     """This worker's matches: exact total, the `top` earliest due, counts by tier and class.
 
     `by_tier` counts what matches the class filter (what choosing a tier would show),
@@ -87,7 +87,7 @@ async def local_retries(parked: ParkedRetries, firing: Any, flt: RetryFilter, to
         total += 1
         due_ms, request_id = decode_parked_key(key)
         seq += 1
-        entry = (-due_ms, -seq, item_of(key, envelope, tier, firing(key, request_id)))
+        entry = (-due_ms, -seq, item_of(key, envelope, tier_label=tier, firing=firing(key, request_id)))
         if len(heap) < top:
             heapq.heappush(heap, entry)
         elif top and entry > heap[0]:
@@ -111,7 +111,9 @@ async def _unfiltered(parked: ParkedRetries, firing: Any, top: int) -> dict[str,
     for _, request_id, key in heapq.nsmallest(top, order):
         envelope = parked.get(key)
         if envelope is not None:
-            items.append(item_of(key, envelope, parked.tier_of(envelope).label, firing(key, request_id)))
+            items.append(
+                item_of(key, envelope, tier_label=parked.tier_of(envelope).label, firing=firing(key, request_id))
+            )
     return {
         "total": total,
         "items": items,

@@ -109,7 +109,7 @@ class ParkedRetries:
                 await asyncio.sleep(0)
 
     async def keys_of(
-        self, request_id: str, partition: int, hint_due_ms: int | None = None, walk: bool = True
+        self, request_id: str, partition: int, *, hint_due_ms: int | None = None, walk: bool = True
     ) -> list[bytes]:
         """Parked keys of `request_id` on `partition` (an owned one), earliest first.
 

@@ -51,7 +51,7 @@ class ScanStarts:
 
 
 def scan_due(
-    db: Rdict, now: int, start: bytes | None, fired: dict[bytes, int], batch: int
+    db: Rdict, now: int, *, start: bytes | None, fired: dict[bytes, int], batch: int
 ) -> tuple[list[bytes], bytes]:
     """One timer scan of a partition's parked retries (a synchronous RocksDB walk).
 

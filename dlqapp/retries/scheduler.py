@@ -66,6 +66,7 @@ class AttemptRunner(Protocol):
         self,
         envelope: Envelope,
         request: Request,
+        *,
         topic: str,
         tier: Tier | None,
         priority: int,
@@ -77,7 +78,7 @@ class RetryParking:
     """Parks a decided retry on its tier until its due time."""
 
     def __init__(
-        self, store: RequestStore, parked: ParkedRetries, tiers: tuple[tuple[Tier, TopicT], ...], clock: Clock
+        self, store: RequestStore, parked: ParkedRetries, *, tiers: tuple[tuple[Tier, TopicT], ...], clock: Clock
     ) -> None:
         self.store = store
         self.parked = parked
@@ -144,12 +145,12 @@ class RetryScheduler:
         self,
         parked: ParkedRetries,
         attempt: AttemptRunner,
+        *,
         dead_letters: DeadLetterWriter,
         in_flight: InFlight,
         store: RequestStore,
         handover: HandOver,
         gate: InputGate,
-        *,
         batch: int,
         max_payload_bytes: int,
         clock: Clock,
@@ -263,7 +264,9 @@ class RetryScheduler:
     def _due_keys(self, partition: int, db: Rdict, horizon: int) -> list[bytes]:
         """Keys of one partition due by `horizon`, not yet fired, earliest first, at most `batch`."""
         starts = self.parked.scan_starts
-        keys, next_start = scan_due(db, horizon, starts.get(partition, db), self.handed_over, self.batch)
+        keys, next_start = scan_due(
+            db, horizon, start=starts.get(partition, db), fired=self.handed_over, batch=self.batch
+        )
         starts.set(partition, db, next_start)
         return keys
 
@@ -334,9 +337,9 @@ class RetryScheduler:
         if envelope.held:  # held over its budget: looked at again as the request it was, at its own priority
             envelope.held = False
             envelope.due_ms = None
-            await self.attempt(envelope, request, HELD_TOPIC, None, priority=PRIORITIES[request.priority])
+            await self.attempt(envelope, request, topic=HELD_TOPIC, tier=None, priority=PRIORITIES[request.priority])
             return
-        await self.attempt(envelope, request, tier.topic, tier, priority=DUE, not_before=not_before)
+        await self.attempt(envelope, request, topic=tier.topic, tier=tier, priority=DUE, not_before=not_before)
 
 
 def superseded_by(state: StoredState | None, envelope: Envelope) -> str | None:

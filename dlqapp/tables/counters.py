@@ -43,6 +43,7 @@ class Counters:
         self,
         table: Any,
         steps: CurrentStep,
+        *,
         observe: Callable[[str, int], None] = lambda name, amount: None,
         read: Callable[[int, bytes], bytes | None] | None = None,
         forget: Callable[[str], bool] | None = None,

@@ -38,6 +38,7 @@ class Progress:
     def __init__(
         self,
         table: Any,
+        *,
         positions: PositionsOf,
         read: Callable[[int, bytes], bytes | None],
         has_strikes: Callable[[int], bool],

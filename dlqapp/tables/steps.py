@@ -42,6 +42,9 @@ from dlqapp.tables.counters import Counters
 
 log = logging.getLogger(__name__)
 
+OnEnd = Callable[[asyncio.Future[None] | None], None]
+"""Called once a step that succeeded has handed its work over (see `StreamSteps.step`)."""
+
 PlainSend = Callable[[str, bytes, bytes | None, int, Any], Awaitable[Awaitable[Any]]]
 """`send(topic, key, value, partition, headers)` on a producer outside any transaction;
 returns what resolves once the broker has the record."""
@@ -95,6 +98,7 @@ class Step:
         "committed",
         "counts",
         "futures",
+        "on_end",
         "partition",
         "position",
         "records",
@@ -102,9 +106,10 @@ class Step:
         "transaction",
     )
 
-    def __init__(self, partition: int, position: Position | None = None) -> None:
+    def __init__(self, partition: int, position: Position | None = None, on_end: OnEnd | None = None) -> None:
         self.partition = partition
         self.position = position
+        self.on_end = on_end
         """The consumed record the step handles (named as the culprit if it breaks its transaction)."""
         self.records: dict[tuple[StepTable, bytes], bytes | None] = {}
         self.counts: Counter[str] = Counter()
@@ -156,14 +161,21 @@ class StreamSteps:
         return self._open[partition]
 
     @asynccontextmanager
-    async def step(self, partition: int, position: Position | None = None) -> AsyncIterator[Step]:
+    async def step(
+        self, partition: int, position: Position | None = None, on_end: OnEnd | None = None
+    ) -> AsyncIterator[Step]:
         """Run the block as one stream step of `partition` (the event's partition).
 
         On leaving, the step's work is handed over (above) whether the block succeeded,
         failed or was cancelled: its table writes are in RocksDB already. Under exactly_once a
         block that failed after its first output spoils its transaction, which then never
-        commits (the worker restarts): part of a step must never become visible."""
-        step = Step(partition, position)
+        commits (the worker restarts): part of a step must never become visible.
+
+        `on_end(committed)` hears that a block that succeeded has handed its work over, with
+        what resolves at its commit (None: nothing to wait for). Under exactly_once it is
+        called inside the transaction, before a commit can seal it: the partition's progress
+        sealed into a transaction then always knows the events whose outputs it holds."""
+        step = Step(partition, position, on_end)
         token = self.context.enter(step)
         self._open[partition] += 1
         failed = True
@@ -205,6 +217,8 @@ class StreamSteps:
                 await self._send_unconfirmed(step)
             else:
                 await self._confirm(step)
+            if not failed and step.on_end is not None and step.transaction is None:
+                step.on_end(step.committed)  # nothing in a transaction: nothing to seal it with
         finally:
             hooks, step.after_sent = step.after_sent, []
             for hook in hooks:
@@ -282,6 +296,8 @@ class StreamSteps:
             step.sent = step.sent or bool(sent)
             if step.sent or counted:
                 step.committed = transaction.committed()
+            if not failed and step.on_end is not None:
+                step.on_end(step.committed)  # before a commit can seal this transaction
         finally:
             await transaction.barrier.leave()
         if step.committed is not None:

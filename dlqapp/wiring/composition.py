@@ -118,15 +118,15 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
     counters = Counters(
         topology.stats,
         topology.steps,
-        lambda name, amount: rates.add(name, amount, clock()),
+        observe=lambda name, amount: rates.add(name, amount, clock()),
         forget=lambda name: is_stale_spend(name, clock()),
     )
     spend_view = SpendView(counters.value, ports.owned_partitions or (lambda: active_partitions(topology.stats)))
     spending = Spending(
         settings.prices,
         settings.budgets,
-        spend_view,
-        counters,
+        view=spend_view,
+        counters=counters,
         default_model=settings.default_model,
         default_tenant=settings.default_tenant,
         clock=clock,
@@ -147,7 +147,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         seal_tables=progress.seal if progress is not None else lambda partition: [],
         strikes=progress.strike_records if progress is not None else lambda partition, culprits: [],
     )
-    store = RequestStore(settings.partitions, topology.requests, counters, clock, steps.send)
+    store = RequestStore(settings.partitions, topology.requests, counters=counters, clock=clock, send=steps.send)
     parked = ParkedRetries(topology.parked_retries, settings.tiers)
     policy = RetryPolicy(
         backoff=Backoff(settings.retry_delays_ms, settings.backoff, settings.backoff_jitter),
@@ -165,16 +165,17 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         lateness=LatenessWindow(),
         gate=rate_gate(settings, ports.input_share),
     )
-    dead_letters = DeadLetterWriter(store, topology.dlq, in_flight, clock)
+    dead_letters = DeadLetterWriter(store, topology.dlq, in_flight=in_flight, clock=clock)
     pipeline = Pipeline(
         caller,
         policy,
         store=store,
-        parking=RetryParking(store, parked, tuple((t.tier, t.topic) for t in topology.tiers), clock),
+        parking=RetryParking(store, parked, tiers=tuple((t.tier, t.topic) for t in topology.tiers), clock=clock),
         dead_letters=dead_letters,
         results=topology.results,
         in_flight=in_flight,
         max_payload_bytes=settings.max_payload_bytes,
+        max_message_bytes=settings.max_message_bytes,
         clock=clock,
         after_sent=steps.after_sent,
         spending=spending,
@@ -186,11 +187,11 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
     scheduler = RetryScheduler(
         parked,
         pipeline.attempt,
-        dead_letters,
-        in_flight,
-        store,
-        ports.handover,
-        input_gate,
+        dead_letters=dead_letters,
+        in_flight=in_flight,
+        store=store,
+        handover=ports.handover,
+        gate=input_gate,
         batch=settings.timer_batch,
         max_payload_bytes=settings.max_payload_bytes,
         clock=clock,
@@ -204,18 +205,18 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
     recorder = DeadLetterRecorder(
         topology.dead_letters,
         topology.dead_letters_by_time,
-        counters,
-        settings.dead_letter_log,
-        alerts,
-        settings.max_payload_bytes,
-        settings.dlq_log_max_bytes,
-        settings.dlq_log_backups,
+        counters=counters,
+        log_path=settings.dead_letter_log,
+        alerts=alerts,
+        max_payload_bytes=settings.max_payload_bytes,
+        log_max_bytes=settings.dlq_log_max_bytes,
+        log_backups=settings.dlq_log_backups,
     )
     operator = Operator(
         store,
         recorder,
-        topology.replay_ledger,
-        RetryActions(parked, scheduler, dead_letters, in_flight, store),
+        ledger=topology.replay_ledger,
+        retries=RetryActions(parked, scheduler, dead_letters=dead_letters, in_flight=in_flight, store=store),
         input_topic=topology.input,
         dlq_topic=topology.dlq,
         in_flight=in_flight,
@@ -286,7 +287,7 @@ def progress_of(topology: Topology, acks: Acks) -> Progress:
     table = topology.progress
     return Progress(
         table,
-        acks.progress,
+        positions=acks.progress,
         read=lambda partition, key: partition_db(table, partition).get(key),
         has_strikes=lambda partition: any(
             True for _ in keys_with_prefix(partition_db(table, partition), STRIKE_PREFIX, 1)
@@ -309,8 +310,8 @@ def rate_gate(settings: Settings, share: Callable[[], float]) -> RateGate:
     limits = settings.rate_limits
     return RateGate(
         limits,
-        settings.default_model,
-        share,
+        default_model=settings.default_model,
+        share=share,
         on_wait=lambda model, s: metrics.rate_wait.labels(metric_label(limits, model)).observe(s),
     )
 

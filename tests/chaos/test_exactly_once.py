@@ -97,7 +97,7 @@ def test_kill_9_during_load_and_retries_leaves_one_outcome_per_request(make_work
         assert_kafkas_consumer_agrees(worker, ids)
         window = (
             64 * 4 * 2
-        )  # events in flight or waiting for their commit (4 x concurrency per agent, input and due) when a worker dies
+        )  # steps in flight (2 x concurrency per agent, input and due) and those waiting for their commit
         assert summary["extra_calls"] <= kills * window, summary
     finally:
         mock.stop()

@@ -37,7 +37,13 @@ def test_prometheus_yml_is_valid_and_loads_the_rules():
 def exported_series() -> set[str]:
     """Every series name a worker's /metrics can show for dlqapp's own metrics."""
     families = list(metrics.REGISTRY.collect())
-    collector = metrics.StateCollector(lambda: 0, lambda: {}, lambda: [], lambda: "closed", lambda: {})
+    collector = metrics.StateCollector(
+        dlq_entries=lambda: 0,
+        parked_by_tier=lambda: {},
+        consumer_lag=lambda: [],
+        breaker_state=lambda: "closed",
+        breaker_moves=lambda: {},
+    )
     families += list(collector.collect())
     names = set()
     for family in families:

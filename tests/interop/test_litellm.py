@@ -41,7 +41,7 @@ def attempt(
     """One call through dlqapp's OpenAI backend: the output, or the classified failure."""
 
     async def run() -> Failure | InferenceOutput:
-        backend = OpenAIBackend(proxy.api_url, api_key, timeout_ms, 2, "ok")
+        backend = OpenAIBackend(proxy.api_url, api_key=api_key, timeout_ms=timeout_ms, pool_size=2, default_model="ok")
         request = validate_request(
             {"request_id": rid or unique(model), "model": model, "messages": [{"role": "user", "content": "hi"}]}
         )

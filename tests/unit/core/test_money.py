@@ -149,12 +149,31 @@ def test_first_over_counts_spent_in_flight_and_the_estimate() -> None:
     day = spend_name("t", "acme", "2026-12-03")
     spent = {day: nusd_of(0.6)}
     reserved = {day: nusd_of(0.3)}
-    verdict = first_over("acme", "m", table, now, nusd_of(0.1), lambda n: spent.get(n, 0), lambda n: reserved.get(n, 0))
+    verdict = first_over(
+        "acme",
+        "m",
+        table,
+        now_ms=now,
+        estimate_nusd=nusd_of(0.1),
+        spent=lambda n: spent.get(n, 0),
+        reserved=lambda n: reserved.get(n, 0),
+    )
     assert verdict is None  # 0.6 + 0.3 + 0.1 = 1.0: exactly the limit
-    over = first_over("acme", "m", table, now, nusd_of(0.2), lambda n: spent.get(n, 0), lambda n: reserved.get(n, 0))
+    over = first_over(
+        "acme",
+        "m",
+        table,
+        now_ms=now,
+        estimate_nusd=nusd_of(0.2),
+        spent=lambda n: spent.get(n, 0),
+        reserved=lambda n: reserved.get(n, 0),
+    )
     assert over is not None and (over.scope, over.window) == ("tenant", "day")
     assert "over its day budget" in over.reason()
-    assert first_over("other", "m", table, now, 10**12, lambda n: 0, lambda n: 0) is None
+    assert (
+        first_over("other", "m", table, now_ms=now, estimate_nusd=10**12, spent=lambda n: 0, reserved=lambda n: 0)
+        is None
+    )
 
 
 def test_a_held_request_is_looked_at_again_at_the_recheck_the_roll_or_its_deadline() -> None:
@@ -172,7 +191,14 @@ def test_each_worker_admits_within_its_share_of_the_budget():
 
     def verdict(pending: float, estimate: float, share: float) -> object:
         return first_over(
-            "acme", None, table, now, nusd_of(estimate), lambda n: spent.get(n, 0), lambda n: nusd_of(pending), share
+            "acme",
+            None,
+            table,
+            now_ms=now,
+            estimate_nusd=nusd_of(estimate),
+            spent=lambda n: spent.get(n, 0),
+            reserved=lambda n: nusd_of(pending),
+            share=share,
         )
 
     assert verdict(0.2, 0.1, 0.5) is None  # 0.2 spent here + 0.2 + 0.1 <= 0.5 x 1.0

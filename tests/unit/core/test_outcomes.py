@@ -16,18 +16,18 @@ NOW = 1_700_000_000_000
 
 def test_success_publishes():
     out = InferenceOutput("hi", "m")
-    assert decide(POLICY, 1, None, out, NOW) == Succeeded(out)
+    assert decide(POLICY, 1, None, output=out, now_ms=NOW) == Succeeded(out)
 
 
 def test_retryable_failures_walk_the_tiers():
     failure = Failure(ErrorClass.SERVER_ERROR, "503")
-    assert decide(POLICY, 1, failure, None, NOW) == RetryAt(0, NOW + 1000, failure)
-    assert decide(POLICY, 2, failure, None, NOW) == RetryAt(1, NOW + 10_000, failure)
-    assert decide(POLICY, 3, failure, None, NOW) == RetryAt(2, NOW + 60_000, failure)
+    assert decide(POLICY, 1, failure, output=None, now_ms=NOW) == RetryAt(0, NOW + 1000, failure)
+    assert decide(POLICY, 2, failure, output=None, now_ms=NOW) == RetryAt(1, NOW + 10_000, failure)
+    assert decide(POLICY, 3, failure, output=None, now_ms=NOW) == RetryAt(2, NOW + 60_000, failure)
 
 
 def test_after_the_last_tier_the_request_is_dead_lettered_as_final():
-    outcome = decide(POLICY, 4, Failure(ErrorClass.TIMEOUT, "slow"), None, NOW)
+    outcome = decide(POLICY, 4, Failure(ErrorClass.TIMEOUT, "slow"), output=None, now_ms=NOW)
     assert isinstance(outcome, DeadLetter) and outcome.final
     assert outcome.error_class is ErrorClass.TIMEOUT and "4 attempts" in outcome.reason
 
@@ -39,18 +39,18 @@ def test_non_retryable_goes_to_the_dlq_at_once():
         ErrorClass.CONTEXT_LENGTH,
         ErrorClass.CONTENT_FILTER,
     ):
-        outcome = decide(POLICY, 1, Failure(cls, "no"), None, NOW)
+        outcome = decide(POLICY, 1, Failure(cls, "no"), output=None, now_ms=NOW)
         assert isinstance(outcome, DeadLetter) and outcome.error_class is cls and not outcome.final
 
 
 def test_rate_limit_retry_after_sets_the_due_time_exactly():
     failure = Failure(ErrorClass.RATE_LIMITED, "429", retry_after_ms=3000)
-    assert decide(POLICY, 1, failure, None, NOW) == RetryAt(0, NOW + 3000, failure)
+    assert decide(POLICY, 1, failure, output=None, now_ms=NOW) == RetryAt(0, NOW + 3000, failure)
 
 
 def test_overrides_change_the_route():
     policy = RetryPolicy(POLICY.backoff, {**DEFAULT_RETRYABLE, ErrorClass.UNKNOWN: False}, POLICY.max_age_ms)
-    assert isinstance(decide(policy, 1, Failure(ErrorClass.UNKNOWN, "?"), None, NOW), DeadLetter)
+    assert isinstance(decide(policy, 1, Failure(ErrorClass.UNKNOWN, "?"), output=None, now_ms=NOW), DeadLetter)
 
 
 def test_expiry():
@@ -65,14 +65,14 @@ FALLBACK = RetryPolicy(POLICY.backoff, DEFAULT_RETRYABLE, POLICY.max_age_ms, fal
 def test_fallback_after_the_last_tier_and_on_context_length():
     from dlqapp.core.outcomes import TryFallback, decide_after_fallback
 
-    assert decide(FALLBACK, 4, Failure(ErrorClass.TIMEOUT, "slow"), None, NOW) == TryFallback(
+    assert decide(FALLBACK, 4, Failure(ErrorClass.TIMEOUT, "slow"), output=None, now_ms=NOW) == TryFallback(
         "big-context", Failure(ErrorClass.TIMEOUT, "slow")
     )
     too_long = Failure(ErrorClass.CONTEXT_LENGTH, "too long")
-    assert decide(FALLBACK, 1, too_long, None, NOW) == TryFallback("big-context", too_long)
-    assert isinstance(decide(FALLBACK, 1, Failure(ErrorClass.AUTH_ERROR, "no"), None, NOW), DeadLetter)
-    assert isinstance(decide(FALLBACK, 2, Failure(ErrorClass.TIMEOUT, "slow"), None, NOW), RetryAt)
+    assert decide(FALLBACK, 1, too_long, output=None, now_ms=NOW) == TryFallback("big-context", too_long)
+    assert isinstance(decide(FALLBACK, 1, Failure(ErrorClass.AUTH_ERROR, "no"), output=None, now_ms=NOW), DeadLetter)
+    assert isinstance(decide(FALLBACK, 2, Failure(ErrorClass.TIMEOUT, "slow"), output=None, now_ms=NOW), RetryAt)
     out = InferenceOutput("ok", "big-context")
-    assert decide_after_fallback("big-context", None, out, 5) == Succeeded(out)
-    dead = decide_after_fallback("big-context", Failure(ErrorClass.SERVER_ERROR, "503"), None, 5)
+    assert decide_after_fallback("big-context", None, output=out, attempts=5) == Succeeded(out)
+    dead = decide_after_fallback("big-context", Failure(ErrorClass.SERVER_ERROR, "503"), output=None, attempts=5)
     assert dead.final and "fallback model big-context" in dead.reason

@@ -43,7 +43,11 @@ def build_entry(
     key: str, payload: bytes, headers: dict, partition: int, offset: int, max_bytes: int | None = None
 ) -> dict:
     """The stored JSON of the entry a `dlq` message makes (`DeadLetterEntry.from_message`, encoded)."""
-    return json.loads(DeadLetterEntry.from_message(key, payload, headers, partition, offset, max_bytes).encode())
+    return json.loads(
+        DeadLetterEntry.from_message(
+            key, payload, headers, partition=partition, offset=offset, max_bytes=max_bytes
+        ).encode()
+    )
 
 
 def typed(entry: dict) -> DeadLetterEntry:

@@ -46,3 +46,36 @@ def test_answers_report_usage_like_a_provider_and_the_ledger_adds_it_up():
     )
     assert state.ledger["prompt"] == 2 * first["prompt_tokens"] and state.ledger["cached"] == 16
     assert state.ledger_by_id["b"]["cached"] == 16
+
+
+def test_the_call_log_keeps_each_call_with_its_arrival_time_and_answer_only_when_asked():
+    import asyncio
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from dlqapp.devtools.mock_behaviour import CallLog, Plan
+    from dlqapp.devtools.mock_llm import build_app
+
+    async def run(state: MockState) -> tuple[list[dict], bool]:
+        async with TestClient(TestServer(build_app(state))) as client:
+            for _ in range(2):
+                await client.post(
+                    "/v1/chat/completions",
+                    json={"messages": [{"role": "user", "content": "hi"}]},
+                    headers={"X-Request-ID": "a"},
+                )
+            await client.post("/v1/chat/completions", json={"messages": []}, headers={"X-Request-ID": "b"})
+            one = await (await client.get("/_mock/call-log?request_id=a")).json()
+            everything = await (await client.get("/_mock/call-log")).json()
+            assert len(everything["calls"]) == (3 if everything["enabled"] else 0)
+            return one["calls"], one["enabled"]
+
+    ticks = iter(range(1000, 2000))
+    state = MockState(0, 0, [], 1.0, random.Random(1), call_log=CallLog(clock=lambda: next(ticks)))
+    state.plans["a"] = Plan(remaining=1, status=503)
+    calls, enabled = asyncio.run(run(state))
+    assert enabled and calls == [
+        {"request_id": "a", "at_ms": 1_000_000, "status": 503},
+        {"request_id": "a", "at_ms": 1_001_000, "status": 200},
+    ]
+    assert asyncio.run(run(MockState(0, 0, [], 1.0, random.Random(1)))) == ([], False)

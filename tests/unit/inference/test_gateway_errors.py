@@ -41,7 +41,7 @@ def test_the_fixtures_cover_every_server_and_class():
 
 @pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
 def test_fixture_classifies_as_recorded(case):
-    failure = classify_response(case["status"], case["headers"], case["body"], now=case.get("now", NOW))
+    failure = classify_response(case["status"], case["headers"], body=case["body"], now=case.get("now", NOW))
     assert failure.error_class.value == case["expected_class"], failure.message
     if "expected_retry_after_ms" in case:
         assert failure.retry_after_ms == case["expected_retry_after_ms"]
@@ -101,9 +101,9 @@ def test_iso_timestamp_reset():
 
 def test_a_context_word_in_a_rate_limit_is_still_a_rate_limit():
     body = {"error": {"message": "too many tokens per minute, context window fallbacks=None", "code": "429"}}
-    assert classify_response(429, {}, body).error_class is ErrorClass.RATE_LIMITED
+    assert classify_response(429, {}, body=body).error_class is ErrorClass.RATE_LIMITED
 
 
 def test_quota_words_only_count_in_codes_and_types():
     body = {"error": {"message": "Quota exceeded for requests per minute", "type": "rate_limit_error"}}
-    assert classify_response(429, {}, body).error_class is ErrorClass.RATE_LIMITED
+    assert classify_response(429, {}, body=body).error_class is ErrorClass.RATE_LIMITED

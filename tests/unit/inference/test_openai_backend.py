@@ -25,7 +25,9 @@ async def with_mock(check, timeout_ms=2000):
     state = MockState(latency_ms=0, jitter_ms=0, mix=[], retry_after=1.0, rng=random.Random(1))
     server = TestServer(build_app(state))
     await server.start_server()
-    backend = OpenAIBackend(str(server.make_url("/v1")), "sk-test", timeout_ms, 8, "mock-model")
+    backend = OpenAIBackend(
+        str(server.make_url("/v1")), api_key="sk-test", timeout_ms=timeout_ms, pool_size=8, default_model="mock-model"
+    )
     try:
         await check(backend, state)
     finally:
@@ -134,7 +136,9 @@ def test_a_refused_connection_is_a_connection_error():
         port = s.getsockname()[1]  # closed again before the call: nothing listens there
 
     async def check():
-        backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "", 1000, 2, "m")
+        backend = OpenAIBackend(
+            f"http://127.0.0.1:{port}/v1", api_key="", timeout_ms=1000, pool_size=2, default_model="m"
+        )
         try:
             assert (await failure_of(backend, request())).error_class is ErrorClass.CONNECTION_ERROR
         finally:

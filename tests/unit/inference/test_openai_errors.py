@@ -47,7 +47,7 @@ def error(code="", message=""):
     ],
 )
 def test_status_and_body_map_to_a_class(status, body, cls):
-    assert classify_response(status, {}, body).error_class is cls
+    assert classify_response(status, {}, body=body).error_class is cls
 
 
 def test_retry_after_header_forms():
@@ -62,14 +62,14 @@ def test_retry_after_header_forms():
 
 
 def test_rate_limit_carries_its_delay():
-    failure = classify_response(429, {"retry-after": "2"}, error("rate_limit_exceeded"))
+    failure = classify_response(429, {"retry-after": "2"}, body=error("rate_limit_exceeded"))
     assert failure.retry_after_ms == 2000 and "429" in failure.message
 
 
 def test_x_should_retry_overrides():
-    assert classify_response(503, {"x-should-retry": "false"}, error()).retryable is False
-    assert classify_response(400, {"x-should-retry": "true"}, error()).retryable is True
-    assert classify_response(503, {}, error()).retryable is None
+    assert classify_response(503, {"x-should-retry": "false"}, body=error()).retryable is False
+    assert classify_response(400, {"x-should-retry": "true"}, body=error()).retryable is True
+    assert classify_response(503, {}, body=error()).retryable is None
 
 
 def test_litellm_context_window_exceeded_is_context_length():
@@ -84,10 +84,10 @@ def test_litellm_context_window_exceeded_is_context_length():
             "code": "400",
         }
     }
-    assert classify_response(400, {}, body).error_class is ErrorClass.CONTEXT_LENGTH
+    assert classify_response(400, {}, body=body).error_class is ErrorClass.CONTEXT_LENGTH
 
 
 def test_retry_after_on_an_overloaded_server_is_kept():
-    failure = classify_response(503, {"retry-after": "4"}, error("", "overloaded"))
+    failure = classify_response(503, {"retry-after": "4"}, body=error("", "overloaded"))
     assert failure.error_class is ErrorClass.SERVER_ERROR and failure.retry_after_ms == 4000
-    assert classify_response(400, {"retry-after": "4"}, error()).retry_after_ms is None  # not retried: no delay
+    assert classify_response(400, {"retry-after": "4"}, body=error()).retry_after_ms is None  # not retried: no delay

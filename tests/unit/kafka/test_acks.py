@@ -102,7 +102,9 @@ def test_sealing_merges_with_what_an_earlier_owner_committed_and_never_goes_back
             store[key] = value
 
     acks = Acks(lambda event: None)
-    progress = Progress(Table(), acks.progress, read=lambda p, key: store.get(key), has_strikes=lambda p: False)
+    progress = Progress(
+        Table(), positions=acks.progress, read=lambda p, key: store.get(key), has_strikes=lambda p: False
+    )
     first = acks.track(FakeEvent(45, []))  # redelivered from the committed offset
     assert progress.already_done("input", 0, 45) and progress.already_done("input", 0, 57)
     assert not progress.already_done("input", 0, 52)

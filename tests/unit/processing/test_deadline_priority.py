@@ -99,7 +99,9 @@ def test_a_deadline_that_passes_while_waiting_for_rate_capacity_means_no_call(tm
         epoch.now += int(seconds * 1000)
         await asyncio.sleep(0)
 
-    w.caller.gate = RateGate(parse_rate_limits("*=1rpm"), "m", clock=monotonic, sleep=sleep)  # first capacity in 60 s
+    w.caller.gate = RateGate(
+        parse_rate_limits("*=1rpm"), default_model="m", clock=monotonic, sleep=sleep
+    )  # first capacity in 60 s
     asyncio.run(w.pipeline.on_input(input_event("waits", deadline=w.clock.now + 10_000), w.input))
     assert w.backend.calls_for("waits") == 0
     assert dead_letter(w, "waits")["error_class"] == "expired"
@@ -146,7 +148,9 @@ def test_a_call_waiting_for_its_models_capacity_holds_no_backend_slot(tmp_path):
     async def run():
         w = worker(tmp_path)
         w.caller.limiter = SlotLimiter(1)
-        w.caller.gate = RateGate(parse_rate_limits("slow=1rpm"), "m")  # the first call to "slow" waits a minute
+        w.caller.gate = RateGate(
+            parse_rate_limits("slow=1rpm"), default_model="m"
+        )  # the first call to "slow" waits a minute
         slow = asyncio.create_task(w.pipeline.on_input(input_event("to-slow", model="slow"), w.input))
         await asyncio.sleep(0.05)
         await asyncio.wait_for(w.pipeline.on_input(input_event("to-other", offset=1, model="other"), w.input), 5)

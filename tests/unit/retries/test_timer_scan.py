@@ -31,14 +31,14 @@ def stored(doc: dict) -> StoredState:
 def test_fires_due_keys_earliest_first_and_never_future_ones(db):
     for due, rid in [(NOW - 5, "b"), (NOW, "c"), (NOW - 10, "a"), (NOW + 1, "future")]:
         db.put(parked_key(due, rid), b"x")
-    keys, _ = scan_due(db, NOW, None, {}, batch=100)
+    keys, _ = scan_due(db, NOW, start=None, fired={}, batch=100)
     assert keys == [parked_key(NOW - 10, "a"), parked_key(NOW - 5, "b"), parked_key(NOW, "c")]
 
 
 def test_takes_at_most_a_batch(db):
     for i in range(10):
         db.put(parked_key(NOW - 100 + i, f"r{i}"), b"x")
-    keys, start = scan_due(db, NOW, None, {}, batch=3)
+    keys, start = scan_due(db, NOW, start=None, fired={}, batch=3)
     assert keys == [parked_key(NOW - 100 + i, f"r{i}") for i in range(3)]
     assert start == keys[0]
 
@@ -46,15 +46,15 @@ def test_takes_at_most_a_batch(db):
 def test_skips_fired_keys_until_they_are_overdue_for_a_refire(db):
     key = parked_key(NOW - 1, "r")
     db.put(key, b"x")
-    assert scan_due(db, NOW, None, {key: NOW - 10}, batch=10)[0] == []
-    assert scan_due(db, NOW, None, {key: NOW - REFIRE_AFTER_MS - 1}, batch=10)[0] == [key]
+    assert scan_due(db, NOW, start=None, fired={key: NOW - 10}, batch=10)[0] == []
+    assert scan_due(db, NOW, start=None, fired={key: NOW - REFIRE_AFTER_MS - 1}, batch=10)[0] == [key]
 
 
 def test_next_start_is_the_first_present_key_or_now(db):
     db.put(parked_key(NOW + 60_000, "later"), b"x")
-    assert scan_due(db, NOW, None, {}, 10)[1] == due_upper_bound(NOW)
+    assert scan_due(db, NOW, start=None, fired={}, batch=10)[1] == due_upper_bound(NOW)
     db.put(parked_key(NOW - 7, "due"), b"x")
-    assert scan_due(db, NOW, None, {}, 10)[1] == parked_key(NOW - 7, "due")
+    assert scan_due(db, NOW, start=None, fired={}, batch=10)[1] == parked_key(NOW - 7, "due")
 
 
 def test_a_start_skips_tombstones_but_a_key_parked_below_it_lowers_it(db):
@@ -62,13 +62,13 @@ def test_a_start_skips_tombstones_but_a_key_parked_below_it_lowers_it(db):
     for i in range(1000):  # fired and deleted: tombstones at the head
         db.put(parked_key(NOW - 5000 + i, f"old{i}"), b"x")
         db.delete(parked_key(NOW - 5000 + i, f"old{i}"))
-    keys, start = scan_due(db, NOW, starts.get(0, db), {}, 10)
+    keys, start = scan_due(db, NOW, start=starts.get(0, db), fired={}, batch=10)
     starts.set(0, db, start)
     assert keys == [] and starts.get(0, db) == due_upper_bound(NOW)
     late = parked_key(NOW - 9000, "parked-with-an-old-due-time")
     db.put(late, b"x")
     starts.lower_to(late)
-    assert scan_due(db, NOW, starts.get(0, db), {}, 10)[0] == [late]
+    assert scan_due(db, NOW, start=starts.get(0, db), fired={}, batch=10)[0] == [late]
 
 
 def test_a_start_belongs_to_one_store(db, tmp_path):
@@ -102,8 +102,8 @@ def test_scanning_from_the_start_finds_what_a_full_scan_finds(tmp_path_factory, 
                 starts.lower_to(key)
             elif op == "advance":
                 now += abs(delta)
-            full, _ = scan_due(db, now, None, {}, 1000)
-            from_start, next_start = scan_due(db, now, starts.get(0, db), {}, 1000)
+            full, _ = scan_due(db, now, start=None, fired={}, batch=1000)
+            from_start, next_start = scan_due(db, now, start=starts.get(0, db), fired={}, batch=1000)
             starts.set(0, db, next_start)
             assert from_start == full
             if op == "fire":

@@ -242,20 +242,20 @@ def test_missing_operations_follow_kafkas_implications():
         missing(
             grants,
             "topic",
-            "input",
-            bits(Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DESCRIBE_CONFIGS),
+            name="input",
+            bits=bits(Operation.READ, Operation.WRITE, Operation.CREATE, Operation.DESCRIBE_CONFIGS),
         )
         == []
     )
-    assert missing(grants, "topic", "input", bits(Operation.READ, Operation.CREATE, Operation.ALTER_CONFIGS)) == [
-        Operation.WRITE
-    ]
-    assert missing(grants, "topic", "dlqapp-stats-changelog", bits(Operation.WRITE)) == [
+    assert missing(
+        grants, "topic", name="input", bits=bits(Operation.READ, Operation.CREATE, Operation.ALTER_CONFIGS)
+    ) == [Operation.WRITE]
+    assert missing(grants, "topic", name="dlqapp-stats-changelog", bits=bits(Operation.WRITE)) == [
         Operation.READ,
         Operation.CREATE,
         Operation.DESCRIBE_CONFIGS,
     ]
-    assert missing(grants, "group", "dlqapp", bits(Operation.DESCRIBE)) == [Operation.READ]
+    assert missing(grants, "group", name="dlqapp", bits=bits(Operation.DESCRIBE)) == [Operation.READ]
 
 
 def test_connection_failures_that_retrying_cannot_cure_are_explained():

@@ -260,7 +260,7 @@ async def exactly_once(world: World) -> tuple[StreamSteps, FakeProducer, Acks, P
     acks = Acks(lambda event: None)
     progress = Progress(
         world.progress_table,
-        acks.progress,
+        positions=acks.progress,
         read=lambda partition, key: world.progress_table.data._db_for_partition(partition).get(key),
         has_strikes=lambda partition: False,
     )
@@ -421,3 +421,36 @@ def test_counts_of_a_step_are_kept_in_the_step_until_it_ends(tmp_path):
     counters.add("received")
     context.leave(token)
     assert step.counts == Counter({"received": 1}) and counters.total([0], lambda p, k: None) == Counter()
+
+
+@synchronously
+async def test_an_event_ends_inside_its_transaction_so_the_commit_that_holds_its_outputs_holds_its_progress(world):
+    """Issue 39 in CI: a commit between a step's hand-over and its event's end sealed the step's
+    outputs without its progress; after a kill -9 the event ran again and dead-lettered its
+    request a second time."""
+    from dlqapp.processing.flow import InFlightWindow
+
+    steps, producer, acks, _ = await exactly_once(world)
+    transaction = steps.transactions.of(0)
+    leave = transaction.barrier.leave
+
+    async def leave_then_commit() -> None:  # the periodic commit comes the moment the step leaves
+        await leave()
+        await steps.commit_all()
+
+    transaction.barrier.leave = leave_then_commit  # type: ignore[method-assign]
+
+    async def poison(ticket: Any, exc: BaseException) -> None:
+        raise exc
+
+    window = InFlightWindow(4, steps=steps, acks=acks, on_poison=poison, on_stop=lambda exc: None)
+    ticket = acks.track(_Event(_Message("input", 0, 7), []))
+
+    async def handler() -> None:
+        await steps.send("dlq", b"r9", b"dead letter", 0, None)
+
+    await window.submit(ticket, handler)
+    await window.join()
+    committed = {(topic, key): value for topic, key, value in producer.visible_keyed}
+    assert ("dlq", b"r9") in committed
+    assert json.loads(committed[("steps-test-progress-changelog", b"input")])["next"] == 8
