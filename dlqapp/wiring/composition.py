@@ -379,6 +379,7 @@ def _register_metrics(app: DlqApp, components: Components) -> None:
     metrics.worker_ready.set_function(lambda: 1.0 if worker_readiness(app).ready else 0.0)
     metrics.worker_start_time.set_to_current_time()
     stats = components.topology.stats
+    metrics.budget_held.set_function(lambda: max(0, components.counters.total_of(stats)["budget_held_now"]))
     metrics.register_state_collector(
         metrics.StateCollector(
             dlq_entries=lambda: max(0, components.counters.total_of(stats)["dlq_size"]),
