@@ -136,6 +136,13 @@ class ConnectionCauses(logging.Handler):
         logging.getLogger("aiokafka").removeHandler(self)
 
 
+def closed_at_once(causes: list[str]) -> bool:
+    """The listener closed the connection before answering: another protocol than ours, or a
+    proxy or load balancer in front of a broker that is down (for a while)."""
+    text = " ".join(causes)
+    return "closed" in text and ("Connection at" in text or "connection was closed" in text.lower())
+
+
 def explain(causes: list[str], security: KafkaSecurity, bootstrap: str) -> str | None:
     """What to fix, when the connection failed for a reason that retrying will not cure."""
     text = " ".join(causes)
@@ -171,10 +178,11 @@ def explain(causes: list[str], security: KafkaSecurity, bootstrap: str) -> str |
         or "SSLV3_ALERT_BAD_CERTIFICATE" in text
     ):
         return f"Kafka at {bootstrap} wants a client certificate: set DLQ_KAFKA_SSL_CERTFILE and DLQ_KAFKA_SSL_KEYFILE"
-    if "closed" in text and ("Connection at" in text or "connection was closed" in text.lower()):
+    if closed_at_once(causes):
         return (
             f"Kafka at {bootstrap} closed the connection at once: it likely expects another protocol than "
-            f"DLQ_KAFKA_SECURITY_PROTOCOL={security.protocol} (SSL, SASL_SSL, ...) or a client certificate"
+            f"DLQ_KAFKA_SECURITY_PROTOCOL={security.protocol} (SSL, SASL_SSL, ...) or a client certificate "
+            "(or a proxy in front of it has had no broker behind it for a while)"
         )
     return None
 

@@ -35,7 +35,14 @@ from aiokafka.errors import (
 )
 from aiokafka.protocol.metadata import MetadataRequest
 
-from dlqapp.kafka.access import ConnectionCauses, KafkaAccessError, check_access, explain, principal_of
+from dlqapp.kafka.access import (
+    ConnectionCauses,
+    KafkaAccessError,
+    check_access,
+    closed_at_once,
+    explain,
+    principal_of,
+)
 from dlqapp.settings import Settings
 from dlqapp.settings.model import record_bytes, table_bytes
 
@@ -101,8 +108,10 @@ async def ensure_topics(settings: Settings, internal: Mapping[str, InternalTopic
     `min.insync.replicas` is kept in line too. Returns the created names.
     """
     internal = dict(internal or {})
+    closed_since: list[float] = []
     return await retry_while_transient(
-        lambda: _ensure_once(settings, internal), lambda exc: log.warning("topics_check_retry error=%r", exc)
+        lambda: _ensure_once(settings, internal, closed_since),
+        lambda exc: log.warning("topics_check_retry error=%r", exc),
     )
 
 
@@ -128,8 +137,8 @@ def transient(exc: BaseException) -> bool:
     )
 
 
-async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -> list[str]:
-    admin = await connect_admin(settings)
+async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic], closed_since: list[float]) -> list[str]:
+    admin = await connect_admin(settings, closed_since)
     try:
         wanted = topic_configs(settings)
         changelogs = list(internal)
@@ -182,10 +191,19 @@ async def _ensure_once(settings: Settings, internal: dict[str, InternalTopic]) -
         await admin.close()
 
 
-async def connect_admin(settings: Settings) -> AIOKafkaAdminClient:
+CLOSED_AT_ONCE_FOR_S = 15.0
+"""How long connections closed at once are taken for a broker down behind a proxy (retried)
+before they are taken for another protocol than DLQ_KAFKA_SECURITY_PROTOCOL."""
+
+
+async def connect_admin(settings: Settings, closed_since: list[float] | None = None) -> AIOKafkaAdminClient:
     """A started admin client; KafkaAccessError when the settings cannot work (a refused
     login, an untrusted certificate, another protocol), KafkaConnectionError when Kafka is
-    not reachable (retried by the caller)."""
+    not reachable (retried by the caller).
+
+    A connection the listener closes at once is ambiguous: another protocol, or a broker
+    down behind a proxy or load balancer. It is retried (KafkaConnectionError) until
+    `CLOSED_AT_ONCE_FOR_S` after the first such close (`closed_since` keeps when that was)."""
     admin = AIOKafkaAdminClient(**settings.kafka_client(client_id=f"{settings.app_id}-admin"))
     with ConnectionCauses() as causes:
         try:
@@ -193,6 +211,11 @@ async def connect_admin(settings: Settings) -> AIOKafkaAdminClient:
         except KafkaConnectionError:
             await admin.close()
             reason = explain(causes.messages, settings.kafka_security, settings.kafka_bootstrap)
+            if reason is not None and closed_at_once(causes.messages) and closed_since is not None:
+                if not closed_since:
+                    closed_since.append(time.monotonic())
+                if time.monotonic() - closed_since[0] < CLOSED_AT_ONCE_FOR_S:
+                    raise
             if reason is not None:
                 raise KafkaAccessError(reason) from None
             raise
