@@ -58,6 +58,7 @@ from bench.harness import LocalKafka, free_port  # noqa: E402
 from bench.report import write_report  # noqa: E402
 from bench.sections import (  # noqa: E402
     cost,
+    fairness,
     guarantee,
     lateness,
     resilience,
@@ -88,9 +89,10 @@ SECTIONS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "demo": standalone.demo,
     "guarantee": guarantee.guarantee_cost,
     "trace_cost": trace_cost.trace_cost,
+    "fairness": fairness.fairness,
 }
 """Report section → the function measuring it, in the order a full run measures them."""
-NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost", "demo", "guarantee", "trace_cost"}
+NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost", "demo", "guarantee", "trace_cost", "fairness"}
 """Left out of `--quick` unless named in `--only` (six and four workers: too slow for `make test`)."""
 
 

@@ -20,6 +20,7 @@ STATUS_CODES: dict[str, int] = {
     ReplayStatus.EXPIRED: 200,
     ReplayStatus.NOT_FOUND: 404,
     ReplayStatus.REFUSED: 409,
+    ReplayStatus.SET: 200,
     ReplayStatus.INVALID: 400,
     ReplayStatus.ERROR: 500,
 }
@@ -86,6 +87,22 @@ def actor_of(request: web.Request) -> str:
 
 def command_response(view: web.View, result: dict[str, Any]) -> web.Response:
     return view.json(result, status=STATUS_CODES.get(result.get("status", ReplayStatus.ERROR), 500))
+
+
+def budget_of(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The key and limits of a `POST /budgets/` body: `tenant` (or `*`) or `model`, and
+    `day_usd` / `month_usd` (null or left out: no limit on that window)."""
+    tenant, model = body.get("tenant"), body.get("model")
+    if (tenant is None) == (model is None):
+        raise ApiError(400, 'name either "tenant" (a tenant, or "*" for every tenant) or "model"')
+    name = tenant if tenant is not None else model
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, "tenant or model must be a non-empty string")
+    unknown = set(body) - {"tenant", "model", "day_usd", "month_usd"}
+    if unknown:
+        raise ApiError(400, f"unknown field(s) {sorted(unknown)}: tenant or model, day_usd, month_usd")
+    key = name if tenant is not None else f"model:{name}"
+    return key, {k: body.get(k) for k in ("day_usd", "month_usd")}
 
 
 def force_of(body: dict[str, Any]) -> bool:

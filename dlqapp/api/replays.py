@@ -9,9 +9,11 @@ from typing import Any
 from dlqapp.api.cluster import Cluster
 from dlqapp.api.http import ApiError, force_of
 from dlqapp.core.commands import Action, Command, check_edit
+from dlqapp.core.prices import PriceTable, nusd_of, usd
+from dlqapp.core.usage import Usage
 from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_id
 from dlqapp.deadletters.estimate import METHOD as ESTIMATE_METHOD
-from dlqapp.deadletters.estimate import estimated_tokens
+from dlqapp.deadletters.estimate import estimated_tokens, replay_tokens
 from dlqapp.deadletters.queries import DlqFilter, newest_first
 from dlqapp.deadletters.replay_jobs import ReplayJobs
 from dlqapp.kafka.faust_tables import active_partitions, values_newest_first
@@ -21,19 +23,68 @@ DRY_RUN_SAMPLE = 10
 ESTIMATE_KEYS_MAX = 200
 """A dry run of a replay by keys estimates tokens over at most this many of them (scaled)."""
 FILTER_FIELDS = ("error_class", "model", "since", "until", "q")
+MONEY_FIELDS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "cached_tokens",
+    "nusd",
+    "spent_nusd",
+    "from_recorded_usage",
+    "from_estimate",
+    "unpriced",
+)
+
+
+def money_of(parts: list[dict[str, Any]], scale: float) -> dict[str, Any]:
+    """The money of a dry run from every worker's share: tokens and US dollars of one replay of
+    each dead letter, how many figures come from recorded usage and how many from the estimate,
+    and what the dead letters cost so far."""
+    total = dict.fromkeys(MONEY_FIELDS, 0)
+    for part in parts:
+        for name, value in (part.get("money") or {}).items():
+            if name in total:
+                total[name] += value
+    scaled = {k: round(v * scale) for k, v in total.items()}
+    return {
+        "tokens": {
+            "prompt": scaled["prompt_tokens"],
+            "completion": scaled["completion_tokens"],
+            "cached": scaled["cached_tokens"],
+        },
+        "cost_usd": usd(scaled["nusd"]),
+        "from_recorded_usage": scaled["from_recorded_usage"],
+        "from_estimate": scaled["from_estimate"],
+        "unpriced": scaled["unpriced"],
+        "spent_so_far_usd": usd(scaled["spent_nusd"]),
+        "method": (
+            "per dead letter, the tokens its provider reported for its last answered attempt where there is one "
+            "(from_recorded_usage), else prompt characters / 4 + 4 a message and the completion budget "
+            "(from_estimate); priced with DLQ_PRICES (unpriced: models without a price, counted in tokens only)"
+        ),
+    }
 
 
 class Replays:
     """Replays on the workers owning the dead letters (commands through `Cluster.ask`)."""
 
     def __init__(
-        self, cluster: Cluster, topology: Topology, *, partitions: int, jobs: ReplayJobs, list_dead_letters: Any
+        self,
+        cluster: Cluster,
+        topology: Topology,
+        *,
+        partitions: int,
+        jobs: ReplayJobs,
+        list_dead_letters: Any,
+        prices: PriceTable | None = None,
+        default_model: str = "",
     ) -> None:
         self.cluster = cluster
         self.topology = topology
         self.partitions = partitions
         self.jobs = jobs
         self.list_dead_letters = list_dead_letters
+        self.prices = prices or PriceTable({})
+        self.default_model = default_model
 
     async def bulk_keys(self, body: Any) -> tuple[list[str], float | None]:
         if not isinstance(body, dict):
@@ -85,8 +136,9 @@ class Replays:
             )
             counted = sum(p["entries"] for p in components)
             tokens = sum(p["tokens"] for p in components)
-            if len(keys) > len(sampled) and counted:
-                tokens = round(tokens / counted * len(keys))
+            scale = len(keys) / counted if len(keys) > len(sampled) and counted else 1.0
+            if scale != 1.0:
+                tokens = round(tokens * scale)
                 answer["estimate"] += f", scaled from the first {len(sampled)} keys"
         else:
             flt = DlqFilter.from_params({k: v for k, v in body.items() if k in FILTER_FIELDS})
@@ -94,12 +146,14 @@ class Replays:
                 lambda: self.local_estimate(None, flt), "/dlq/_local_estimate/", flt.to_params()
             )
             tokens = sum(p["tokens"] for p in components)
+            scale = 1.0
         answer["estimated_prompt_tokens"] = tokens
+        answer["money"] = money_of(components, scale)
         if errors:
             answer["incomplete"] = errors
         return answer
 
-    def local_estimate(self, keys: list[str] | None, flt: DlqFilter | None) -> dict[str, int]:
+    def local_estimate(self, keys: list[str] | None, flt: DlqFilter | None) -> dict[str, Any]:
         """Estimated prompt tokens of this worker's dead letters among `keys`, or matching `flt`."""
         table = self.topology.dead_letters
         if keys is None:
@@ -111,13 +165,30 @@ class Replays:
                 if flt is None or flt.matches(item)
             ]
         tokens = entries = 0
+        money: dict[str, int] = dict.fromkeys(MONEY_FIELDS, 0)
         for key in keys:
             found = find_dead_letter(table, key, self.partitions)
             if found is not None:
                 entry = DeadLetterEntry.decode(table[found])
                 tokens += estimated_tokens(entry.payload_text, entry.payload_bytes)
                 entries += 1
-        return {"tokens": tokens, "entries": entries}
+                self._add_replay_cost(money, entry)
+        return {"tokens": tokens, "entries": entries, "money": money}
+
+    def _add_replay_cost(self, money: dict[str, int], entry: DeadLetterEntry) -> None:
+        """One replay's tokens and cost (nano-dollars), and what was spent on it so far."""
+        replay = replay_tokens(entry.history, entry.payload_text, entry.payload_bytes)
+        money["prompt_tokens"] += replay.prompt
+        money["completion_tokens"] += replay.completion
+        money["cached_tokens"] += replay.cached
+        money["from_recorded_usage" if replay.recorded else "from_estimate"] += 1
+        usage = Usage(replay.prompt, replay.completion, replay.cached, estimated=not replay.recorded)
+        cost = self.prices.cost_nusd(entry.model or self.default_model, usage)
+        if cost is None:
+            money["unpriced"] += 1
+        else:
+            money["nusd"] += cost
+        money["spent_nusd"] += nusd_of(entry.cost_usd or 0)
 
     async def replay(self, request_id: str, body: Any, actor: str) -> dict[str, Any]:
         payload, force = None, False

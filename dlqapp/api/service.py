@@ -36,6 +36,7 @@ from dlqapp.observability import metrics
 from dlqapp.observability.health import MinuteRates, Readiness, merge_health, worker_readiness
 from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.pipeline import Pipeline
+from dlqapp.processing.spend import Spending
 from dlqapp.retries.listing import RetryFilter, local_retries, merge_retries
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
@@ -94,6 +95,9 @@ class WorkerParts(Protocol):
     @property
     def rates(self) -> MinuteRates: ...
 
+    @property
+    def spending(self) -> Spending: ...
+
 
 class Api:
     """What the routes do, over one worker's components (`dlqapp.wiring.composition`)."""
@@ -115,6 +119,8 @@ class Api:
             partitions=components.settings.partitions,
             jobs=components.replay_jobs,
             list_dead_letters=self.list_dead_letters,
+            prices=components.settings.prices,
+            default_model=components.settings.default_model,
         )
 
     # -- reads ----------------------------------------------------------------------------
@@ -245,6 +251,7 @@ class Api:
             **caller.limiter.snapshot(),
             "rate_limit_share": round(caller.gate.share, 4),
             "rate_limits": caller.gate.snapshot(),
+            "tenants": caller.limiter.tenants_snapshot(),
         }
 
     def _assignment(self) -> dict[str, list[int]]:
@@ -294,6 +301,7 @@ class Api:
             "retry_lateness_p99_s": None if late_ms is None else late_ms / 1000,
             "retry_lateness_by_tier": components.caller.lateness.summary(now, lateness_window_ms),
             "event_loop_lag_s": metrics.loop_lag._value.get(),
+            "budget_held": max(0, components.counters.total_of(self.topology.stats)["budget_held_now"]),
         }
 
     async def health(self, lateness_window_ms: int | None = None) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from dlqapp.api.http import (
     ApiError,
     actor_of,
+    budget_of,
     command_response,
     handled,
     lateness_window,
@@ -164,6 +165,23 @@ def register_views(app: Any, api: Api) -> None:
             await read_json(request)
             return command_response(
                 self, await api.cluster.ask(Command(Action.DEAD_LETTER_NOW, request_id, actor_of(request)))
+            )
+
+    @app.page("/budgets/")
+    class Budgets(web.View):
+        """`GET /budgets/`: spent and left per tenant (and model) in the current UTC day and month;
+        `POST /budgets/` `{"tenant": "acme", "day_usd": 5, "month_usd": 100}` (or `"model"`, or
+        `"tenant": "*"`) sets a budget at run time, kept where every worker reads it."""
+
+        @handled
+        async def get(self, request: web.Request) -> web.Response:
+            return self.json(api.components.spending.report())
+
+        @handled
+        async def post(self, request: web.Request) -> web.Response:
+            key, limits = budget_of(await read_json(request))
+            return command_response(
+                self, await api.cluster.ask(Command(Action.SET_BUDGET, key, actor_of(request), payload=limits))
             )
 
     @app.page("/health/")

@@ -15,6 +15,40 @@ from dlqapp.core.commands import BULK_OUTCOMES
 from dlqapp.settings import Settings
 
 
+def money_line(money: dict[str, Any] | None) -> str:
+    """The money of a replay dry run, on one line (empty without one)."""
+    if not money:
+        return ""
+    tokens = money["tokens"]
+    line = (
+        f"\nreplaying would cost about {money['cost_usd']:.6f} USD ({tokens['prompt']} prompt + "
+        f"{tokens['completion']} completion tokens): {money['from_recorded_usage']} from recorded usage, "
+        f"{money['from_estimate']} estimated"
+    )
+    if money.get("unpriced"):
+        line += f", {money['unpriced']} on models without a price"
+    return line + f"; already spent on them: {money['spent_so_far_usd']:.6f} USD"
+
+
+def money_lines(stats: dict[str, Any]) -> list[str]:
+    """The money part of `dlq-stats`: tokens, cost, the cost of requests that still failed, held requests."""
+    money = stats.get("money")
+    if not money:
+        return []
+    tokens = money["tokens"]
+    lines = [
+        f"cost                {money['cost_usd']:.6f} USD ({tokens['prompt']} prompt tokens, "
+        f"{tokens['cached']} cached, {tokens['completion']} completion; "
+        f"{money['estimated_prompt_tokens']} prompt tokens estimated)",
+        f"spent on requests that still failed: {money['failed_cost_usd']:.6f} USD",
+    ]
+    lines.extend(f"  {name:<30}{usd:.6f} USD" for name, usd in money["failed_cost_usd_by_class"].items())
+    if money.get("unpriced_attempts"):
+        lines.append(f"attempts on models without a price: {money['unpriced_attempts']} (tokens only)")
+    lines.append(f"held over budget    {stats.get('budget_held', 0)}")
+    return lines
+
+
 @command(
     option("--limit", type=int, default=10, show_default=True, help="How many entries."),
     option("--offset", type=int, default=0, help="Skip this many (newest first)."),
@@ -133,6 +167,7 @@ async def dlq_reprocess(
             human = (
                 f"would reprocess {answer['total']} dead letters (nothing was sent)\nsample: {sample}\n"
                 f"estimated prompt tokens: {answer['estimated_prompt_tokens']} ({answer['estimate']})"
+                + money_line(answer.get("money"))
             )
             emit(answer, as_json, human)
             return
@@ -221,6 +256,7 @@ async def dlq_stats(self: Any, as_json: bool) -> None:
                 f"concurrency limit   {flow['concurrency_limit']} of {flow['concurrency_max']}, "
                 f"{flow['calls_in_flight']} calls in flight ({url})"
             )
+        lines.extend(money_lines(stats))
         emit(stats, as_json, "\n".join(lines))
 
     await run(go())
@@ -318,6 +354,7 @@ async def request_status(self: Any, request_id: str, as_json: bool) -> None:
             [when(h["at"]), h["state"], h.get("error_class") or "", h.get("tier") or ""]
             for h in state.get("history", [])
         ]
-        emit(state, as_json, f"{request_id}: {state['state']}\n{table(rows, ['AT', 'STATE', 'CLASS', 'TIER'])}")
+        held = f" ({state.get('held_because')})" if state["state"] == "budget_held" else ""
+        emit(state, as_json, f"{request_id}: {state['state']}{held}\n{table(rows, ['AT', 'STATE', 'CLASS', 'TIER'])}")
 
     await run(go())

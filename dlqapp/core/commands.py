@@ -26,6 +26,9 @@ class Action(StrEnum):
     """A parked retry: hand it to the due agent now (dlqapp.retries.actions)."""
     DEAD_LETTER_NOW = "dead_letter_now"
     """A parked retry: send it to the DLQ now, with its history."""
+    SET_BUDGET = "set_budget"
+    """A budget (`request_id` is its key: a tenant, `*` or `model:<name>`; `payload` its limits),
+    kept in the stats table on the key's partition (dlqapp.tables.spend_view)."""
 
 
 class ReplayStatus(StrEnum):
@@ -38,6 +41,7 @@ class ReplayStatus(StrEnum):
     DEAD_LETTERED = "dead_lettered"
     NOT_FOUND = "not_found"
     REFUSED = "refused"
+    SET = "set"
     INVALID = "invalid"
     ERROR = "error"
 

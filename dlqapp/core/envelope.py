@@ -14,6 +14,7 @@ from typing import Any
 from dlqapp.core.clock import now_ms
 from dlqapp.core.headers import (
     H_ATTEMPTS,
+    H_BUDGET_HELD,
     H_ERROR_CLASS,
     H_HISTORY,
     H_LAST_ERROR,
@@ -24,12 +25,17 @@ from dlqapp.core.headers import (
     H_RETRY_COUNT,
     H_SCHEDULED_TIME,
     H_SOURCE,
+    H_SPENT,
+    H_TENANT,
     header_int,
     header_json,
     trace_context,
 )
+from dlqapp.core.prices import Spent, usd
+from dlqapp.core.usage import Usage
 
 HISTORY_LIMIT = 50
+_NOTHING_SPENT = Spent()
 
 
 @dataclass
@@ -44,10 +50,16 @@ class Attempt:
     duration_ms: int | None = None
     error_class: str | None = None
     error: str | None = None
+    usage: Usage | None = None
+    """The tokens it used (the provider's report, or an estimate marked as such)."""
+    cost_nusd: int | None = None
+    """What it cost in nano-dollars (None: its model has no price)."""
+    model: str | None = None
+    """The model it called."""
 
     def as_dict(self) -> dict[str, Any]:
         """The history entry (what `dataclasses.asdict` gives, without its deep copy: a hot path)."""
-        return {
+        entry: dict[str, Any] = {
             "attempt": self.attempt,
             "at": self.at,
             "topic": self.topic,
@@ -56,6 +68,15 @@ class Attempt:
             "error_class": self.error_class,
             "error": self.error,
         }
+        if self.usage is not None:
+            entry["model"] = self.model
+            entry["tokens"] = self.usage.tokens()
+            entry["cost_usd"] = None if self.cost_nusd is None else usd(self.cost_nusd)
+            if self.usage.reasoning:
+                entry["reasoning_tokens"] = self.usage.reasoning
+            if self.usage.estimated:
+                entry["tokens_estimated"] = True
+        return entry
 
 
 @dataclass
@@ -78,9 +99,17 @@ class Envelope:
     history: list[dict[str, Any]] = field(default_factory=list)
     lineage: dict[str, str] = field(default_factory=dict)
     """Headers carried on to every record of the request: replay lineage and trace context (`carried_on`)."""
+    spent: Spent = field(default_factory=Spent)
+    """Tokens and cost of every attempt so far (header `spent`; a replay carries it on)."""
+    tenant: str | None = None
+    """Whose request it is (header `tenant`), once the pipeline has read it."""
+    held: bool = False
+    """Parked over its budget, not for a retry (header `budget_held`)."""
 
     def record(self, attempt: Attempt) -> None:
-        """Append an attempt to the history (bounded) and update the last error."""
+        """Append an attempt to the history (bounded), add up what it spent, update the last error."""
+        if attempt.usage is not None:
+            self.spent = self.spent.plus(attempt.usage, attempt.cost_nusd)
         self.attempts = attempt.attempt
         self.error_class = attempt.error_class
         self.last_error = attempt.error
@@ -99,6 +128,9 @@ class Envelope:
             H_LAST_ERROR: self.last_error,
             H_HISTORY: json.dumps(self.history, separators=(",", ":")),
             H_SOURCE: json.dumps(self.source, separators=(",", ":")),
+            H_SPENT: self.spent.encode() if self.spent != _NOTHING_SPENT else None,
+            H_TENANT: self.tenant,
+            H_BUDGET_HELD: "true" if self.held else None,
             **self.lineage,
             **extra,
         }
@@ -116,6 +148,7 @@ class Envelope:
             original_timestamp=written_ms,
             source=header_json(headers, H_SOURCE, dict) or read_from,
             lineage=carried_on(headers),
+            spent=Spent.decode(headers.get(H_SPENT)),
         )
 
     @classmethod
@@ -136,6 +169,9 @@ class Envelope:
             last_error=h.get(H_LAST_ERROR),
             history=[a for a in header_json(h, H_HISTORY, list) or [] if isinstance(a, dict)],
             lineage=carried_on(h),
+            spent=Spent.decode(h.get(H_SPENT)),
+            tenant=h.get(H_TENANT) or None,
+            held=h.get(H_BUDGET_HELD) == "true",
         )
 
     def to_bytes(self) -> bytes:
@@ -180,6 +216,9 @@ class Result:
     usage: dict[str, Any] | None = None
     history: list[dict[str, Any]] | None = None
     output_bytes: int | None = None
+    spent: Spent | None = None
+    """Tokens and cost of every attempt of the request (`tokens`, `cost_usd`)."""
+    tenant: str | None = None
     """Set when the output was cut to fit the results topic: its whole size in bytes."""
 
     def to_bytes(self) -> bytes:
@@ -196,6 +235,10 @@ class Result:
             "usage": self.usage,
             "history": self.history,
         }
+        if self.spent is not None:
+            doc.update(self.spent.public())
+        if self.tenant is not None:
+            doc["tenant"] = self.tenant
         if self.output_bytes is not None:
             doc["output_truncated"] = True
             doc["output_bytes"] = self.output_bytes

@@ -24,6 +24,9 @@ class RequestState(StrEnum):
     DEAD_LETTERED = "dead_lettered"
     REPROCESSED = "reprocessed"
     DISCARDED = "discarded"
+    BUDGET_HELD = "budget_held"
+    """Over its tenant's (or model's) budget: parked until the window rolls or the budget is
+    raised; no attempt spent on it (dlqapp.processing.spend)."""
 
 
 SUCCEEDED = RequestState.SUCCEEDED
@@ -32,8 +35,9 @@ DEAD_LETTERED = RequestState.DEAD_LETTERED
 REPROCESSED = RequestState.REPROCESSED
 DISCARDED = RequestState.DISCARDED
 IN_FLIGHT = RequestState.IN_FLIGHT
+BUDGET_HELD = RequestState.BUDGET_HELD
 
-SETTLED_FOR_DEDUP = frozenset({SUCCEEDED, RETRY_SCHEDULED})
+SETTLED_FOR_DEDUP = frozenset({SUCCEEDED, RETRY_SCHEDULED, BUDGET_HELD})
 """A new copy of a request in one of these states is a duplicate: skip it."""
 
 
@@ -154,4 +158,13 @@ def counted(previous: StoredState | None, new: StoredState) -> list[str]:
         names.append(f"retried|{new.get('tier') or '?'}")
     elif new.state == DEAD_LETTERED:
         names.append(f"dead_lettered|{new.get('error_class') or 'unknown'}")
+    if new.state == BUDGET_HELD and not (previous is not None and previous.state == BUDGET_HELD):
+        names.append("budget_holds")
     return names
+
+
+def held_move(previous: StoredState | None, new: StoredState) -> int:
+    """+1 when the change holds a request over its budget, -1 when it releases one, else 0
+    (the `budget_held_now` counter: requests held now)."""
+    was = previous is not None and previous.state == BUDGET_HELD
+    return int(new.state == BUDGET_HELD) - int(was)

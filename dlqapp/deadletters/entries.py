@@ -27,10 +27,13 @@ from dlqapp.core.headers import (
     H_REQUEST_ID,
     H_RETRY_COUNT,
     H_SOURCE,
+    H_SPENT,
+    H_TENANT,
     header_int,
     header_json,
 )
 from dlqapp.core.partitioning import owner_partition
+from dlqapp.core.prices import Spent
 from dlqapp.kafka.faust_tables import keys_with_prefix, partition_db
 
 PREVIEW_BYTES = 65536
@@ -108,6 +111,15 @@ class DeadLetterEntry:
     payload_truncated: bool
     headers: dict[str, str]
     dlq: dict[str, int]
+    tokens: dict[str, int] | None = None
+    """Tokens of the request's attempts so far (`prompt`, `completion`, `cached`)."""
+    cost_usd: float | None = None
+    """What the request's attempts cost so far, in US dollars."""
+    cost_estimated: bool | None = None
+    """Part of `tokens` is dlqapp's estimate (a failed call that reported no usage)."""
+    unpriced: bool | None = None
+    """Some attempt ran on a model without a price: `cost_usd` leaves it out."""
+    tenant: str | None = None
 
     @classmethod
     def from_message(
@@ -153,6 +165,7 @@ class DeadLetterEntry:
             payload_truncated=truncated,
             headers=dict(headers),
             dlq={"partition": partition, "offset": offset},
+            **_spent_fields(headers),
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -205,7 +218,21 @@ _SUMMARY_FIELDS = (
     "replay_count",
     "first_seen",
     "dead_at",
+    "cost_usd",
+    "tenant",
 )
+
+
+def _spent_fields(headers: Mapping[str, str]) -> dict[str, Any]:
+    """`tokens`, `cost_usd` and `cost_estimated` from the `spent` header; the tenant header."""
+    spent = Spent.decode(headers.get(H_SPENT))
+    return {
+        "tokens": spent.usage.tokens(),
+        "cost_usd": spent.cost_usd,
+        "cost_estimated": spent.usage.estimated or None,
+        "unpriced": spent.unpriced or None,
+        "tenant": headers.get(H_TENANT) or None,
+    }
 
 
 def _model_of(text: str | None) -> str | None:

@@ -19,6 +19,7 @@ from faust import TopicT
 from faust.types import TableT
 
 from dlqapp.core import states
+from dlqapp.core.budgets import Budget, BudgetError, check_key
 from dlqapp.core.clock import Clock
 from dlqapp.core.commands import RETRY_ACTIONS, Action, Command, CommandHandler, ReplayStatus, check_edit
 from dlqapp.core.headers import (
@@ -28,8 +29,11 @@ from dlqapp.core.headers import (
     H_REPLAY_OF,
     H_REPLAYED_AT,
     H_REPLAYED_BY,
+    H_SPENT,
+    H_TENANT,
 )
 from dlqapp.core.in_flight import InFlight
+from dlqapp.core.prices import nusd_of
 from dlqapp.deadletters.entries import DeadLetterEntry, find_dead_letter, owner_id
 from dlqapp.deadletters.recorder import DeadLetterRecorder
 from dlqapp.observability import metrics
@@ -41,6 +45,7 @@ from dlqapp.tables.retention import (
     request_last_change,
     still_unchanged,
 )
+from dlqapp.tables.spend_view import budget_record_key
 
 log = logging.getLogger("dlqapp.deadletters.operator")
 
@@ -59,6 +64,8 @@ def live_chain(state: states.StoredState | None, running_here: bool) -> str | No
         return f"being replayed (replay {state.replay_count} is on its way)"
     if state.state == states.IN_FLIGHT:
         return "in flight (its message is handled again after its worker stopped)"
+    if state.state == states.BUDGET_HELD:
+        return f"held over its budget ({state.get('held_because')})"
     return None
 
 
@@ -82,8 +89,11 @@ class Operator:
         max_replays: int,
         clock: Clock,
         tracing: Tracing | None = None,
+        budgets_table: TableT | None = None,
     ) -> None:
-        """`tracing`: a span per replay, in the dead letter's trace (dlqapp.observability.tracing; default: off)."""
+        """`tracing`: a span per replay, in the dead letter's trace (dlqapp.observability.tracing;
+        default: off); `budgets_table`: where budgets set at run time are kept (the stats table,
+        key `budget|<key>`, dlqapp.tables.spend_view)."""
         self.store = store
         self.recorder = recorder
         self.dead_letters = recorder.table
@@ -95,6 +105,7 @@ class Operator:
         self.max_replays = max_replays
         self.clock = clock
         self.tracing = tracing or Tracing()
+        self.budgets_table = budgets_table
 
     def ledger_for(self, request_id: str) -> list[dict[str, Any]]:
         blob = self.ledger.get(request_id.encode())
@@ -105,6 +116,8 @@ class Operator:
         command = Command.from_dict(raw)
         if command.action is Action.EXPIRE:
             return self._expire(command)
+        if command.action is Action.SET_BUDGET:
+            return self._set_budget(command)
         if command.action in RETRY_ACTIONS:
             answer, record = await self.retries.execute(command, self.clock())
             if record is not None:
@@ -177,6 +190,10 @@ class Operator:
             H_ORIGINAL_TIMESTAMP: str(at),  # a fresh TTL clock, a clean retry count
             H_FIRST_SEEN: str(entry.first_seen or ""),
         }
+        if H_SPENT in entry.headers:  # what it cost so far: the replay's result counts every attempt
+            headers[H_SPENT] = entry.headers[H_SPENT]
+        if entry.tenant:
+            headers[H_TENANT] = entry.tenant
         # State first: the input agent may handle the replay the moment it is sent, and
         # its outcome (a quick success, a new retry) must not be overwritten by this.
         record = {
@@ -205,6 +222,8 @@ class Operator:
             await self.store.send(self.input_topic, rid, payload, [(k, v.encode()) for k, v in headers.items()])
         await self._remove(key)
         self.store.counters.add("reprocessed")
+        if entry.cost_usd and key == rid:  # no longer a failure: what it cost is counted again if it fails again
+            self.store.counters.add(f"cost_failed|{entry.error_class}", -nusd_of(entry.cost_usd))
         metrics.replays.inc()
         log_event(
             log,
@@ -254,6 +273,21 @@ class Operator:
                 removed += 1
         log_event(log, logging.DEBUG, "expired", table=command.table, removed=removed, asked=len(command.expired))
         return {"request_id": command.request_id, "status": ReplayStatus.EXPIRED, "removed": removed}
+
+    def _set_budget(self, command: Command) -> dict[str, Any]:
+        """Keep a budget set at run time where every worker reads it (the stats changelog)."""
+        key = command.request_id
+        try:
+            budget = Budget.parse(check_key(key), command.payload or {})
+        except BudgetError as exc:
+            return {"request_id": key, "status": ReplayStatus.INVALID, "reasons": [str(exc)]}
+        if self.budgets_table is None:
+            raise ValueError("this worker keeps no budgets")
+        at = self.clock()
+        record = {**budget.as_dict(), "set_by": command.actor, "set_at": at}
+        self.budgets_table[budget_record_key(key)] = json.dumps(record, separators=(",", ":")).encode()
+        log_event(log, logging.INFO, "budget_set", key=key, by=command.actor, **budget.as_dict())
+        return {"request_id": key, "status": ReplayStatus.SET, "budget": record}
 
     def send_expired(self, commands: TopicT) -> Callable[[str, int, list[tuple[str, int]]], Awaitable[None]]:
         """How the retention sweep hands expired keys to this agent on their partition."""

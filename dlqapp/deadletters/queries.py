@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dlqapp.core.prices import usd
 from dlqapp.tables.counters import grouped
 
 
@@ -164,11 +165,41 @@ def local_stats(total: Counter[str], oldest_dead_at: int | None) -> dict[str, An
         "dlq_by_error_class": grouped(total, "dlq_class"),
         "dlq_by_model": grouped(total, "dlq_model"),
         "oldest_dead_at": oldest_dead_at,
+        "budget_held": max(0, total["budget_held_now"]),
+        "money": {
+            "cost_nusd": total["cost_nusd"],
+            "tokens": {kind: total[f"tokens|{kind}"] for kind in ("prompt", "completion", "cached")},
+            "estimated_prompt_tokens": total["tokens_estimated"],
+            "unpriced_attempts": total["unpriced_attempts"],
+            "failed_nusd_by_class": grouped(total, "cost_failed"),
+        },
+    }
+
+
+def merge_money(parts: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Money across workers: tokens, cost, and the cost of requests that still failed by class (USD)."""
+    tokens: Counter[str] = Counter()
+    failed: Counter[str] = Counter()
+    cost = estimated = unpriced = 0
+    for part in parts:
+        tokens.update(part.get("tokens") or {})
+        failed.update(part.get("failed_nusd_by_class") or {})
+        cost += part.get("cost_nusd", 0)
+        estimated += part.get("estimated_prompt_tokens", 0)
+        unpriced += part.get("unpriced_attempts", 0)
+    return {
+        "cost_usd": usd(cost),
+        "tokens": {kind: tokens[kind] for kind in ("prompt", "completion", "cached")},
+        "estimated_prompt_tokens": estimated,
+        "unpriced_attempts": unpriced,
+        "failed_cost_usd": usd(sum(v for v in failed.values() if v > 0)),
+        "failed_cost_usd_by_class": {k: usd(v) for k, v in sorted(failed.items()) if v > 0},
     }
 
 
 def merge_stats(parts: Iterable[Mapping[str, Any]], now: int) -> dict[str, Any]:
     """Cluster-wide stats from every worker's share."""
+    parts = list(parts)
     merged: dict[str, Any] = {"received": 0, "succeeded": 0, "duplicates_skipped": 0, "reprocessed": 0, "dlq_size": 0}
     counters: dict[str, Counter[str]] = {
         k: Counter() for k in ("retried", "dead_lettered", "dlq_by_error_class", "dlq_by_model")
@@ -187,6 +218,8 @@ def merge_stats(parts: Iterable[Mapping[str, Any]], now: int) -> dict[str, Any]:
             oldest = part["oldest_dead_at"] if oldest is None else min(oldest, part["oldest_dead_at"])
     merged.update({k: dict(v) for k, v in counters.items()})
     merged["oldest_entry_age_ms"] = (now - oldest) if oldest is not None else None
+    merged["budget_held"] = sum(part.get("budget_held", 0) for part in parts)
+    merged["money"] = merge_money([part.get("money") or {} for part in parts])
     merged["breaker"] = breakers
     merged["flow"] = flows
     return merged

@@ -72,6 +72,8 @@ class DeadLetterWriter:
             error_class=outcome.error_class.value,
             final_error=outcome.reason,
         )
+        if envelope.spent.nusd:  # money spent on a request that still failed (a replay takes it back)
+            self.store.counters.add(f"cost_failed|{outcome.error_class.value}", envelope.spent.nusd)
 
     async def write_unprocessable(
         self, record: Record, error_class: ErrorClass, reason: str, *, request_id: str | None = None

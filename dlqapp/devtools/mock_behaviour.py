@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import random
 import time
@@ -74,8 +75,40 @@ class MockState:
     limits: ProviderLimits | None = None
     once: list[tuple[str, float]] = field(default_factory=list)
     always: list[tuple[str, float]] = field(default_factory=list)
+    cache_min_tokens: int = 1024
+    """A prompt prefix (every message but the last) this long, seen before, is served from cache."""
+    prefixes: set[str] = field(default_factory=set)
+    ledger: Counter[str] = field(default_factory=Counter)
+    """Tokens served in answers (the usage reported): prompt, completion, cached, reasoning."""
+    ledger_by_id: dict[str, Counter[str]] = field(default_factory=dict)
     call_log: CallLog | None = None
     """Every call with its arrival time, when `--log-calls` asked for it (else None)."""
+
+    def served(self, request_id: str, usage: dict[str, Any]) -> None:
+        """Add an answer's reported usage to the ledger."""
+        counts = {
+            "prompt": usage["prompt_tokens"],
+            "completion": usage["completion_tokens"],
+            "cached": usage["prompt_tokens_details"]["cached_tokens"],
+            "reasoning": usage["completion_tokens_details"]["reasoning_tokens"],
+        }
+        self.ledger.update(counts)
+        self.ledger_by_id.setdefault(request_id, Counter()).update(counts)
+
+    def cache(self, body: dict[str, Any], usage: dict[str, Any]) -> None:
+        """Serve the prompt's prefix from cache when it was seen before (as OpenAI's prompt
+        caching does for prefixes of 1,024 tokens and more, in steps of 128)."""
+        messages = body.get("messages") or []
+        prefix = messages[:-1] if isinstance(messages, list) else []
+        tokens = prompt_tokens(prefix)
+        if not prefix or tokens < self.cache_min_tokens:
+            return
+        key = hashlib.sha256(json.dumps(prefix, sort_keys=True).encode()).hexdigest()
+        if key in self.prefixes:
+            step = min(128, self.cache_min_tokens)
+            usage["prompt_tokens_details"]["cached_tokens"] = min(usage["prompt_tokens"], tokens // step * step)
+        else:
+            self.prefixes.add(key)
 
 
 class CallLog:
@@ -151,10 +184,34 @@ def failure_response(
     return web.json_response(body, status=status, headers=headers or {})
 
 
+def prompt_tokens(messages: Any) -> int:
+    """Prompt tokens as a tokenizer roughly counts them: 4 characters a token, 4 a message."""
+    if not isinstance(messages, list):
+        return 0
+    chars = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(
+                len(p.get("text", "")) for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+            )
+    return math.ceil(chars / 4) + 4 * len(messages)
+
+
+REASONING_TOKENS = 64
+"""Reasoning tokens of an answer to a request that names a `reasoning_effort` (part of completion)."""
+
+
 def completion(request_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    """The answer, with a usage like a provider reports (no cached tokens: see `MockState.cache`)."""
     messages = body.get("messages") or []
     prompt = str(messages[-1].get("content", "")) if messages and isinstance(messages[-1], dict) else ""
     text = f"mock answer to: {prompt[:200]}"
+    reasoning = REASONING_TOKENS if body.get("reasoning_effort") else 0
+    prompt_count = prompt_tokens(messages)
+    completion_count = math.ceil(len(text) / 4) + reasoning
     return {
         "id": f"chatcmpl-{request_id}",
         "object": "chat.completion",
@@ -162,9 +219,11 @@ def completion(request_id: str, body: dict[str, Any]) -> dict[str, Any]:
         "model": body.get("model") or "mock-model",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
         "usage": {
-            "prompt_tokens": len(prompt.split()),
-            "completion_tokens": len(text.split()),
-            "total_tokens": len(prompt.split()) + len(text.split()),
+            "prompt_tokens": prompt_count,
+            "completion_tokens": completion_count,
+            "total_tokens": prompt_count + completion_count,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": reasoning},
         },
     }
 

@@ -22,11 +22,19 @@ Serves `POST /v1/chat/completions` (OpenAI response shape). Control plane:
   calls for that id fail that way (`status: "timeout"` or `"timeout": true` hangs).
 - `GET /_mock/calls/{request_id}`: calls received for that id (`GET /_mock/calls`: all ids).
 - `GET /_mock/stats`: calls, successes and failures by status; `throttled`: the 429s the
-  limits sent (by model in `throttled_by_model`).
+  limits sent (by model in `throttled_by_model`); `tokens`: the ledger of tokens served in
+  answers (`prompt`, `completion`, `cached`, `reasoning`), as their `usage` reported them.
+- `GET /_mock/usage/{request_id}`: that ledger for one request id.
 - `GET /_mock/call-log` (`?request_id=` for one id's): with `--log-calls`, every call in
   arrival order, `{"enabled", "calls": [{"request_id", "at_ms", "status"}]}`.
 - `POST /_mock/outage` `{"on": true, "status": 503}`: every call fails like a dead provider.
 - `POST /_mock/reset`: forget plans, counts and the outage.
+
+Usage is reported like OpenAI's: `prompt_tokens` (4 characters a token, 4 a message),
+`completion_tokens`, `prompt_tokens_details.cached_tokens` (a prefix of every message but the
+last, of `--cache-min-tokens` (1,024) tokens or more, seen before: in steps of 128) and
+`completion_tokens_details.reasoning_tokens` (64 when the request names a `reasoning_effort`).
+Failed calls report no usage.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ import argparse
 import asyncio
 import logging
 import random
+from collections.abc import Mapping
 
 from aiohttp import web
 
@@ -94,7 +103,10 @@ def build_app(state: MockState) -> web.Application:
             return failure
         state.outcomes["200"] += 1
         logged["status"] = 200
-        return web.json_response(completion(request_id, body))
+        answer = completion(request_id, body)
+        state.cache(body, answer["usage"])
+        state.served(request_id, answer["usage"])
+        return web.json_response(answer)
 
     @routes.post("/_mock/plan")
     async def plan(request: web.Request) -> web.Response:
@@ -131,7 +143,16 @@ def build_app(state: MockState) -> web.Application:
                 "outage": state.outage_status is not None,
                 "throttled": sum(limits.throttled.values()) if limits else 0,
                 "throttled_by_model": dict(limits.throttled) if limits else {},
+                "tokens": {k: state.ledger[k] for k in ("prompt", "completion", "cached", "reasoning")},
             }
+        )
+
+    @routes.get("/_mock/usage/{request_id}")
+    async def usage(request: web.Request) -> web.Response:
+        request_id = request.match_info["request_id"]
+        served: Mapping[str, int] = state.ledger_by_id.get(request_id, {})
+        return web.json_response(
+            {"request_id": request_id, **{k: served.get(k, 0) for k in ("prompt", "completion", "cached", "reasoning")}}
         )
 
     @routes.get("/_mock/call-log")
@@ -151,6 +172,9 @@ def build_app(state: MockState) -> web.Application:
         state.plans.clear()
         state.calls.clear()
         state.outcomes.clear()
+        state.ledger.clear()
+        state.ledger_by_id.clear()
+        state.prefixes.clear()
         state.outage_status = None
         if state.limits is not None:
             state.limits.reset()
@@ -207,6 +231,12 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="tokens (usage.total_tokens) per minute per model; more are answered 429",
     )
+    parser.add_argument(
+        "--cache-min-tokens",
+        type=int,
+        default=1024,
+        help="a prompt prefix (every message but the last) this long, seen before, is reported as cached tokens",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     state = MockState(
@@ -217,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         random.Random(args.seed),
         once=args.fail_once,
         always=args.fail_always,
+        cache_min_tokens=max(1, args.cache_min_tokens),
     )
     if sum(share for _, share in [*args.fail_once, *args.fail_always]) > 1:
         parser.error("--fail-once and --fail-always shares add up to more than 1")

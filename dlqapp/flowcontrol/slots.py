@@ -3,10 +3,20 @@
 Priorities, first served first: `DUE` (retries whose time has come), then fresh requests
 of priority `HIGH`, `NORMAL` (no priority given) and `LOW`.
 
-Starvation is bounded by ageing: a fresh request that has watched `max_passes` slots go
-to others since it started waiting is served next, before any fresher request of a
-higher priority (due retries still come first). So under a flood of `high` traffic a
-`low` request at the head of its queue waits at most `max_passes` grants.
+Within a priority, slots are shared between tenants by weighted fair queuing (start-time
+fair queuing, in tokens): each waiter is stamped on arrival with a start tag
+`S = max(V, F[tenant])` and its tenant's finish tag moves to `F[tenant] = S + cost / weight`
+(cost: the call's estimated tokens; weight: `DLQ_TENANT_WEIGHTS`, 1 by default); the waiter
+with the smallest start tag is served next, and the class's virtual time `V` becomes its tag.
+So a tenant with a thousand calls waiting gets its weight's share of the slots, not all of
+them, and a tenant that arrives later is served within one round, not after the backlog. With
+one tenant this is first come, first served.
+
+Starvation is bounded by ageing: when a fresh request has watched `max_passes` slots go
+to others since it started waiting, its priority is served next, before any fresher
+request of a higher priority (due retries still come first), its tenants sharing that
+slot fairly. So under a flood of `high` traffic `low` requests get at least one grant in
+`max_passes`.
 
 The limit is `AimdLimit.limit` when adaptive (`record` feeds it every call's outcome),
 else the fixed ceiling. When it shrinks, calls in flight finish; no new slot is handed
@@ -17,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,19 +44,91 @@ class _Waiter:
     future: asyncio.Future[None]
     since_grant: int
     order: int
+    tag: float = 0.0
+    """The start tag (weighted fair queuing)."""
+
+
+class _FairClass:
+    """The waiters of one priority, queued per tenant and served by start tag (module doc)."""
+
+    __slots__ = ("finish", "queues", "vtime")
+
+    def __init__(self) -> None:
+        self.queues: dict[str, deque[_Waiter]] = {}
+        self.finish: dict[str, float] = {}
+        self.vtime = 0.0
+
+    def stamp(self, tenant: str, cost: float, weight: float) -> float:
+        """The start tag of a call of `tenant` arriving now; moves the tenant's finish tag."""
+        start = max(self.vtime, self.finish.get(tenant, 0.0))
+        self.finish[tenant] = start + max(cost, 1.0) / max(weight, 1e-6)
+        return start
+
+    def add(self, tenant: str, waiter: _Waiter) -> None:
+        queue = self.queues.get(tenant)
+        if queue is None:
+            queue = self.queues[tenant] = deque()
+        queue.append(waiter)
+
+    def heads(self) -> list[tuple[str, _Waiter]]:
+        """The first live waiter of each tenant (done ones dropped)."""
+        heads = []
+        for tenant in list(self.queues):
+            queue = self.queues[tenant]
+            while queue and queue[0].future.done():
+                queue.popleft()
+            if queue:
+                heads.append((tenant, queue[0]))
+            else:
+                del self.queues[tenant]
+                if self.finish.get(tenant, 0.0) <= self.vtime:
+                    self.finish.pop(tenant, None)  # no credit or debt left to remember
+        return heads
+
+    def oldest(self) -> _Waiter | None:
+        heads = self.heads()
+        return min((w for _, w in heads), key=lambda w: w.order) if heads else None
+
+    def take(self) -> _Waiter | None:
+        """Serve the waiter with the smallest start tag (the earliest on a tie)."""
+        heads = self.heads()
+        if not heads:
+            return None
+        tenant, waiter = min(heads, key=lambda h: (h[1].tag, h[1].order))
+        self.queues[tenant].popleft()
+        self.vtime = max(self.vtime, waiter.tag)
+        return waiter
+
+    def waiting(self) -> int:
+        return sum(1 for queue in self.queues.values() for w in queue if not w.future.done())
+
+    def by_tenant(self) -> dict[str, int]:
+        counts = {t: sum(1 for w in q if not w.future.done()) for t, q in self.queues.items()}
+        return {t: n for t, n in counts.items() if n}
+
+    def __bool__(self) -> bool:
+        return any(self.queues.values())
 
 
 class SlotLimiter:
     """A counting semaphore with priorities, ageing, and a limit that may move."""
 
-    def __init__(self, limit: int, adaptive: AimdLimit | None = None, max_passes: int = MAX_PASSES) -> None:
+    def __init__(
+        self,
+        limit: int,
+        adaptive: AimdLimit | None = None,
+        max_passes: int = MAX_PASSES,
+        weights: Mapping[str, float] | None = None,
+    ) -> None:
+        """`weights`: each tenant's weight for fair shares (1 for a tenant not named)."""
         self.ceiling = limit
+        self.weights = dict(weights or {})
         self.adaptive = adaptive
         self.max_passes = max_passes
         self.in_use = 0
         self.grants = 0
         self._enqueued = 0
-        self._waiters: tuple[deque[_Waiter], ...] = tuple(deque() for _ in range(LOW + 1))
+        self._waiters: tuple[_FairClass, ...] = tuple(_FairClass() for _ in range(LOW + 1))
 
     @property
     def limit(self) -> int:
@@ -58,11 +141,20 @@ class SlotLimiter:
         return self.waiting(DUE)
 
     def waiting(self, priority: int) -> int:
-        return sum(1 for w in self._waiters[priority] if not w.future.done())
+        return self._waiters[priority].waiting()
 
-    def slot(self, priority: int) -> _Slot:
-        """Hold one slot for the duration of the `async with` block."""
-        return _Slot(self, priority)
+    def waiting_by_tenant(self) -> dict[str, int]:
+        """Calls waiting for a slot, per tenant (every priority)."""
+        total: dict[str, int] = {}
+        for fair in self._waiters:
+            for tenant, n in fair.by_tenant().items():
+                total[tenant] = total.get(tenant, 0) + n
+        return total
+
+    def slot(self, priority: int, tenant: str = "", cost: float = 1.0) -> _Slot:
+        """Hold one slot for the duration of the `async with` block; `tenant` and `cost`
+        (estimated tokens) place it among the tenants waiting at its priority."""
+        return _Slot(self, priority, tenant, cost)
 
     def is_slow(self, latency_s: float) -> bool:
         """A call this slow counts as push-back (`AimdLimit.is_slow`; never without adaptive concurrency)."""
@@ -74,13 +166,16 @@ class SlotLimiter:
             self.adaptive.on_sample(latency_s, dropped, self.in_use)
             self._dispatch()
 
-    async def _acquire(self, priority: int) -> None:
+    async def _acquire(self, priority: int, tenant: str = "", cost: float = 1.0) -> None:
+        fair = self._waiters[priority]
+        tag = fair.stamp(tenant, cost, self.weights.get(tenant, 1.0))
         if self.in_use < self.limit and not any(self._waiters):
             self._grant()  # a free slot and nobody before us: no future, no wait
+            fair.vtime = max(fair.vtime, tag)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._enqueued += 1
-        self._waiters[priority].append(_Waiter(future, self.grants, self._enqueued))
+        fair.add(tenant, _Waiter(future, self.grants, self._enqueued, tag))
         self._dispatch()
         try:
             await future
@@ -106,17 +201,16 @@ class SlotLimiter:
             waiter.future.set_result(None)  # hand the slot over directly
 
     def _next(self) -> _Waiter | None:
-        """The waiter to serve: due retries, then an aged fresh request, then by priority."""
-        for queue in self._waiters:
-            while queue and queue[0].future.done():
-                queue.popleft()
-        if self._waiters[DUE]:
-            return self._waiters[DUE].popleft()
-        fresh = [queue for queue in self._waiters[HIGH:] if queue]
-        aged = [queue for queue in fresh if self.grants - queue[0].since_grant >= self.max_passes]
-        if aged:
-            return min(aged, key=lambda queue: queue[0].order).popleft()  # the longest waiting
-        return fresh[0].popleft() if fresh else None
+        """The waiter to serve: due retries, then an aged fresh request, then by priority
+        (within a priority, by tenant fair shares)."""
+        due = self._waiters[DUE].take()
+        if due is not None:
+            return due
+        oldest = [(fair, w) for fair in self._waiters[HIGH:] if (w := fair.oldest()) is not None]
+        aged = [(fair, w) for fair, w in oldest if self.grants - w.since_grant >= self.max_passes]
+        if aged:  # the priority whose oldest waiter waited longest, shared fairly within
+            return min(aged, key=lambda pair: pair[1].order)[0].take()
+        return oldest[0][0].take() if oldest else None
 
     def snapshot(self) -> dict[str, int]:
         """The limit, the ceiling, calls in flight and waiters by priority."""
@@ -131,18 +225,26 @@ class SlotLimiter:
             "waiting_low": self.waiting(LOW),
         }
 
+    def tenants_snapshot(self) -> dict[str, dict[str, float]]:
+        """Per tenant: calls waiting for a slot and its weight."""
+        waiting = self.waiting_by_tenant()
+        names = set(waiting) | set(self.weights)
+        return {t or "-": {"waiting": waiting.get(t, 0), "weight": self.weights.get(t, 1.0)} for t in sorted(names)}
+
 
 class _Slot:
     """`async with limiter.slot(priority)`: one slot for the block (a class: no generator per call)."""
 
-    __slots__ = ("_limiter", "_priority")
+    __slots__ = ("_cost", "_limiter", "_priority", "_tenant")
 
-    def __init__(self, limiter: SlotLimiter, priority: int) -> None:
+    def __init__(self, limiter: SlotLimiter, priority: int, tenant: str, cost: float) -> None:
         self._limiter = limiter
         self._priority = priority
+        self._tenant = tenant
+        self._cost = cost
 
     async def __aenter__(self) -> None:
-        await self._limiter._acquire(self._priority)
+        await self._limiter._acquire(self._priority, self._tenant, self._cost)
 
     async def __aexit__(self, *exc: Any) -> None:
         self._limiter._release()

@@ -160,6 +160,7 @@ def merge_health(workers: list[dict[str, Any]], unreachable: list[str], now_ms: 
         "series": merge_series(w.get("series", []) for w in workers),
         "in_flight": sum(w.get("in_flight", 0) for w in workers),
         "held": sum((w.get("breaker") or {}).get("waiting", 0) for w in workers),
+        "budget_held": sum(w.get("budget_held", 0) for w in workers),
         "parked_by_tier": dict(parked),
         "next_due_by_tier": next_due,
         "consumer_lag": sum(w.get("consumer_lag", 0) for w in workers),

@@ -70,6 +70,30 @@ offset_gaps = _Counter(
 held = Counter(
     "dlqapp_held_during_outage_total", "Backend-wide failures not counted as attempts because the breaker was open."
 )
+tokens = _Counter(
+    "dlqapp_tokens_total",
+    "Tokens of backend attempts (the provider's usage, or an estimate for failed calls that reported none), by "
+    "model, kind (prompt, completion, cached, reasoning), outcome, error class and tenant.",
+    ["model", "kind", "outcome", "error_class", "tenant"],
+)
+cost = _Counter(
+    "dlqapp_cost_usd_total",
+    "Cost of backend attempts in US dollars (DLQ_PRICES), by model, outcome, error class and tenant.",
+    ["model", "outcome", "error_class", "tenant"],
+)
+unpriced_attempts = _Counter(
+    "dlqapp_unpriced_attempts_total",
+    "Attempts on a model DLQ_PRICES has no price for (counted in tokens only).",
+    ["model"],
+)
+budget_holds = _Counter(
+    "dlqapp_budget_holds_total",
+    "Requests held over a budget (each hold and each re-check that held again), by tenant and the budget passed.",
+    ["tenant", "budget"],
+)
+budget_held = Gauge(
+    "dlqapp_budget_held_requests", "Requests held over their budget now, on the partitions this worker owns."
+)
 backend_latency = _Histogram(
     "dlqapp_backend_call_duration_seconds",
     "Backend call latency by outcome (ok or error class).",

@@ -94,12 +94,14 @@ class BackendCaller:
         priority: int,
         model: str | None = None,
         not_before: int | None = None,
+        tenant: str = "",
     ) -> CallResult:
         """Attempt `number` of `request` through the breaker and the priority limiter.
 
         `topic` is where the attempt came from (for its history entry), `label` its metric
         label, `due_ms` the due time of a retry, `model` a model other than the request's (the
-        fallback), `not_before` a time the call must not start before (its slot held meanwhile).
+        fallback), `not_before` a time the call must not start before (its slot held meanwhile),
+        `tenant` whose call it is (backend slots are shared between tenants fairly).
 
         During an outage a fresh request's backend-wide failure is not an attempt: the
         request is held and tried again when the breaker lets it. A request that has
@@ -110,7 +112,9 @@ class BackendCaller:
             rank = number - 1 + int(held)
             await self.breaker.wait_allowed(request.request_id, rank)
             try:
-                made = await self._call_with_capacity(request, number, label, due_ms, priority, model, not_before)
+                made = await self._call_with_capacity(
+                    request, number, label, due_ms, priority, model, not_before, tenant
+                )
             except BaseException:  # cancelled: the breaker must get its probe back
                 self.breaker.abandon(request.request_id)
                 raise
@@ -149,19 +153,21 @@ class BackendCaller:
         priority: int,
         model: str | None,
         not_before: int | None,
+        tenant: str = "",
     ) -> _Made | NotCalled:
         """The call once the model's rate gate (when limited) and a backend slot allow it."""
         target = model or request.model
+        tokens = estimate_tokens(request)
         if not self.gate.is_limited(target):
-            async with self.limiter.slot(priority):
+            async with self.limiter.slot(priority, tenant, tokens):
                 return await self._call_in_slot(request, number, label, due_ms, model, not_before, UNLIMITED)
         async with AsyncExitStack() as slot:  # the backend slot, taken by the gate once the model has room
             permit = await self.gate.acquire(
                 target,
-                estimate_tokens(request),
+                tokens,
                 max_wait_s=self._time_left_s(request),
                 priority=priority,
-                slot=lambda: slot.enter_async_context(self.limiter.slot(priority)),
+                slot=lambda: slot.enter_async_context(self.limiter.slot(priority, tenant, tokens)),
             )
             if permit is None:
                 return NotCalled(

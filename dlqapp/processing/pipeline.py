@@ -19,6 +19,7 @@ from typing import assert_never
 from faust import TopicT
 
 from dlqapp.core import states
+from dlqapp.core.budgets import Over, hold_until
 from dlqapp.core.clock import Clock
 from dlqapp.core.envelope import Attempt, Envelope, Result
 from dlqapp.core.errors import ErrorClass
@@ -45,7 +46,8 @@ from dlqapp.kafka.transactions import RecordTooLarge
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.observability.tracing import NO_SPAN, AttemptSpan, Tracing
-from dlqapp.processing.caller import BackendCaller, NotCalled
+from dlqapp.processing.caller import BackendCaller, Called, NotCalled
+from dlqapp.processing.spend import Reservation, Spending
 from dlqapp.retries.scheduler import RetryParking
 from dlqapp.tables.request_store import RequestStore, as_header_pairs
 
@@ -75,6 +77,8 @@ class Pipeline:
         max_message_bytes: int,
         clock: Clock,
         after_sent: Callable[[Callable[[], None]], None],
+        spending: Spending,
+        budget_recheck_ms: int,
         redelivery_by_time: bool = False,
         rng: random.Random | None = None,
         tracing: Tracing | None = None,
@@ -95,6 +99,8 @@ class Pipeline:
         self.clock = clock
         self.after_sent = after_sent
         self.redelivery_by_time = redelivery_by_time
+        self.spending = spending
+        self.budget_recheck_ms = budget_recheck_ms
         self._rng = rng or random.Random()
         self.tracing = tracing or Tracing()
 
@@ -137,6 +143,7 @@ class Pipeline:
         envelope = Envelope.fresh(
             request_id, record.payload or b"", record.headers, written_ms=record.written_ms, read_from=record.source
         )
+        envelope.tenant = self.spending.tenant_of(request, record.headers)
         await self.attempt(envelope, request, topic=record.topic, tier=None, priority=PRIORITIES[request.priority])
 
     def is_duplicate(self, request_id: str, record: Record) -> bool:
@@ -232,6 +239,20 @@ class Pipeline:
             await self.carry_out(expired, envelope, request, record=None, span=span)
             return
         self.in_flight.add(request.request_id)
+        tenant = envelope.tenant = envelope.tenant or self.spending.tenant_of(request, {})
+        admitted = await self.spending.admit(request, tenant, self.spending.model_of(request))
+        if not isinstance(admitted, Reservation):  # over its budget: held, no attempt spent
+            try:
+                await self._hold(envelope, request, tenant, admitted)
+            finally:
+                self.after_sent(lambda: self.in_flight.discard(request.request_id))
+            return
+        reservation = admitted
+
+        def idle() -> None:
+            self.in_flight.discard(request.request_id)
+            reservation.release()
+
         try:
             number = envelope.attempts + 1
             label = tier.label if tier else INPUT_LABEL
@@ -243,10 +264,12 @@ class Pipeline:
                 due_ms=envelope.due_ms,
                 priority=priority,
                 not_before=not_before,
+                tenant=tenant,
             )
             if isinstance(called, NotCalled):  # its deadline passed while it waited
                 await self.carry_out(called.outcome, envelope, request, record=None, span=span)
                 return
+            self._spent(called, request, tenant)
             outcome = within_deadline(
                 decide(self.policy, number, called.failure, output=called.output, now_ms=self.clock(), rng=self._rng),
                 request.deadline,
@@ -262,17 +285,33 @@ class Pipeline:
                     due_ms=None,
                     priority=priority,
                     model=outcome.model,
+                    tenant=tenant,
                 )
                 if isinstance(called, NotCalled):
                     await self.carry_out(called.outcome, envelope, request, record=None, span=span)
                     return
+                self._spent(called, request, tenant, outcome.model)
                 outcome = decide_after_fallback(
                     outcome.model, called.failure, output=called.output, attempts=number + 1
                 )
             await self.carry_out(outcome, envelope, request, record=called.attempt, span=span)
         finally:
-            # idle once this step's writes are on their way: the next attempt's must follow them
-            self.after_sent(lambda: self.in_flight.discard(request.request_id))
+            # idle once this step's writes are on their way: the next attempt's must follow them;
+            # by then its cost is in the partition's counts, so its reservation can go
+            self.after_sent(idle)
+
+    def _spent(self, called: Called, request: Request, tenant: str, model: str | None = None) -> None:
+        """Price the attempt's tokens and count them, in this step (dlqapp.processing.spend)."""
+        self.spending.price(called.attempt, request, called.output, called.failure, model)
+        self.spending.account(called.attempt, tenant)
+
+    async def _hold(self, envelope: Envelope, request: Request, tenant: str, over: Over | None) -> None:
+        """Park the request until its budget may have room again (dlqapp.core.budgets.hold_until)."""
+        now = self.clock()
+        reason = over.reason() if over is not None else "the cluster's spend is not read yet"
+        budget = f"{over.scope}:{over.window}" if over is not None else "unknown"
+        metrics.budget_holds.labels(tenant, budget).inc()
+        await self.parking.hold(envelope, hold_until(now, self.budget_recheck_ms, request.deadline), reason, tenant)
 
     # -- outcomes ---------------------------------------------------------------------
 
@@ -328,6 +367,8 @@ class Pipeline:
             metadata=request.metadata if request else {},
             usage=output.usage or None,
             history=envelope.history,
+            spent=envelope.spent,
+            tenant=envelope.tenant,
         )
         headers = {**envelope.lineage, H_SOURCE: json.dumps(envelope.source, separators=(",", ":"))}
         await self._send_result(result, as_header_pairs(headers))

@@ -35,13 +35,14 @@ from dlqapp.core.states import StoredState
 from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.flowcontrol.input_gate import InputGate
-from dlqapp.flowcontrol.slots import DUE
+from dlqapp.flowcontrol.slots import DUE, PRIORITIES
+from dlqapp.kafka.faust_tables import is_offset_record, scan_chunk
 from dlqapp.observability.logs import log_event
 from dlqapp.retries.handover import HandOver, is_run_now
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
-from dlqapp.retries.scan import REFIRE_AFTER_MS, next_due_after, scan_due
+from dlqapp.retries.scan import REFIRE_AFTER_MS, SCAN_CHUNK, next_due_after, scan_due
 from dlqapp.tables.request_store import RequestStore
 
 log = logging.getLogger("dlqapp.retries.scheduler")
@@ -50,6 +51,9 @@ SLOT_AHEAD_MS = 100
 """A retry handed over early (DueLead) takes its backend slot this long before its due time
 and holds it until then: under a flood every slot is busy with fresh input, and a retry that
 asked for one only when due waited for the next call to end (up to a call's latency)."""
+
+HELD_TOPIC = "budget_held"
+"""The `topic` of an attempt made when a request held over its budget is released."""
 
 PREVIOUS_ATTEMPT_WAIT_S = 30.0
 """How long a handed-over retry waits for the request's previous attempt to finish its step."""
@@ -106,6 +110,31 @@ class RetryParking:
             tier=tier.label,
             due=outcome.due_ms,
             error_class=failure.error_class.value,
+        )
+
+    async def hold(self, envelope: Envelope, until_ms: int, reason: str, tenant: str) -> None:
+        """Park a request held over its budget until `until_ms` (its next look), with the state
+        `budget_held`. No tier message: it is not a retry, and no attempt was spent on it."""
+        envelope.due_ms = until_ms
+        envelope.held = True
+        self.parked.store(envelope, self.parked.tier_of(envelope))
+        self.store.set_state(
+            envelope.request_id,
+            states.BUDGET_HELD,
+            self.clock(),
+            attempts=envelope.attempts,
+            due=until_ms,
+            tenant=tenant,
+            held_because=reason,
+        )
+        log_event(
+            log,
+            logging.INFO,
+            "budget_held",
+            request_id=envelope.request_id,
+            tenant=tenant,
+            until=until_ms,
+            reason=reason,
         )
 
 
@@ -207,6 +236,26 @@ class RetryScheduler:
             self.handed_over.pop(key, None)
             raise
 
+    async def release_held(self) -> int:
+        """Hand every request held over its budget to the due agent now (a budget was raised):
+        each is looked at again at once, and held again if it still does not fit. Returns how many."""
+        released = 0
+        for partition, db in list(self.parked.active_dbs()):
+            after: bytes | None = None
+            while True:
+                chunk = scan_chunk(db, after, SCAN_CHUNK, True)
+                for key, value in chunk:
+                    if is_offset_record(self.parked.table, key) or not value or b'"budget_held"' not in value:
+                        continue
+                    if Envelope.from_bytes(value).held and not self.is_handed_over(key):
+                        await self.hand_over_now(key, partition)
+                        released += 1
+                if len(chunk) < SCAN_CHUNK:
+                    break
+                after = chunk[-1][0]
+                await asyncio.sleep(0)
+        return released
+
     def is_handed_over(self, key: bytes) -> bool:
         """Handed to the due agent lately (not yet done), or being attempted now."""
         handed_over_at = self.handed_over.get(key)
@@ -284,6 +333,11 @@ class RetryScheduler:
             request = parse_request(envelope.payload, self.max_payload_bytes)
         except InvalidRequest as exc:
             await self.dead_letters.write(DeadLetter(ErrorClass.INVALID_REQUEST, f"invalid request: {exc}"), envelope)
+            return
+        if envelope.held:  # held over its budget: looked at again as the request it was, at its own priority
+            envelope.held = False
+            envelope.due_ms = None
+            await self.attempt(envelope, request, topic=HELD_TOPIC, tier=None, priority=PRIORITIES[request.priority])
             return
         await self.attempt(envelope, request, topic=tier.topic, tier=tier, priority=DUE, not_before=not_before)
 

@@ -7,6 +7,7 @@ table of docs/settings.md is generated from it (`scripts/readme-settings`) and c
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -15,7 +16,9 @@ from functools import cached_property
 from typing import Any
 
 from dlqapp.core.breaker import BreakerConfig
+from dlqapp.core.budgets import BudgetTable, clean_tenant
 from dlqapp.core.errors import DEFAULT_RETRYABLE, ErrorClass
+from dlqapp.core.prices import PriceTable, read_prices_setting
 from dlqapp.core.tiers import Tier, build_tiers
 from dlqapp.flowcontrol.limits import RateLimits, parse_rate_limits
 from dlqapp.settings.kafka_security import MECHANISMS, PROTOCOLS, KafkaSecurity, Secret, SecurityError
@@ -51,6 +54,28 @@ def record_bytes(input_bytes: int) -> int:
 def table_bytes(input_bytes: int, max_payload_bytes: int) -> int:
     """The largest table record for an input record of `input_bytes` (see Settings.table_record_bytes)."""
     return input_bytes + min(input_bytes, max_payload_bytes) // 2 + 2 * RECORD_HEADROOM_BYTES
+
+
+def _parse_weights(text: str) -> dict[str, float]:
+    """DLQ_TENANT_WEIGHTS: a JSON object of tenant -> positive number."""
+    if not text.strip():
+        return {}
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError("must be a JSON object: tenant -> weight")
+    weights = {}
+    for tenant, weight in raw.items():
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
+            raise ValueError(f"{tenant}: a weight is a number > 0")
+        weights[_tenant_name(tenant)] = float(weight)
+    return weights
+
+
+def _tenant_name(text: str) -> str:
+    name = clean_tenant(text)
+    if name is None or name != text:
+        raise ValueError("a tenant name is 1-64 characters of letters, digits and ._:@/-")
+    return name
 
 
 class SettingsError(ValueError):
@@ -232,6 +257,41 @@ class Settings:
         "Requests and tokens per minute per model, e.g. "
         "`gpt-4o-mini=5000rpm/2000000tpm,gpt-4o=500rpm/30000tpm,*=1000rpm`; calls wait for capacity instead of being "
         "sent. Each worker takes the share of its input partitions (empty: no limits).",
+    )
+    prices: PriceTable = _setting(
+        "DLQ_PRICES",
+        "",
+        read_prices_setting,
+        'Prices per model in USD per million tokens, JSON or the path of a JSON file: `{"gpt-4o-mini": {"input": 0.15, '
+        '"cached_input": 0.075, "output": 0.6}}`; `*` prices every model not named. A model without a price is '
+        "counted in tokens only (flagged `unpriced`) and no USD budget holds it (docs/costs.md).",
+    )
+    budgets: BudgetTable = _setting(
+        "DLQ_BUDGETS",
+        "",
+        BudgetTable.parse,
+        'Budgets per UTC day and month, JSON: `{"acme": {"day_usd": 50, "month_usd": 1000}, "*": {"day_usd": 5}}` '
+        "(`*`: each tenant without an entry; `model:<name>`: a model, all tenants together). A request over its "
+        "budget is held (`budget_held`), never dropped. `POST /budgets/` changes them at run time.",
+    )
+    tenant_weights: dict[str, float] = _setting(
+        "DLQ_TENANT_WEIGHTS",
+        "",
+        _parse_weights,
+        'Weights of tenants\' fair shares of backend slots, JSON: `{"acme": 3, "beta": 1}` (1 for a tenant not named).',
+    )
+    default_tenant: str = _setting(
+        "DLQ_DEFAULT_TENANT",
+        "default",
+        _tenant_name,
+        "The tenant of a request whose `metadata.tenant` (and `tenant` header) names none.",
+    )
+    budget_recheck_ms: int = _setting(
+        "DLQ_BUDGET_RECHECK",
+        "30s",
+        _positive_duration,
+        "How often a request held over its budget is looked at again (also at each UTC midnight, and at once when "
+        "`POST /budgets/` raises a budget).",
     )
     max_poll_records: int = _setting(
         "DLQ_MAX_POLL_RECORDS",

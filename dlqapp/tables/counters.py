@@ -46,13 +46,17 @@ class Counters:
         *,
         observe: Callable[[str, int], None] = lambda name, amount: None,
         read: Callable[[int, bytes], bytes | None] | None = None,
+        forget: Callable[[str], bool] | None = None,
     ) -> None:
         """`observe(name, amount)` sees every counted change (the health page's minute rates);
-        `read(partition, key)` reads the stored blob of a partition (default: its RocksDB)."""
+        `read(partition, key)` reads the stored blob of a partition (default: its RocksDB);
+        `forget(name)`: a counter no longer needed (a past spend window), dropped from the
+        blob whenever a step counts a name the partition did not have yet."""
         self.table = table
         self.steps = steps
         self.observe = observe
         self.read = read or (lambda partition, key: read_partition(table, partition, key))
+        self.forget = forget
         self._counts: dict[int, Counter[str]] = {}
         self._written_at: dict[int, float] = {}
         self._dirty: set[int] = set()
@@ -67,7 +71,11 @@ class Counters:
     def merge(self, partition: int, counts: Counter[str]) -> None:
         """A step of `partition` ended (under exactly_once: inside its transaction): its counts join."""
         if counts:
-            self._load(partition).update(counts)
+            current = self._load(partition)
+            if self.forget is not None and any(name not in current for name in counts):
+                for name in [name for name in current if self.forget(name)]:
+                    del current[name]
+            current.update(counts)
             self._dirty.add(partition)
 
     def flush_due(self, partition: int, open_steps: int) -> None:
@@ -114,6 +122,13 @@ class Counters:
             self._stale[partition] = (counts, self._written.get(partition))
         self._counts.clear()
         self._dirty.clear()
+
+    def value(self, partition: int, name: str) -> int:
+        """One counter of a partition this worker owns: what its steps counted, written or not."""
+        counts = self._counts.get(partition)
+        if counts is None:
+            return _decode(self.read(partition, _key(partition))).get(name, 0)
+        return counts.get(name, 0)
 
     def total(self, partitions: Iterable[int], read: Any) -> Counter[str]:
         """The sum over `partitions`; `read(partition, key)` reads a stored blob outside a stream."""

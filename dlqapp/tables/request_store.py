@@ -109,6 +109,9 @@ class RequestStore:
         self.store_state(request_id, new)
         for name in states.counted(previous, new):
             self.counters.add(name)
+        held = states.held_move(previous, new)
+        if held:
+            self.counters.add("budget_held_now", held)
 
 
 def as_header_pairs(headers: Mapping[str, str]) -> list[tuple[str, bytes]]:

@@ -3,7 +3,7 @@ the component graph `dlqapp.wiring.composition.build_components` builds, typed."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.processing.flow import InFlightWindows
 from dlqapp.processing.pipeline import Pipeline
+from dlqapp.processing.spend import Spending
 from dlqapp.retries.handover import HandOver
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler
@@ -32,6 +33,7 @@ from dlqapp.tables.counters import Counters
 from dlqapp.tables.progress import Progress
 from dlqapp.tables.request_store import RequestStore, Send
 from dlqapp.tables.retention import Sweeper
+from dlqapp.tables.spend_view import SpendView
 from dlqapp.tables.steps import StreamSteps
 from dlqapp.tables.topology import Topology
 
@@ -69,6 +71,10 @@ class Components:
     offsets: OffsetWatch
     tracing: Tracing
     """Spans of attempts and replays (tracing off unless an exporter is configured)."""
+    spending: Spending
+    """Prices, accounts and admits attempts (money and tenants, docs/costs.md)."""
+    spend_view: SpendView
+    """Every partition's spend and the budgets set at run time, followed from the stats changelog."""
 
 
 @dataclass(frozen=True)
@@ -90,3 +96,5 @@ class Ports:
     """Under exactly_once: makes the transactional producer of a `transactional.id`."""
     span_exporters: tuple[Any, ...] = ()
     """Where spans go (OpenTelemetry span exporters; none: tracing off)."""
+    owned_partitions: Callable[[], Iterable[int]] | None = None
+    """The table partitions this worker owns now (None: the group's assignment of `stats`)."""

@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 
 from dlqapp.core.backoff import Backoff
 from dlqapp.core.breaker import CLOSED, CircuitBreaker
+from dlqapp.core.budgets import is_stale_spend
 from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import RetryPolicy
 from dlqapp.deadletters.alerts import AlertBatcher
@@ -32,9 +33,10 @@ from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.inference import create_backend
 from dlqapp.kafka.acks import Acks
+from dlqapp.kafka.changelog_follower import ChangelogFollower
 from dlqapp.kafka.faust_consumer_state import consumer_lag, hand_back_unacked
 from dlqapp.kafka.faust_producer import producer_send
-from dlqapp.kafka.faust_tables import keys_with_prefix, partition_db
+from dlqapp.kafka.faust_tables import active_partitions, keys_with_prefix, partition_db
 from dlqapp.kafka.offset_watch import OffsetWatch
 from dlqapp.kafka.transactions import ProducerFactory, Transactions
 from dlqapp.observability import metrics
@@ -47,6 +49,7 @@ from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.processing.flow import InFlightWindows
 from dlqapp.processing.pipeline import Pipeline
+from dlqapp.processing.spend import Spending
 from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.handover import HandOver
 from dlqapp.retries.lead import DueLead
@@ -62,6 +65,7 @@ from dlqapp.tables.retention import (
     ledger_last_change,
     request_last_change,
 )
+from dlqapp.tables.spend_view import SpendView
 from dlqapp.tables.steps import StreamSteps
 from dlqapp.tables.topology import Topology, declare, register_codecs
 from dlqapp.wiring.components import Components, Ports
@@ -73,6 +77,7 @@ from dlqapp.wiring.services import (
     LoopLag,
     RetentionSweep,
     RetryTimer,
+    SpendFollower,
     TracingFlush,
     TransactionCommits,
 )
@@ -133,7 +138,23 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
     """Every component of a worker, wired from the settings."""
     clock, backend = ports.clock, ports.backend
     rates = MinuteRates()
-    counters = Counters(topology.stats, topology.steps, observe=lambda name, amount: rates.add(name, amount, clock()))
+    counters = Counters(
+        topology.stats,
+        topology.steps,
+        observe=lambda name, amount: rates.add(name, amount, clock()),
+        forget=lambda name: is_stale_spend(name, clock()),
+    )
+    spend_view = SpendView(counters.value, ports.owned_partitions or (lambda: active_partitions(topology.stats)))
+    spending = Spending(
+        settings.prices,
+        settings.budgets,
+        view=spend_view,
+        counters=counters,
+        default_model=settings.default_model,
+        default_tenant=settings.default_tenant,
+        clock=clock,
+        share=ports.input_share,
+    )
     acks = Acks(ports.hand_back)
     transactions = (
         Transactions(settings.app_id, ports.new_producer, settings.transaction_timeout_ms / 1000)
@@ -181,6 +202,8 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         max_message_bytes=settings.max_message_bytes,
         clock=clock,
         after_sent=steps.after_sent,
+        spending=spending,
+        budget_recheck_ms=settings.budget_recheck_ms,
         redelivery_by_time=not settings.exactly_once,
         rng=random.Random(),
         tracing=tracing,
@@ -225,6 +248,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         max_replays=settings.max_replays,
         clock=clock,
         tracing=tracing,
+        budgets_table=topology.stats,
     )
     crash_guard = CrashGuard(os.path.join(settings.data_dir, "in-progress.json"), settings.poison_after_crashes)
     sweeper = Sweeper(
@@ -274,6 +298,8 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
             level=logging.DEBUG if settings.exactly_once else logging.WARNING,
         ),
         tracing=tracing,
+        spending=spending,
+        spend_view=spend_view,
     )
 
 
@@ -303,7 +329,7 @@ def slot_limiter(settings: Settings) -> SlotLimiter:
         if settings.adaptive_concurrency
         else None
     )
-    return SlotLimiter(settings.concurrency, adaptive)
+    return SlotLimiter(settings.concurrency, adaptive, weights=settings.tenant_weights)
 
 
 def rate_gate(settings: Settings, share: Callable[[], float]) -> RateGate:
@@ -351,6 +377,19 @@ def _register_services(app: DlqApp, components: Components) -> None:
     app.add_service(RetentionSweep(app, components.sweeper, components.clock))
     app.add_service(CrashJournal(components.crash_guard))
     app.add_service(LoopLag())
+    app.add_service(
+        SpendFollower(
+            ChangelogFollower(
+                settings.kafka_client(client_id="dlqapp-spend-view"),
+                components.topology.stats.changelog_topic.get_topic_name(),
+                components.spend_view.on_record,
+                read_committed=settings.exactly_once,
+                caught_up=components.spend_view.ready,
+            ),
+            components.spend_view,
+            components.scheduler,
+        )
+    )
     if components.alerts is not None:
         app.add_service(AlertWebhook(components.alerts))
     if components.tracing.enabled:
@@ -369,6 +408,7 @@ def _register_metrics(app: DlqApp, components: Components) -> None:
     metrics.worker_ready.set_function(lambda: 1.0 if worker_readiness(app).ready else 0.0)
     metrics.worker_start_time.set_to_current_time()
     stats = components.topology.stats
+    metrics.budget_held.set_function(lambda: max(0, components.counters.total_of(stats)["budget_held_now"]))
     metrics.register_state_collector(
         metrics.StateCollector(
             dlq_entries=lambda: max(0, components.counters.total_of(stats)["dlq_size"]),

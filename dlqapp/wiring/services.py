@@ -18,12 +18,14 @@ from mode import Service
 from dlqapp.core.clock import Clock
 from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.flowcontrol.input_gate import InputGate
+from dlqapp.kafka.changelog_follower import ChangelogFollower
 from dlqapp.kafka.faust_consumer_state import set_topic_paused
 from dlqapp.observability import metrics
 from dlqapp.observability.tracing import Tracing
 from dlqapp.processing.crashguard import CrashGuard
 from dlqapp.retries.scheduler import RetryScheduler
 from dlqapp.tables.retention import Sweeper
+from dlqapp.tables.spend_view import SpendView
 from dlqapp.tables.steps import StreamSteps
 
 log = logging.getLogger("dlqapp.wiring.services")
@@ -224,3 +226,36 @@ class TransactionCommits(Service):
             except Exception as exc:
                 self.on_failure(exc)
                 return
+
+
+class SpendFollower(Service):
+    """Follows the stats changelog for the cluster's spend and the budgets set at run time
+    (dlqapp.tables.spend_view); when a budget changes, the requests held here are looked at again."""
+
+    def __init__(self, follower: ChangelogFollower, view: SpendView, scheduler: RetryScheduler, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.follower = follower
+        self.view = view
+        self.scheduler = scheduler
+        self._releases: set[asyncio.Future[int]] = set()
+        view.on_budget_change.append(self._budget_changed)
+
+    def _budget_changed(self, key: str) -> None:
+        if not self.view.ready.is_set():
+            return  # still reading the changelog from its start: nothing changed since the hold
+        task = asyncio.ensure_future(self.scheduler.release_held())
+        self._releases.add(task)
+        task.add_done_callback(self._released)
+
+    def _released(self, task: asyncio.Future[int]) -> None:
+        self._releases.discard(task)
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            log.warning("held requests not released after a budget change: %r", task.exception())
+        elif task.result():
+            log.info("a budget changed: %d held requests looked at again", task.result())
+
+    @Service.task
+    async def _follow(self) -> None:
+        await self.follower.run(lambda: self.should_stop)

@@ -303,8 +303,11 @@ def worker(
         hand_back=lambda event: None,
         clock=clock,
         span_exporters=span_exporters,
+        owned_partitions=lambda: range(PARTITIONS),
     )
-    return Worker(backend, clock, topology, build_components(settings, topology, ports))
+    components = build_components(settings, topology, ports)
+    components.spend_view.ready.set()  # one worker owning every partition: its own counts are the cluster's
+    return Worker(backend, clock, topology, components)
 
 
 def request(request_id: str, **extra: Any) -> bytes:

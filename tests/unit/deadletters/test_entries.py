@@ -52,6 +52,11 @@ def test_an_entry_carries_every_header_and_the_exact_payload():
         "payload_truncated": False,
         "headers": FULL_HEADERS,
         "dlq": {"partition": 2, "offset": 99},
+        "tokens": {"prompt": 0, "completion": 0, "cached": 0},
+        "cost_usd": 0.0,
+        "cost_estimated": None,
+        "unpriced": None,
+        "tenant": None,
     }
     assert original_payload(entry) == payload
 

@@ -55,6 +55,8 @@ def test_summary_lists_the_fields_of_a_list_row_and_a_short_preview():
         "replay_count": 3,
         "first_seen": T0 - 500,
         "dead_at": T0 + 1001,
+        "cost_usd": 0.0,
+        "tenant": None,
         "payload_preview": text[:160],
     }
 

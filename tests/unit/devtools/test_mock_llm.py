@@ -25,6 +25,29 @@ def test_shares_of_requests_fail_once_or_always_the_same_ids_every_run():
     assert request_failure(MockState(0, 0, [], 1.0, random.Random(1)), "r1") is None  # nothing asked, nothing fails
 
 
+def test_answers_report_usage_like_a_provider_and_the_ledger_adds_it_up():
+    from dlqapp.devtools.mock_behaviour import completion
+
+    state = MockState(0, 0, [], 1.0, random.Random(1), cache_min_tokens=16)
+    system = {"role": "system", "content": "s" * 100}  # 25 tokens + 4
+    body = {"model": "m", "messages": [system, {"role": "user", "content": "hello there"}], "reasoning_effort": "low"}
+    served = []
+    for request_id in ("a", "b"):
+        answer = completion(request_id, body)
+        state.cache(body, answer["usage"])
+        state.served(request_id, answer["usage"])
+        served.append(answer["usage"])
+    first, second = served
+    assert first["prompt_tokens"] == 25 + 3 + 8 and first["prompt_tokens_details"]["cached_tokens"] == 0
+    assert second["prompt_tokens_details"]["cached_tokens"] == 16  # the prefix's 29 tokens, in steps of 16
+    assert first["completion_tokens_details"]["reasoning_tokens"] == 64
+    assert (
+        first["completion_tokens"] > 64 and first["total_tokens"] == first["prompt_tokens"] + first["completion_tokens"]
+    )
+    assert state.ledger["prompt"] == 2 * first["prompt_tokens"] and state.ledger["cached"] == 16
+    assert state.ledger_by_id["b"]["cached"] == 16
+
+
 def test_the_call_log_keeps_each_call_with_its_arrival_time_and_answer_only_when_asked():
     import asyncio
 
