@@ -5,10 +5,12 @@ deaths nothing can catch (a crash in a C extension, the OOM killer). Like Kafka 
 processing-exception handler and Karafka's poison-pill handling, but for the process:
 
 1. A journal in the data dir says whether the last run stopped cleanly and, about once a
-   second, the highest offset handed to a handler on each partition.
-2. After an unclean stop, the messages up to those offsets (plus a margin for the last
-   second) are handled *carefully*: one at a time, each named in the journal before it
-   runs. Whatever kills the worker in careful mode is therefore named at the next start.
+   second, the messages being handled on each partition and the highest offset handed to
+   a handler (the input feed takes events out of offset order, each tenant in its turn).
+2. After an unclean stop, the messages that were being handled, and those past the highest
+   offset up to a margin (started in the last second), are handled *carefully*: one at a
+   time, each named in the journal before it runs. Whatever kills the worker in careful
+   mode is therefore named at the next start.
    A run that died within seconds of its first message, naming none (a crash loop whose
    culprit lies past the margin), doubles the margin for the next; any other unclean
    stop (a kill -9, an OOM kill after hours) resets it.
@@ -62,6 +64,10 @@ class CrashGuard:
         self.path = path
         self.after_crashes = after_crashes
         self._careful_until: dict[str, int] = {}
+        self._careful_from: dict[str, int] = {}
+        self._careful_running: dict[str, set[int]] = {}
+        self._running: dict[tuple[str, int], set[int]] = {}
+        self._previous_running: dict[str, list[int]] = {}
         self._crashes: dict[str, int] = {}
         self._highs: dict[tuple[str, int], int] = {}
         self._current: Position | None = None
@@ -91,7 +97,13 @@ class CrashGuard:
                 margin = MARGIN
             self._margin = margin
             self._previous_highs = {tp: int(offset) for tp, offset in previous.get("highs", {}).items()}
+            self._careful_from = dict(self._previous_highs)
             self._careful_until = {tp: offset + margin for tp, offset in self._previous_highs.items()}
+            running = previous.get("running")
+            if isinstance(running, dict):
+                self._careful_running = {tp: {int(o) for o in offsets} for tp, offsets in running.items()}
+            else:  # a journal of an older release: everything up to the highest offset
+                self._careful_from = {tp: -1 for tp in self._previous_highs}
             log_event(
                 log,
                 logging.WARNING,
@@ -114,9 +126,10 @@ class CrashGuard:
         return bool(self._crashes) and self.crashes(position) >= self.after_crashes
 
     def seen(self, position: Position) -> None:
-        """A message was handed to a handler (feeds the once-a-second high-water marks)."""
+        """A message was handed to a handler (feeds the once-a-second journal)."""
         topic, partition, offset = position
         tp = (topic, partition)
+        self._running.setdefault(tp, set()).add(offset)
         high = self._highs.get(tp)
         if high is None:
             if self._first_handled_at is None:
@@ -126,17 +139,28 @@ class CrashGuard:
         elif offset > high:
             self._highs[tp] = offset
 
+    def finished(self, position: Position) -> None:
+        """The message's handler is done (whatever its outcome)."""
+        topic, partition, offset = position
+        running = self._running.get((topic, partition))
+        if running is not None:
+            running.discard(offset)
+
     def snapshot(self) -> None:
-        """Persist the high-water marks (called about once a second)."""
-        if self._highs != self._written_highs:
-            self._write(clean=False)
+        """Persist what is being handled (called about once a second)."""
+        self._write(clean=False)
 
     def needs_care(self, position: Position) -> bool:
+        """Whether the message was being handled at the unclean stop, or may have started after
+        the journal's last word (past the highest offset then, within the margin)."""
         if not self._careful_until:
             return False
         topic, partition, offset = position
-        limit = self._careful_until.get(f"{topic}:{partition}")
-        return limit is not None and offset <= limit
+        tp = f"{topic}:{partition}"
+        if offset in self._careful_running.get(tp, ()):
+            return True
+        limit = self._careful_until.get(tp)
+        return limit is not None and self._careful_from.get(tp, -1) < offset <= limit
 
     @asynccontextmanager
     async def careful(self, position: Position) -> AsyncIterator[None]:
@@ -172,6 +196,11 @@ class CrashGuard:
             "highs": {
                 **self._previous_highs,
                 **{f"{topic}:{partition}": offset for (topic, partition), offset in self._highs.items()},
+            },
+            "running": {
+                f"{topic}:{partition}": sorted(offsets)
+                for (topic, partition), offsets in self._running.items()
+                if offsets
             },
             "current": list(self._current) if self._current else None,
             "crashes": self._crashes,

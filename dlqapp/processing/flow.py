@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from dlqapp.core.errors import HandBack, StopWorker
+from dlqapp.flowcontrol.fair import FairQueue
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.kafka.acks import Acks, Ticket
 from dlqapp.processing.crashguard import CrashGuard, PoisonMessage
@@ -83,6 +84,13 @@ class InFlightWindow:
     def has_room(self) -> bool:
         """A step can start now without waiting."""
         return not self._slots.locked()
+
+    async def wait_for_room(self) -> None:
+        """Until a step can start (a feed chooses its next event only then)."""
+        while self._slots.locked():
+            await self._slots.acquire()
+            self._slots.release()
+            await asyncio.sleep(0)
 
     @property
     def accepting(self) -> bool:
@@ -184,10 +192,13 @@ class InFlightWindow:
                 "(DLQ_POISON_AFTER_CRASHES)"
             )
         self._guard.seen(position)
-        if self._guard.needs_care(position):
-            async with self._guard.careful(position):
-                return await handler()
-        return await handler()
+        try:
+            if self._guard.needs_care(position):
+                async with self._guard.careful(position):
+                    return await handler()
+            return await handler()
+        finally:
+            self._guard.finished(position)
 
     async def _when_committed(
         self, committed: asyncio.Future[None] | None, then: Callable[[], Awaitable[None]]
@@ -234,42 +245,61 @@ class InFlightWindow:
 
 
 class GatedFeed:
-    """Events from a Faust stream to a window, started only while a gate is open.
+    """Events from a Faust stream to a window, started only while a gate is open, each tenant
+    in its fair turn.
 
     Faust's consumer hands the records of every topic to the agents in one loop, and that
     loop stops whenever an agent's queue is full. An input agent that stopped taking
     events while the input gate is closed would, with its queue full (any flood), hold
     back the very due hints the gate is waiting for, until the gate's maximum hold. So the
-    agent always takes its events at once (`put`); the feed keeps them, in order, and
-    `run` submits them while the gate is open. While the gate is open `put` waits once
-    `open_limit` events are held (the window is full: back-pressure as before); while it
-    is closed, only at `closed_limit` (input fetching is paused then, so only what was
-    already fetched can arrive).
+    agent always takes its events at once (`put`); the feed keeps them, and `run` submits
+    them while the gate is open. While the gate is open `put` waits once `open_limit`
+    events wait (the read-ahead: back-pressure); while it is closed, only at `closed_limit`
+    (input fetching is paused then, so only what was already fetched can arrive).
+
+    Waiting events are taken by weighted fair queuing between tenants, in tokens
+    (dlqapp.flowcontrol.fair): with a read-ahead of thousands, a tenant's request read
+    behind another tenant's flood starts within one round, not after the flood. Acks still
+    follow offsets (dlqapp.kafka.acks), so only the commit of the flood's offsets waits.
     """
 
-    def __init__(self, window: InFlightWindow, gate: InputGate, *, open_limit: int, closed_limit: int) -> None:
+    def __init__(
+        self,
+        window: InFlightWindow,
+        gate: InputGate,
+        *,
+        open_limit: int,
+        closed_limit: int,
+        window_limit: int | None = None,
+        weight_of: Callable[[str], float] = lambda tenant: 1.0,
+    ) -> None:
         self._window = window
         self._gate = gate
         self._open_limit = open_limit
         self._closed_limit = max(closed_limit, open_limit)
-        self._held: deque[tuple[Ticket, Handler, contextvars.Context, int]] = deque()
+        self._window_limit = window_limit or open_limit
+        self._held: FairQueue[tuple[Ticket, Handler, contextvars.Context, int]] = FairQueue(weight_of)
         self._more = asyncio.Event()
         self._room = asyncio.Event()
         self._submitting = False
 
     backlog_at = 100
-    """Held events that make input count as backlogged (see `backlogged`)."""
+    """Waiting events that make input count as backlogged (see `backlogged`)."""
 
     @property
     def waiting(self) -> int:
         return len(self._held)
 
-    def backlogged(self) -> bool:
-        """Input arrives faster than it starts: held events pile up, or the window is half full."""
-        return len(self._held) >= self.backlog_at or self._window.in_flight * 2 >= self._open_limit
+    def waiting_by_tenant(self) -> dict[str, int]:
+        return self._held.by_tenant()
 
-    async def put(self, ticket: Ticket, handler: Handler) -> None:
-        """Keep the ticket's event (with the caller's context) until the gate lets it start.
+    def backlogged(self) -> bool:
+        """Input arrives faster than it starts: waiting events pile up, or the window is half full."""
+        return len(self._held) >= self.backlog_at or self._window.in_flight * 2 >= self._window_limit
+
+    async def put(self, ticket: Ticket, handler: Handler, tenant: str = "", cost: float = 1.0) -> None:
+        """Keep the ticket's event (with the caller's context) until the gate and its tenant's
+        turn let it start; `cost` is its estimated tokens.
 
         An event taken while the window is being released belongs to the assignment being
         revoked: it is handed back at once."""
@@ -279,13 +309,13 @@ class GatedFeed:
         if not self._held and not self._submitting and self._gate.is_open and self._window.has_room:
             await self._window.submit(ticket, handler)  # nothing before it: start it now, no hop
             return
-        self._held.append((ticket, handler, contextvars.copy_context(), self._window.generation))
+        self._held.put((ticket, handler, contextvars.copy_context(), self._window.generation), tenant, cost)
         self._more.set()
         if len(self._held) == self.backlog_at and not self._gate.is_open:
             self._gate.reconsider()  # input piles up behind the closed gate: time to pause fetching
         while len(self._held) >= (self._open_limit if self._gate.is_open else self._closed_limit):
             self._room.clear()
-            waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._room.wait())]
+            waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._room.wait())]
             if self._gate.is_open:
                 waits.append(asyncio.ensure_future(self._gate.wait_closed()))
             try:
@@ -295,7 +325,7 @@ class GatedFeed:
                     wait.cancel()
 
     async def run(self) -> None:
-        """Submit the held events in order while the gate is open (a task for the agent's life)."""
+        """Submit the waiting events, fairly, while the gate is open (a task for the agent's life)."""
         while True:
             if not self._held:
                 self._more.clear()
@@ -304,7 +334,10 @@ class GatedFeed:
             await self._gate.wait_open()
             if not self._held:
                 continue
-            ticket, handler, context, generation = self._held.popleft()
+            await self._window.wait_for_room()  # choose the next event only when it can start
+            if not self._held:
+                continue
+            ticket, handler, context, generation = self._held.take()
             self._room.set()
             self._submitting = True  # `put` must not start a later event meanwhile
             try:
@@ -313,10 +346,10 @@ class GatedFeed:
                 self._submitting = False
 
     def release(self) -> int:
-        """Hand every held event back unacked (a rebalance or a shutdown). Returns how many."""
+        """Hand every waiting event back unacked (a rebalance or a shutdown). Returns how many."""
         released = len(self._held)
-        while self._held:
-            self._window.hand_back(self._held.popleft()[0])
+        for ticket, *_ in self._held.drain():
+            self._window.hand_back(ticket)
         self._room.set()
         return released
 
@@ -378,9 +411,25 @@ class InFlightWindows:
         self._windows.append(window)
         return window
 
-    def feed(self, window: InFlightWindow, gate: InputGate, closed_limit: int) -> GatedFeed:
-        """A gated feed into `window`, released with it (see GatedFeed)."""
-        feed = GatedFeed(window, gate, open_limit=self.limit, closed_limit=closed_limit)
+    def feed(
+        self,
+        window: InFlightWindow,
+        gate: InputGate,
+        *,
+        closed_limit: int,
+        read_ahead: int | None = None,
+        weight_of: Callable[[str], float] = lambda tenant: 1.0,
+    ) -> GatedFeed:
+        """A gated, fair feed into `window`, released with it (see GatedFeed); `read_ahead`:
+        the events it may hold while the window is full (default: the window's limit)."""
+        feed = GatedFeed(
+            window,
+            gate,
+            open_limit=max(read_ahead or self.limit, self.limit),
+            closed_limit=closed_limit,
+            window_limit=self.limit,
+            weight_of=weight_of,
+        )
         self._feeds.append(feed)
         return feed
 

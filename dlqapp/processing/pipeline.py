@@ -14,6 +14,7 @@ import json
 import logging
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import assert_never
 
 from faust import TopicT
@@ -41,6 +42,7 @@ from dlqapp.core.record import Record
 from dlqapp.core.requests import InvalidRequest, Request, parse_request, salvage_request_id
 from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.writer import DeadLetterWriter
+from dlqapp.flowcontrol.estimate import estimate_tokens
 from dlqapp.flowcontrol.slots import PRIORITIES
 from dlqapp.kafka.transactions import RecordTooLarge
 from dlqapp.observability import metrics
@@ -58,6 +60,17 @@ RESULT_SHRINKS = 40
 """Halvings a result too large for the results topic may take (history first, then its output)."""
 INPUT_LABEL = "input"
 """Metric label of first attempts (retries are labelled by their tier)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """A message from `input` as the door read it (`Pipeline.admit`)."""
+
+    tenant: str
+    cost: float
+    """Its estimated tokens (prompt and completion budget)."""
+    request: Request | None
+    invalid: InvalidRequest | None = None
 
 
 class Pipeline:
@@ -106,10 +119,23 @@ class Pipeline:
 
     # -- intake -----------------------------------------------------------------------
 
-    async def on_input(self, record: Record, topic: TopicT) -> None:
-        """Handle one message from `input`."""
+    def admit(self, record: Record) -> Admitted:
+        """Read a message from `input` once, at the door: its request (or why it is none), its
+        tenant and its estimated tokens, for the input feed's fair queuing."""
         try:
             request = parse_request(record.payload, self.max_payload_bytes)
+        except InvalidRequest as exc:
+            return Admitted(self.spending.default_tenant, 1.0, None, exc)
+        return Admitted(self.spending.tenant_of(request, record.headers), float(estimate_tokens(request)), request)
+
+    async def on_input(self, record: Record, topic: TopicT, admitted: Admitted | None = None) -> None:
+        """Handle one message from `input` (`admitted`: what the door read of it, else read now)."""
+        admitted = admitted or self.admit(record)
+        try:
+            if admitted.invalid is not None:
+                raise admitted.invalid
+            request = admitted.request
+            assert request is not None
         except InvalidRequest as exc:
             request_id = exc.request_id or salvage_request_id(record.payload)  # an oversized one's too
             if (

@@ -280,6 +280,15 @@ class Settings:
         _parse_weights,
         'Weights of tenants\' fair shares of backend slots, JSON: `{"acme": 3, "beta": 1}` (1 for a tenant not named).',
     )
+    read_ahead: int = _setting(
+        "DLQ_READ_AHEAD",
+        "10000",
+        _positive_int,
+        "Fresh requests a worker reads ahead while its backend slots are busy, to share them fairly between "
+        "tenants (`DLQ_TENANT_WEIGHTS`): a tenant's request read behind another tenant's flood of this many starts "
+        "within a round. Its offsets are committed only once the flood before it is done. Memory: about its "
+        "payloads' size.",
+    )
     default_tenant: str = _setting(
         "DLQ_DEFAULT_TENANT",
         "default",

@@ -200,10 +200,13 @@ class _Handlers:
             """Fresh requests: many in flight at once, acked in offset order; none started
             while due retries are on their way (dlqapp.flowcontrol.input_gate)."""
             window = self.window()
+            settings = self.components.settings
             feed = self.components.windows.feed(
                 window,
                 gate,
                 closed_limit=self.app.conf.stream_buffer_maxsize + 4 * self.app.conf.broker_max_poll_records,
+                read_ahead=settings.read_ahead,
+                weight_of=lambda tenant: settings.tenant_weights.get(tenant, 1.0),
             )
             gate.pause_fetching_when(feed.backlogged)
             pump = asyncio.create_task(feed.run())
@@ -213,7 +216,9 @@ class _Handlers:
                     ticket = self.admit(event)
                     if ticket is not None:
                         record = self.record(event)
-                        await feed.put(ticket, functools.partial(pipeline.on_input, record, topic))
+                        admitted = pipeline.admit(record)  # read once: its tenant and tokens for its turn
+                        handler = functools.partial(pipeline.on_input, record, topic, admitted)
+                        await feed.put(ticket, handler, admitted.tenant, admitted.cost)
             finally:
                 pump.cancel()
 

@@ -69,14 +69,14 @@ def test_an_open_gate_pushes_back_at_the_open_limit_and_a_closing_gate_lifts_it(
 
         await feed.put(h.acks.track(FakeEvent(0, acked)), slow)  # started: the window's only slot
         await _until(lambda: feed.waiting == 0)
-        await feed.put(h.acks.track(FakeEvent(1, acked)), slow)  # the pump waits for a slot with it
-        await feed.put(h.acks.track(FakeEvent(2, acked)), slow)
-        blocked = asyncio.create_task(feed.put(h.acks.track(FakeEvent(3, acked)), slow))  # 2 held: at the open limit
+        await feed.put(h.acks.track(FakeEvent(1, acked)), slow)  # waits: the pump takes it when a slot frees
+        blocked = asyncio.create_task(feed.put(h.acks.track(FakeEvent(2, acked)), slow))  # 2 waiting: the limit
         await asyncio.sleep(0.02)
         assert not blocked.done()
         gate.handed_over([b"hint"])  # closing lifts the limit to 5
         await asyncio.wait_for(blocked, 1)
-        assert feed.waiting == 2
+        await feed.put(h.acks.track(FakeEvent(3, acked)), slow)
+        assert feed.waiting == 3
         release.set()
         gate.received(b"hint")
         await _until(lambda: len(acked) == 4)
@@ -206,6 +206,40 @@ def test_an_event_starts_at_once_when_nothing_waits_before_it_and_never_overtake
         handing_over.set()
         await _until(lambda: len(acked) == 3)
         assert started == [0, 1, 2] and acked == [0, 1, 2]
+        pump.cancel()
+
+    asyncio.run(run())
+
+
+def test_a_tenants_event_read_behind_another_tenants_flood_starts_in_its_turn():
+    """Issue 42: backend slots were shared fairly, but a tenant's request waited behind the
+    whole flood read before it; with a read-ahead the feed takes events by fair turns."""
+
+    async def run():
+        h = Harness()
+        acked, started = [], []
+        gate = _gate()
+        window = h.window(1)
+        feed = GatedFeed(window, gate, open_limit=1000, closed_limit=1000, window_limit=1)
+        pump = asyncio.create_task(feed.run())
+        step = asyncio.Event()
+
+        def handler(name):
+            async def handle():
+                started.append(name)
+                await step.wait()
+                step.clear()
+
+            return handle
+
+        for i in range(200):  # tenant a's flood, read first
+            await feed.put(h.acks.track(FakeEvent(i, acked)), handler(f"a{i}"), "a", 100)
+        await feed.put(h.acks.track(FakeEvent(200, acked)), handler("b0"), "b", 100)  # read after it
+        for _ in range(4):
+            await _until(lambda: len(started) > len(acked))
+            step.set()
+            await asyncio.sleep(0.01)
+        assert "b0" in started[:4], started[:4]
         pump.cancel()
 
     asyncio.run(run())
