@@ -142,7 +142,7 @@ def test_headers_are_a_table_and_the_attempt_history_a_history_table(worker, dea
     history = page.eval_on_selector_all(
         "#headers tr[data-header=attempt_history] tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))"
     )
-    assert [h[0] for h in history] == ["1"] and history[0][2] == "input" and history[0][4].startswith("auth_error")
+    assert [h[0] for h in history] == ["1"] and history[0][2] == "input" and history[0][5].startswith("auth_error")
     assert page.inner_text("#headers tr[data-header=request_id] td:last-child") == rid
     assert '[{"' not in page.inner_text("#headers")  # no escaped JSON left
     screenshot(page, "dead-letter-detail")

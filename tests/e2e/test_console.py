@@ -257,7 +257,7 @@ def test_lookup_shows_the_attempt_timeline_scheduled_vs_actual(worker, mock, pag
         "#lookup-attempts tbody tr", "rs => rs.map(r => [...r.cells].map(c => c.textContent))"
     )
     assert [a[0] for a in attempts] == ["1", "2"]
-    assert attempts[0][4].startswith("unknown") and "teapot" in attempts[0][4] and attempts[1][4] == "ok"
+    assert attempts[0][5].startswith("unknown") and "teapot" in attempts[0][5] and attempts[1][5] == "ok"
     assert attempts[0][2] == "input" and attempts[1][2] == "retry-10m"
     assert attempts[1][1].endswith(" early")  # run now: before its scheduled time
     assert (
