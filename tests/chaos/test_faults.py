@@ -127,6 +127,15 @@ def test_a_broker_restart_mid_run_loses_nothing(tmp_path):
         broker.run("stop", env, check=False)
 
 
+def summarize_page(body: dict, expected: set) -> str:
+    """What a DLQ page shows beside the dead letters the topic holds, for a failure message."""
+    shown = {i["request_id"] for i in body.get("items", [])}
+    return (
+        f"total {body.get('total')}, incomplete {body.get('incomplete')}, "
+        f"missing {sorted(expected - shown)[:5]}, extra {sorted(shown - expected)[:5]}"
+    )
+
+
 def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
     count = 30_000 if FULL else 6_000
     mock = start_mock(tmp_path)
@@ -152,7 +161,10 @@ def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
         expected_dead = set(ledger.dead)
         for worker in survivors:
             page = wait_until(
-                page_with_total(worker, "/dlq/?limit=1000", len(expected_dead)), 120, f"the full DLQ on {worker.name}"
+                page_with_total(worker, "/dlq/?limit=1000", len(expected_dead)),
+                120,
+                lambda: f"the full DLQ on {worker.name} ({len(expected_dead)} dead letters), it shows "
+                f"{summarize_page(worker.get('/dlq/?limit=1000')[1], expected_dead)}",
             )
             assert {i["request_id"] for i in page["items"]} >= expected_dead and "incomplete" not in page
     finally:

@@ -244,7 +244,7 @@ def test_an_overlay_replacing_the_credentials_as_docs_kubernetes_md_shows_render
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
-                "apiVersion": "kustomize.config.k8s.store/v1beta1",
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
                 "kind": "Kustomization",
                 "namespace": "prod",
                 "resources": [os.path.relpath(KUBERNETES / "overlays" / "autoscaling", tmp_path)],

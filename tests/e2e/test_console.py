@@ -144,8 +144,9 @@ def test_dead_letter_now_moves_it_to_the_dlq_with_its_history(worker, mock):
     rid = park(worker, mock, "dlnow", 1)[0]
     status, answer = post(worker, f"/retries/{rid}/dead-letter/", headers={"X-DLQ-Actor": "ops-test"})
     assert status == 200 and answer["status"] == "dead_lettered", answer
-    status, entry = worker.get(f"/dlq/{rid}/")
-    assert status == 200 and entry["error_class"] == "unknown"
+    # the dlq agent files the dead letter once it reads it back from the topic
+    entry = wait_until(lambda: (lambda got: got[0] == 200 and got[1])(worker.get(f"/dlq/{rid}/")), 30, "its DLQ entry")
+    assert entry["error_class"] == "unknown"
     assert [a["attempt"] for a in entry["history"]] == [1] and "teapot" in entry["history"][0]["error"]
     assert "dead-lettered by ops-test" in entry["final_error"]
     assert entry["ledger"][-1]["action"] == "dead_letter_now"
