@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dlqapp.core.backend import InferenceBackend, InferenceOutput
 from dlqapp.core.breaker import CircuitBreaker
-from dlqapp.core.clock import Clock, sleep_until
+from dlqapp.core.clock import Clock
 from dlqapp.core.envelope import Attempt
 from dlqapp.core.errors import ErrorClass, Failure, classify_exception
 from dlqapp.core.outcomes import DeadLetter, past_deadline
@@ -153,7 +153,7 @@ class BackendCaller:
         """The call once the model's rate gate (when limited) and a backend slot allow it."""
         target = model or request.model
         if not self.gate.is_limited(target):
-            async with self.limiter.slot(priority):
+            async with self.limiter.slot(priority, not_before):
                 return await self._call_in_slot(request, number, label, due_ms, model, not_before, UNLIMITED)
         async with AsyncExitStack() as slot:  # the backend slot, taken by the gate once the model has room
             permit = await self.gate.acquire(
@@ -161,7 +161,7 @@ class BackendCaller:
                 estimate_tokens(request),
                 max_wait_s=self._time_left_s(request),
                 priority=priority,
-                slot=lambda: slot.enter_async_context(self.limiter.slot(priority)),
+                slot=lambda: slot.enter_async_context(self.limiter.slot(priority, not_before)),
             )
             if permit is None:
                 return NotCalled(
@@ -184,7 +184,7 @@ class BackendCaller:
     ) -> _Made | NotCalled:
         """The call itself, holding a backend slot."""
         if not_before is not None:
-            await sleep_until(self.clock, not_before)  # the slot is held meanwhile
+            await self.limiter.hold_until(self.clock, not_before)  # the slot is held (lent) meanwhile
         started = self.clock()
         expired = past_deadline(request.deadline, started)
         if expired is not None:
