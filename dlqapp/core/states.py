@@ -142,9 +142,12 @@ def count_duplicate(previous: StoredState, at: int, source: str) -> StoredState:
 
 
 def counted(previous: StoredState | None, new: StoredState) -> list[str]:
-    """The counters (dlqapp.tables.counters) a state change moves: `received` for a new id,
+    """The counters (dlqapp.tables.counters) a state change moves: `received` for a new id (not
+    for an operator's replay),
     `succeeded` the first time it succeeds, one per retry tier and per dead letter."""
-    names = [] if previous is not None else ["received"]
+    # a replay is not a request received: its request was counted when it first came (its
+    # state may have been swept since, or it never had one: a record without a request id)
+    names = [] if previous is not None or new.state == REPROCESSED else ["received"]
     if new.state == SUCCEEDED and not (previous is not None and previous.succeeded_once):
         names.append("succeeded")
     elif new.state == RETRY_SCHEDULED:

@@ -71,6 +71,7 @@ class Pipeline:
         results: TopicT,
         in_flight: InFlight,
         max_payload_bytes: int,
+        max_message_bytes: int,
         clock: Clock,
         after_sent: Callable[[Callable[[], None]], None],
         redelivery_by_time: bool = False,
@@ -87,6 +88,7 @@ class Pipeline:
         self.results = results
         self.in_flight = in_flight
         self.max_payload_bytes = max_payload_bytes
+        self.max_message_bytes = max_message_bytes
         self.clock = clock
         self.after_sent = after_sent
         self.redelivery_by_time = redelivery_by_time
@@ -99,16 +101,31 @@ class Pipeline:
         try:
             request = parse_request(record.payload, self.max_payload_bytes)
         except InvalidRequest as exc:
-            if exc.request_id and record.payload is not None and not self.store.owns(record, exc.request_id):
+            request_id = exc.request_id or salvage_request_id(record.payload)  # an oversized one's too
+            if (
+                request_id
+                and record.payload is not None
+                and not self.store.owns(record, request_id)
+                and self.store.fits_forward(record, request_id, self.max_message_bytes)
+            ):
                 # judged where its id's state lives (a copy of a live request, or the request itself)
-                await self.store.forward(record, topic, exc.request_id)
+                await self.store.forward(record, topic, request_id)
                 return
             await self.dead_letters.write_unprocessable(
-                record, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", request_id=exc.request_id
+                record, ErrorClass.INVALID_REQUEST, f"invalid request: {exc}", request_id=request_id
             )
             return
         request_id = request.request_id
         if not self.store.owns(record, request_id):
+            if not self.store.fits_forward(record, request_id, self.max_message_bytes):
+                reason = (
+                    f"too large ({len(record.payload or b'')} bytes) to re-send keyed by its request id to the "
+                    "partition that owns it (within DLQ_MAX_MESSAGE_BYTES); send it keyed by its request_id"
+                )
+                await self.dead_letters.write_unprocessable(
+                    record, ErrorClass.INVALID_REQUEST, reason, request_id=request_id
+                )
+                return
             await self.store.forward(record, topic, request_id)
             return
         if self.is_duplicate(request_id, record):

@@ -27,6 +27,10 @@ from dlqapp.tables.counters import Counters
 
 log = logging.getLogger("dlqapp.tables.request_store")
 
+RECORD_FRAMING_BYTES = 128
+"""A record batch's framing around one record (header, CRC, lengths, timestamps), with room."""
+HEADER_FRAMING_BYTES = 10
+
 Send = Callable[[str, bytes, bytes | None, int, list[tuple[str, bytes]]], Awaitable[Awaitable[Any]]]
 """`send(topic, key, value, partition, headers)`: hands one record to the producer and
 returns what resolves once the broker has it (dlqapp.kafka.faust_producer.producer_send)."""
@@ -66,14 +70,28 @@ class RequestStore:
         )
         await pending
 
+    def forward_headers(self, record: Record) -> dict[str, str]:
+        """The headers a message re-sent to its owning partition carries: its own, and where
+        and when it was first written."""
+        headers = dict(record.headers)
+        headers.setdefault(H_ORIGINAL_TIMESTAMP, str(record.timestamp_ms))
+        headers.setdefault(H_SOURCE, json.dumps(record.source, separators=(",", ":")))
+        return headers
+
+    def fits_forward(self, record: Record, request_id: str, limit: int) -> bool:
+        """Whether the message, re-sent keyed by `request_id` with its forward headers, stays
+        within `limit` bytes (the input topic's max.message.bytes), batch framing included."""
+        headers = self.forward_headers(record)
+        size = len(record.payload or b"") + len(request_id.encode()) + RECORD_FRAMING_BYTES
+        size += sum(len(k.encode()) + len(v.encode()) + HEADER_FRAMING_BYTES for k, v in headers.items())
+        return size <= limit
+
     async def forward(self, record: Record, topic: TopicT, request_id: str) -> None:
         """Re-send a message keyed by its request id to the partition that owns it.
 
         Producers need not key by request id: this hop makes dedup and state local.
         """
-        headers = dict(record.headers)
-        headers.setdefault(H_ORIGINAL_TIMESTAMP, str(record.timestamp_ms))
-        headers.setdefault(H_SOURCE, json.dumps(record.source, separators=(",", ":")))
+        headers = self.forward_headers(record)
         await self.send(topic, request_id, record.payload or b"", as_header_pairs(headers))
         log_event(log, logging.DEBUG, "rerouted", request_id=request_id, topic=record.topic)
 

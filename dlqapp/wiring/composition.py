@@ -154,6 +154,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         results=topology.results,
         in_flight=in_flight,
         max_payload_bytes=settings.max_payload_bytes,
+        max_message_bytes=settings.max_message_bytes,
         clock=clock,
         after_sent=steps.after_sent,
         redelivery_by_time=not settings.exactly_once,

@@ -259,7 +259,7 @@ def test_duplicates_are_bounded_in_history_but_all_counted():
         (RETRY_SCHEDULED, {}, ["received", "retried|?"]),
         (DEAD_LETTERED, {"error_class": "content_filter"}, ["received", "dead_lettered|content_filter"]),
         (DEAD_LETTERED, {}, ["received", "dead_lettered|unknown"]),
-        (REPROCESSED, {}, ["received"]),
+        (REPROCESSED, {}, []),  # a replay is not a request received
         (DISCARDED, {}, ["received"]),
     ],
 )

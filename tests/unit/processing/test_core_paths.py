@@ -308,3 +308,14 @@ def test_a_copy_sent_while_a_replay_is_on_its_way_is_a_duplicate_and_the_replay_
     replay = consumed(key, value, {k: v.encode() for k, v in headers.items()}, FakeMessage("input", 0, 6))
     run(w.pipeline.on_input(replay, w.input))
     assert w.backend.calls_for("r21") == 2 and state_of(w, "r21")["state"] == "succeeded"
+
+
+def test_a_message_too_large_to_re_key_is_not_forwarded_into_a_topic_that_would_refuse_it(tmp_path):
+    """A forward adds headers; a record at input's limit would no longer fit input, and the
+    transaction carrying it would fail on every attempt."""
+    w = worker(tmp_path)
+    small = consumed(None, request("r30"), message=FakeMessage("input", 0, 3))
+    assert w.store.fits_forward(small, "r30", limit=len(request("r30")) + 1024)
+    big = consumed(None, b"x" * 1000, message=FakeMessage("input", 0, 4))
+    assert not w.store.fits_forward(big, "r31", limit=1000)
+    assert not w.store.fits_forward(big, "r31", limit=1100)  # its forward headers and framing too
