@@ -14,7 +14,7 @@ from typing import Any
 
 from bench.drivers import SystemDied, produce_in_batches, requests_for, wait_results
 from bench.harness import MockLLM, unique_ids, wait_until
-from bench.measure import cpu_seconds, process_memory, spread, throughput_of
+from bench.measure import cpu_seconds, load_average, process_memory, spread, throughput_of
 from bench.profiling import Profiler
 from bench.systems import BENCH_GUARANTEE, CONCURRENCY, OTHER_GUARANTEE, Bench, Running
 
@@ -75,6 +75,7 @@ def cost_run(
         "cpu_s_per_1k": cpu * 1000 / count,
         "mock_cpu_s_per_1k": mock_cpu * 1000 / count,
         "dead_lettered": len(outcomes) - len(results),
+        "load_average": load_average(),
     }
 
 

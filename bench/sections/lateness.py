@@ -17,7 +17,7 @@ from bench.drivers import (
     wait_results,
 )
 from bench.harness import Worker, produce, unique_ids, wait_until
-from bench.measure import percentile, spread
+from bench.measure import load_average, percentile, spread
 from bench.systems import BENCH_GUARANTEE, LATENCY_MS, OTHER_GUARANTEE, Bench
 
 PROBES_PER_S = 50
@@ -84,9 +84,8 @@ def _lateness_run(
     try:
         with LoopLagSampler(worker) as lag:
             per_tier = probe_lateness(bench.bootstrap, worker, probes, flood_size, per_second)
-        return {"per_tier": lateness_summary(per_tier), "loop_lag_max_ms": lag.max_ms}, [
-            x for v in per_tier.values() for x in v
-        ]
+        row = {"per_tier": lateness_summary(per_tier), "loop_lag_max_ms": lag.max_ms, "load_average": load_average()}
+        return row, [x for v in per_tier.values() for x in v]
     finally:
         worker.kill()
 
