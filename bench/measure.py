@@ -49,6 +49,12 @@ def process_memory(pid: int) -> dict[str, int]:
     return {"rss_bytes": fields["VmRSS"], "peak_rss_bytes": fields["VmHWM"]}
 
 
+def load_average() -> float:
+    """The machine's 1-minute load average (/proc/loadavg): how busy the shared machine was."""
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time a process has used so far, in seconds (/proc/<pid>/stat)."""
     with open(f"/proc/{pid}/stat") as f:

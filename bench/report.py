@@ -15,6 +15,8 @@ from bench.soak import plot as soak_plot
 from bench.systems import CONCURRENCY, LATENCY_MS
 from bench.tls_cost import markdown as tls_markdown
 
+MODES = ("exactly_once", "at_least_once")
+"""Processing guarantees a section may measure beside its default one (nested under the mode's name)."""
 SYSTEMS = ("baseline_a_sync", "baseline_b_aiokafka", "dlqapp_0pct_failures", "dlqapp_10pct_failures")
 """`throughput`'s systems, in the order of its table and plot."""
 FLOW_SETUPS = ("none", "adaptive_concurrency", "rate_limits")
@@ -23,9 +25,11 @@ COST_LABELS = {
     "baseline_b_aiokafka": ("B: aiokafka", "#555"),
     "baseline_c_faust": ("C: Faust floor", "#999"),
     "dlqapp_0pct_failures": ("dlqapp 0%", "#2f5bea"),
+    "dlqapp_0pct_failures_at_least_once": ("dlqapp 0%, at_least_once", "#8fa8f0"),
     "dlqapp_10pct_failures": ("dlqapp 10%", "#7f9cf5"),
 }
 """Bar label and colour of each system in per_request_cost.png."""
+COST_SYSTEMS = ("baseline_b_aiokafka", "baseline_c_faust", "dlqapp_0pct_failures")
 
 
 def write_report(results: dict[str, Any], out: Path) -> None:
@@ -33,8 +37,12 @@ def write_report(results: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     samples = {}
     for section in ("lateness", "parked_scale"):
-        for key in [k for k in results.get(section, {}) if k.endswith("_samples")]:
-            samples[f"{section}/{key.removesuffix('_samples')}"] = results[section].pop(key)
+        figures = results.get(section, {})
+        nested = [(mode, figures[mode]) for mode in MODES if isinstance(figures.get(mode), dict)]
+        for prefix, held in [(figures.get("guarantee", ""), figures), *nested]:
+            for key in [k for k in held if k.endswith("_samples")]:
+                name = key.removesuffix("_samples") + (f" ({prefix})" if prefix else "")
+                samples[f"{section}/{name}"] = held.pop(key)
     (out / "latest.json").write_text(json.dumps(results, indent=2))
     (out / "latest.md").write_text(markdown(results))
     plots(results, samples, out)
@@ -143,15 +151,21 @@ def _md_ratio(ratio: dict[str, Any]) -> str:
 
 
 def _md_overhead(o: dict[str, Any]) -> list[str]:
-    lines = [f"## overhead: mock LLM at 0 ms, {o['concurrency']} in flight, {o['requests']:,} requests per run", ""]
+    mode, other = o.get("guarantee", "at_least_once"), o.get("other_guarantee")
+    lines = [
+        f"## overhead: mock LLM at 0 ms, {o['concurrency']} in flight, {o['requests']:,} requests per run; "
+        f"dlqapp {mode}" + (f", and {other} beside it" if other else ""),
+        "",
+    ]
     lines += _md_cost_rows(
-        o, ("baseline_b_aiokafka", "baseline_c_faust", "dlqapp_0pct_failures", "dlqapp_10pct_failures")
+        o, tuple(n for n in (*COST_SYSTEMS, f"dlqapp_0pct_failures_{other}", "dlqapp_10pct_failures") if n in o)
     )
+    beside = f"; dlqapp {other} / C = {_md_ratio(o['ratio_other_mode_to_c'])}" if "ratio_other_mode_to_c" in o else ""
     return [
         *lines,
         "",
         f"dlqapp / B = {_md_ratio(o['ratio_dlqapp_to_b'])}; dlqapp / C (Faust's floor) = "
-        f"{_md_ratio(o['ratio_dlqapp_to_c'])}; C / B = {_md_ratio(o['ratio_c_to_b'])}; "
+        f"{_md_ratio(o['ratio_dlqapp_to_c'])}{beside}; C / B = {_md_ratio(o['ratio_c_to_b'])}; "
         f"dlqapp with 10% transient failures / dlqapp at 0% = {_md_ratio(o['ratio_10pct_to_0pct'])}",
     ]
 
@@ -159,17 +173,22 @@ def _md_overhead(o: dict[str, Any]) -> list[str]:
 def _md_llm_scale(s: dict[str, Any]) -> list[str]:
     lines = [
         f"## llm_scale: mock LLM at {s['latency_ms']} ± {s['jitter_ms']} ms, {s['concurrency']} in flight (ceiling "
-        f"{s['ceiling_per_s']:.0f}/s), {s['requests']:,} requests per run",
+        f"{s['ceiling_per_s']:.0f}/s), {s['requests']:,} requests per run; dlqapp "
+        f"{s.get('guarantee', 'at_least_once')}"
+        + (f", and {s['other_guarantee']} beside it" if "other_guarantee" in s else ""),
         "",
     ]
-    lines += _md_cost_rows(s, ("baseline_b_aiokafka", "dlqapp_0pct_failures"))
+    other = f"dlqapp_0pct_failures_{s.get('other_guarantee')}"
+    lines += _md_cost_rows(s, tuple(n for n in ("baseline_b_aiokafka", "dlqapp_0pct_failures", other) if n in s))
     lines += [
         "",
         f"dlqapp / B = {_md_ratio(s['ratio_dlqapp_to_b'])}; dlqapp / ceiling = "
         f"**{s['ratio_dlqapp_to_ceiling']:.2f}×**, B / ceiling = {s['ratio_b_to_ceiling']:.2f}×",
         "",
     ]
-    rss = s["rss"]
+    rss = s.get("rss")
+    if rss is None:
+        return lines
     lines += [
         f"| Resident memory, {rss['in_flight']:,} calls in flight | idle MiB | in flight MiB | KiB per call |",
         "|---|---|---|---|",
@@ -188,29 +207,44 @@ def _md_latency(latency: dict[str, Any]) -> list[str]:
 
 
 def _md_lateness(lateness: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for figures in [lateness, *(lateness[m] for m in MODES if isinstance(lateness.get(m), dict))]:
+        lines += _md_lateness_mode(figures)
+    return lines
+
+
+def _md_lateness_mode(lateness: dict[str, Any]) -> list[str]:
     cell = lambda s: f"{s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f})"  # noqa: E731
     lines = [
-        "Median of runs (min–max over runs); each run a fresh worker.",
+        f"### Retry lateness, {lateness.get('guarantee', 'at_least_once')}",
+        "",
+        "Median of runs (min–max over runs); each run a fresh worker, the modes in turn.",
         "",
         "| Retry lateness | Tier | n | p50 ms | p99 ms | max ms | loop lag max ms |",
         "|---|---|---|---|---|---|---|",
     ]
-    for label in LATENESS_SCENARIOS:
+    for label in [s for s in LATENESS_SCENARIOS if s in lateness]:
         for tier, v in lateness[label].items():
             lines.append(
                 f"| {label} | {tier} | {v['n']} | {cell(v['p50_ms'])} | {cell(v['p99_ms'])} | {v['max_ms']} | "
                 f"{cell(lateness[label + '_loop_lag_max_ms'])} |"
             )
-    worst = lambda label: cell(lateness[label + "_worst_tier_p99_ms"])  # noqa: E731
-    lines += [
-        "",
-        f"Worst tier p99: idle {worst('idle')} ms, paced under the flood {worst('paced_under_flood')} ms, "
-        f"burst {worst('burst')} ms, burst under the flood {worst('under_flood')} ms. "
-        f"At the median: paced flood / idle **{lateness['paced_flood_to_idle_worst_tier_p99']:.1f}×**, "
-        f"burst flood / burst **{lateness['flood_to_burst_worst_tier_p99']:.1f}×**, "
-        f"burst flood / idle {lateness['flood_to_idle_worst_tier_p99']:.1f}×",
+    worst = [
+        f"{label} {cell(lateness[label + '_worst_tier_p99_ms'])} ms"
+        for label in LATENESS_SCENARIOS
+        if label + "_worst_tier_p99_ms" in lateness
     ]
-    return lines
+    ratios = [
+        f"{name} **{lateness[key]:.1f}×**"
+        for key, name in (
+            ("paced_flood_to_idle_worst_tier_p99", "paced flood / idle"),
+            ("burst_to_idle_worst_tier_p99", "burst / idle"),
+            ("flood_to_idle_worst_tier_p99", "burst flood / idle"),
+            ("flood_to_burst_worst_tier_p99", "burst flood / burst"),
+        )
+        if key in lateness
+    ]
+    return [*lines, "", "Worst tier p99: " + ", ".join(worst) + ". At the median: " + ", ".join(ratios), ""]
 
 
 def _md_timer(timer: dict[str, Any]) -> list[str]:

@@ -18,6 +18,14 @@ request of a higher priority (due retries still come first), its tenants sharing
 slot fairly. So under a flood of `high` traffic `low` requests get at least one grant in
 `max_passes`.
 
+A due retry may take its slot ahead of its due time and hold it idle until then
+(`hold_until`): under a flood of fresh input every slot is busy, and asking only when due
+meant waiting for the next call to end. Such a slot is lent, not owned: a due retry that
+finds no free slot takes it from the holder whose time is furthest off, when that is later
+than its own, and the holder asks again at its own time. In a burst of retries due
+together, slots held idle by retries not yet due had kept retries already due waiting for
+a call to end (90-280 ms at 100 ms calls, measured by stage).
+
 The limit is `AimdLimit.limit` when adaptive (`record` feeds it every call's outcome),
 else the fixed ceiling. When it shrinks, calls in flight finish; no new slot is handed
 out until fewer than the limit are in flight.
@@ -27,7 +35,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +54,16 @@ class _Waiter:
     order: int
     tag: float = 0.0
     """The start tag (weighted fair queuing)."""
+    due_at: int | None = None
+    """A due retry's due time (epoch ms); None: due now."""
+
+
+@dataclass
+class _Early:
+    """A slot held ahead of `at_ms`; `taken` resolves when a due retry took it meanwhile."""
+
+    at_ms: int
+    taken: asyncio.Future[None]
 
 
 class _FairClass:
@@ -89,6 +107,11 @@ class _FairClass:
         heads = self.heads()
         return min((w for _, w in heads), key=lambda w: w.order) if heads else None
 
+    def peek(self) -> _Waiter | None:
+        """The waiter `take` would serve next, left in place."""
+        heads = self.heads()
+        return min((w for _, w in heads), key=lambda w: (w.tag, w.order)) if heads else None
+
     def take(self) -> _Waiter | None:
         """Serve the waiter with the smallest start tag (the earliest on a tie)."""
         heads = self.heads()
@@ -129,6 +152,7 @@ class SlotLimiter:
         self.grants = 0
         self._enqueued = 0
         self._waiters: tuple[_FairClass, ...] = tuple(_FairClass() for _ in range(LOW + 1))
+        self._early: list[_Early] = []
 
     @property
     def limit(self) -> int:
@@ -151,10 +175,11 @@ class SlotLimiter:
                 total[tenant] = total.get(tenant, 0) + n
         return total
 
-    def slot(self, priority: int, tenant: str = "", cost: float = 1.0) -> _Slot:
+    def slot(self, priority: int, tenant: str = "", cost: float = 1.0, due_at: int | None = None) -> _Slot:
         """Hold one slot for the duration of the `async with` block; `tenant` and `cost`
-        (estimated tokens) place it among the tenants waiting at its priority."""
-        return _Slot(self, priority, tenant, cost)
+        (estimated tokens) place it among the tenants waiting at its priority; `due_at`: a
+        due retry's due time, when it asks ahead of it (see `hold_until`)."""
+        return _Slot(self, priority, tenant, cost, due_at)
 
     def is_slow(self, latency_s: float) -> bool:
         """A call this slow counts as push-back (`AimdLimit.is_slow`; never without adaptive concurrency)."""
@@ -166,7 +191,7 @@ class SlotLimiter:
             self.adaptive.on_sample(latency_s, dropped, self.in_use)
             self._dispatch()
 
-    async def _acquire(self, priority: int, tenant: str = "", cost: float = 1.0) -> None:
+    async def _acquire(self, priority: int, tenant: str = "", cost: float = 1.0, due_at: int | None = None) -> None:
         fair = self._waiters[priority]
         tag = fair.stamp(tenant, cost, self.weights.get(tenant, 1.0))
         if self.in_use < self.limit and not any(self._waiters):
@@ -175,14 +200,56 @@ class SlotLimiter:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._enqueued += 1
-        fair.add(tenant, _Waiter(future, self.grants, self._enqueued, tag))
+        fair.add(tenant, _Waiter(future, self.grants, self._enqueued, tag, due_at))
         self._dispatch()
+        if priority == DUE and not future.done():
+            self._lend_early()
         try:
             await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self._release()  # the slot was handed over just as we were cancelled
             raise
+
+    async def hold_until(self, clock: Callable[[], int], at_ms: int, tenant: str = "", cost: float = 1.0) -> None:
+        """Holding a slot, wait until `clock` reads `at_ms`; a due retry that finds no free slot
+        meanwhile takes this one, and the slot is asked for again (as due) at `at_ms`."""
+        if at_ms - clock() <= 0:
+            return
+        early = _Early(at_ms, asyncio.get_running_loop().create_future())
+        self._early.append(early)
+        self._lend_early()  # due retries already waiting come first
+        try:
+            while (left_ms := at_ms - clock()) > 0 and not early.taken.done():
+                await asyncio.wait((early.taken,), timeout=left_ms / 1000)
+            if early.taken.done():
+                while (left_ms := at_ms - clock()) > 0:
+                    await asyncio.sleep(left_ms / 1000)
+                await self._acquire(DUE, tenant, cost, at_ms)  # the `async with` block releases it as ever
+        except BaseException:
+            if early.taken.done():
+                self.in_use += 1  # lent away and not taken back: the block's release must balance
+            raise
+        finally:
+            if early in self._early:
+                self._early.remove(early)
+
+    def _lend_early(self) -> None:
+        """Give slots held early to the due retries waiting in line, each from the holder
+        whose time is furthest off, when that is later than the waiter's own."""
+        due = self._waiters[DUE]
+        while self._early:
+            waiter = due.peek()
+            if waiter is None:
+                return
+            early = max(self._early, key=lambda e: e.at_ms)
+            if waiter.due_at is not None and early.at_ms <= waiter.due_at:
+                return  # every holder is due before the first in line: it keeps its slot
+            due.take()
+            self._early.remove(early)
+            early.taken.set_result(None)
+            self.grants += 1
+            waiter.future.set_result(None)  # the slot changes hands: in_use unchanged
 
     def _grant(self) -> None:
         self.in_use += 1
@@ -235,16 +302,17 @@ class SlotLimiter:
 class _Slot:
     """`async with limiter.slot(priority)`: one slot for the block (a class: no generator per call)."""
 
-    __slots__ = ("_cost", "_limiter", "_priority", "_tenant")
+    __slots__ = ("_cost", "_due_at", "_limiter", "_priority", "_tenant")
 
-    def __init__(self, limiter: SlotLimiter, priority: int, tenant: str, cost: float) -> None:
+    def __init__(self, limiter: SlotLimiter, priority: int, tenant: str, cost: float, due_at: int | None) -> None:
         self._limiter = limiter
         self._priority = priority
         self._tenant = tenant
         self._cost = cost
+        self._due_at = due_at
 
     async def __aenter__(self) -> None:
-        await self._limiter._acquire(self._priority, self._tenant, self._cost)
+        await self._limiter._acquire(self._priority, self._tenant, self._cost, self._due_at)
 
     async def __aexit__(self, *exc: Any) -> None:
         self._limiter._release()

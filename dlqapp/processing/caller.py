@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from dlqapp.core.backend import InferenceBackend, InferenceOutput
 from dlqapp.core.breaker import CircuitBreaker
-from dlqapp.core.clock import Clock, sleep_until
+from dlqapp.core.clock import Clock
 from dlqapp.core.envelope import Attempt
 from dlqapp.core.errors import ErrorClass, Failure, classify_exception
 from dlqapp.core.outcomes import DeadLetter, past_deadline
@@ -159,7 +159,7 @@ class BackendCaller:
         target = model or request.model
         tokens = estimate_tokens(request)
         if not self.gate.is_limited(target):
-            async with self.limiter.slot(priority, tenant, tokens):
+            async with self.limiter.slot(priority, tenant, tokens, not_before):
                 return await self._call_in_slot(request, number, label, due_ms, model, not_before, UNLIMITED)
         async with AsyncExitStack() as slot:  # the backend slot, taken by the gate once the model has room
             permit = await self.gate.acquire(
@@ -167,7 +167,7 @@ class BackendCaller:
                 tokens,
                 max_wait_s=self._time_left_s(request),
                 priority=priority,
-                slot=lambda: slot.enter_async_context(self.limiter.slot(priority, tenant, tokens)),
+                slot=lambda: slot.enter_async_context(self.limiter.slot(priority, tenant, tokens, not_before)),
             )
             if permit is None:
                 return NotCalled(
@@ -190,7 +190,7 @@ class BackendCaller:
     ) -> _Made | NotCalled:
         """The call itself, holding a backend slot."""
         if not_before is not None:
-            await sleep_until(self.clock, not_before)  # the slot is held meanwhile
+            await self.limiter.hold_until(self.clock, not_before)  # the slot is held (lent) meanwhile
         started = self.clock()
         expired = past_deadline(request.deadline, started)
         if expired is not None:

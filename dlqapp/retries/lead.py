@@ -5,9 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-MIN_LEAD_MS = 250
+MIN_LEAD_MS = 500
 """Never less: an idle hand-over takes a few milliseconds, but a stall of the machine (a
-disk flush, a busy neighbour) makes single ones take 100-250 ms."""
+disk flush, a busy neighbour) makes single ones take 100-250 ms, and while a burst of
+failures is parked a timer tick itself starts up to 150 ms late on a busy 2-core machine
+(measured by stage; both add up before the first slow hand-over is observed)."""
 MARGIN = 1.5
 """The lead is this many times the worst recent hand-over."""
 WINDOW_S = 30.0

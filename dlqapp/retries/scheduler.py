@@ -202,28 +202,31 @@ class RetryScheduler:
         return None if self.next_due is None else self.next_due - self.lead.ms
 
     async def hand_over_due(self) -> int:
-        """Hand every retry due within the lead (see DueLead), not yet fired, to the due agent. Returns how many."""
+        """Hand every retry due within the lead (see DueLead), not yet fired, to the due agent. Returns how many.
+
+        Every partition's hints are queued before the tick waits for the broker once: a wait
+        per partition made a tick take one round trip per partition, and on a busy worker the
+        last partitions' retries were handed over after their due time."""
         now = self.clock()
         horizon = now + self.lead.ms
-        fired = 0
         active = dict(self.parked.active_dbs())
         self.parked.scan_starts.keep_only(active)
         upcoming = [due for db in active.values() if (due := next_due_after(db, horizon)) is not None]
         self.next_due = min(upcoming, default=None)
-        for partition, db in active.items():
-            keys = self._due_keys(partition, db, horizon)
-            if not keys:
-                continue
+        due_now = [
+            (partition, keys) for partition, db in active.items() if (keys := self._due_keys(partition, db, horizon))
+        ]
+        sends = []
+        for partition, keys in due_now:
             self.gate.handed_over(keys)  # fresh input waits until the due agent has these
-            sends = []
             for key in keys:
                 self.handed_over[key] = now
                 _, request_id = decode_parked_key(key)
                 sends.append(await self.handover.send(request_id.encode(), key, partition))
+        if sends:
             await asyncio.gather(*sends)
-            fired += len(keys)
         self.gate.refresh()
-        return fired
+        return len(sends)
 
     async def hand_over_now(self, key: bytes, partition: int) -> None:
         """Hand one parked retry to the due agent now, exactly as the timer would when it is due."""

@@ -361,7 +361,7 @@ class Settings:
         "1s",
         parse_duration_ms,
         "The retry timer hands a retry to the due agent ahead of its due time: 1.5 x the slowest hand-over of the "
-        "last 30-60 s, at least 250 ms, at most this long; the attempt itself never starts before the due time. "
+        "last 30-60 s, at least 500 ms, at most this long; the attempt itself never starts before the due time. "
         "0: hand retries over when due.",
     )
     timer_batch: int = _setting(

@@ -141,3 +141,82 @@ def test_limiter_never_exceeds_its_limit_and_survives_cancellation():
         assert limiter.in_use == 0
 
     asyncio.run(run())
+
+
+# -- slots held ahead of a due time ----------------------------------------------------------
+
+
+def _wall_ms() -> int:
+    import time
+
+    return time.time_ns() // 1_000_000
+
+
+def test_a_slot_held_ahead_of_a_later_due_time_is_lent_to_a_retry_due_sooner_and_taken_back():
+    async def run():
+        limiter = SlotLimiter(1)
+        now = _wall_ms()
+        started: dict[str, int] = {}
+
+        async def retry(name, due_at):
+            async with limiter.slot(DUE, due_at=due_at):
+                await limiter.hold_until(_wall_ms, due_at)
+                started[name] = _wall_ms()
+                assert limiter.in_use == 1
+
+        late = asyncio.create_task(retry("late", now + 300))
+        await asyncio.sleep(0.02)  # "late" holds the only slot ahead of its time
+        soon = asyncio.create_task(retry("soon", now + 60))
+        await asyncio.gather(late, soon)
+        assert started["soon"] - (now + 60) < 100  # not after "late"'s call: it took the idle slot
+        assert started["late"] >= now + 300  # never early: it asked again at its own time
+        assert limiter.in_use == 0
+
+    asyncio.run(run())
+
+
+def test_a_retry_due_later_than_every_holder_waits_in_line_instead():
+    async def run():
+        limiter = SlotLimiter(1)
+        now = _wall_ms()
+        order = []
+
+        async def retry(name, due_at):
+            async with limiter.slot(DUE, due_at=due_at):
+                await limiter.hold_until(_wall_ms, due_at)
+                order.append(name)
+
+        soon = asyncio.create_task(retry("soon", now + 80))
+        await asyncio.sleep(0.01)
+        late = asyncio.create_task(retry("late", now + 120))
+        await asyncio.gather(soon, late)
+        assert order == ["soon", "late"] and limiter.in_use == 0
+
+    asyncio.run(run())
+
+
+def test_a_holder_cancelled_after_lending_its_slot_leaves_the_count_right():
+    async def run():
+        limiter = SlotLimiter(1)
+        now = _wall_ms()
+
+        async def retry(due_at, hold=None):
+            async with limiter.slot(DUE, due_at=due_at):
+                await limiter.hold_until(_wall_ms, due_at)
+                if hold is not None:
+                    await hold.wait()
+
+        hold = asyncio.Event()
+        late = asyncio.create_task(retry(now + 5_000))
+        await asyncio.sleep(0.01)
+        soon = asyncio.create_task(retry(now, hold))  # due now: takes the idle slot
+        await asyncio.sleep(0.01)
+        assert limiter.in_use == 1
+        late.cancel()  # lent away, waiting to ask again
+        await asyncio.gather(late, return_exceptions=True)
+        assert limiter.in_use == 1
+        hold.set()
+        await soon
+        assert limiter.in_use == 0
+
+    asyncio.run(run())

@@ -132,3 +132,50 @@ def test_next_due_after_names_the_earliest_retry_not_yet_due(db):
     assert next_due_after(db, NOW) == NOW + 40
     assert next_due_after(db, NOW + 40) == NOW + 250
     assert next_due_after(db, NOW + 250) is None
+
+
+def test_a_tick_queues_every_partitions_hand_overs_before_it_waits_for_the_broker(tmp_path):
+    """One wait per tick: a broker that answers only once every partition's hints are queued
+    must not hold the later partitions back (it did, one round trip per partition)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from dlqapp.retries.scheduler import RetryScheduler
+
+    dbs = {p: Rdict(str(tmp_path / f"parked-{p}"), Options(raw_mode=True)) for p in range(3)}
+    for p, db in dbs.items():
+        db.put(parked_key(NOW - 1, f"r{p}"), b"x")
+
+    async def run() -> list[int]:
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queued: list[int] = []
+
+        class Broker:
+            async def send(self, key, value, partition, *, now=False):
+                queued.append(partition)
+                if len(queued) == len(dbs) and not answered.done():
+                    answered.set_result(None)  # answers once every hint is queued
+                return answered
+
+        parked = SimpleNamespace(active_dbs=lambda: iter(dbs.items()), scan_starts=ScanStarts())
+        gate = SimpleNamespace(handed_over=lambda keys: None, refresh=lambda: None)
+        scheduler = RetryScheduler(
+            parked,  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]
+            dead_letters=None,  # type: ignore[arg-type]
+            in_flight=None,  # type: ignore[arg-type]
+            store=None,  # type: ignore[arg-type]
+            handover=Broker(),  # type: ignore[arg-type]
+            gate=gate,  # type: ignore[arg-type]
+            batch=10,
+            max_payload_bytes=1000,
+            clock=lambda: NOW,
+        )
+        assert await asyncio.wait_for(scheduler.hand_over_due(), 2) == 3
+        return queued
+
+    try:
+        assert sorted(asyncio.run(run())) == [0, 1, 2]
+    finally:
+        for db in dbs.values():
+            db.close()
