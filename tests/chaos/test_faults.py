@@ -163,7 +163,7 @@ def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
             page = wait_until(
                 page_with_total(worker, "/dlq/?limit=1000", len(expected_dead)),
                 120,
-                lambda: (
+                lambda worker=worker: (
                     f"the full DLQ on {worker.name} ({len(expected_dead)} dead letters), it shows "
                     f"{summarize_page(worker.get('/dlq/?limit=1000')[1], expected_dead)}"
                 ),
