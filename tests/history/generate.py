@@ -376,7 +376,8 @@ def kill_right_after_replays(count: int = 40) -> History:
         Event(0.0, "request", {"id": f"x{i}", "plan": {"fail_times": 2, "status": 401}, "keyed": True})
         for i in range(count)
     ]
-    events.append(Event(4.0, "replay_all", {"via": "http", "error_class": "auth_error", "wait_for": []}))
+    ids = [f"x{i}" for i in range(count)]  # every one dead-lettered first, however busy the machine
+    events.append(Event(4.0, "replay_all", {"via": "http", "error_class": "auth_error", "wait_for": ids}))
     events.append(Event(4.1, "kill", {"worker": "w1", "when_stats": {"reprocessed": count // 2}}))
     return History(None, "case5-kill-right-after-replays", events, {}, 60)
 
