@@ -10,7 +10,7 @@ it, although once there it got a backend slot within milliseconds.
 So while any due hint is on its way, the gate is closed: the input partitions are paused
 at the consumer (nothing more is fetched or buffered for them) and the input agent starts
 no new handler (it keeps taking events off its queue, though: see
-dlqapp.processing.flow.GatedFeed). Fresh requests already running carry on; they rank
+dlqapp.processing.feed.GatedFeed). Fresh requests already running carry on; they rank
 below retries for backend slots anyway (dlqapp.flowcontrol.slots). The gate opens again
 as soon as the last hint has arrived, or after `max_hold_ms` (a hint lost to a crash must
 not stall input; the timer fires it again later).

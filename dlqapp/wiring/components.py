@@ -22,9 +22,9 @@ from dlqapp.observability.health import MinuteRates
 from dlqapp.observability.tracing import Tracing
 from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
-from dlqapp.processing.flow import InFlightWindows
 from dlqapp.processing.pipeline import Pipeline
 from dlqapp.processing.spend import Spending
+from dlqapp.processing.windows import InFlightWindows
 from dlqapp.retries.handover import HandOver
 from dlqapp.retries.parked import ParkedRetries
 from dlqapp.retries.scheduler import RetryScheduler

@@ -47,9 +47,9 @@ from dlqapp.observability.logs import log_breaker_move
 from dlqapp.observability.tracing import Tracing
 from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
-from dlqapp.processing.flow import InFlightWindows
 from dlqapp.processing.pipeline import Pipeline
 from dlqapp.processing.spend import Spending
+from dlqapp.processing.windows import InFlightWindows
 from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.handover import HandOver
 from dlqapp.retries.lead import DueLead

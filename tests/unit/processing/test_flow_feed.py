@@ -3,7 +3,7 @@ the open and closed limits, backlog, and release across rebalances."""
 
 import asyncio
 
-from dlqapp.processing.flow import GatedFeed
+from dlqapp.processing.feed import GatedFeed
 from tests.unit.processing.flow_fakes import FakeEvent, Harness, _reraise
 
 
@@ -131,7 +131,7 @@ def test_events_taken_while_the_windows_are_released_are_given_back_not_started_
     input agent takes meanwhile belong to the revoked assignment. Started afterwards, one
     held by an open breaker would never be acked and Faust would wait for it until the
     rebalance timed out."""
-    from dlqapp.processing.flow import InFlightWindows
+    from dlqapp.processing.windows import InFlightWindows
 
     async def run():
         h = Harness()

@@ -1,0 +1,118 @@
+"""The worker's in-flight windows and feeds, created and released together, and the door
+every agent's events come through."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from dlqapp.flowcontrol.input_gate import InputGate
+from dlqapp.kafka.acks import Acks, Ticket
+from dlqapp.processing.crashguard import CrashGuard
+from dlqapp.processing.feed import GatedFeed
+from dlqapp.processing.flow import InFlightWindow, OnDone, OnPoison
+from dlqapp.tables.progress import Progress
+from dlqapp.tables.steps import StreamSteps
+
+
+class InFlightWindows:
+    """The worker's in-flight windows, created and released together, and the door every
+    agent's events come through (`admit`)."""
+
+    def __init__(
+        self,
+        limit: int,
+        drain_timeout_s: float,
+        *,
+        steps: StreamSteps,
+        acks: Acks,
+        progress: Progress | None,
+        guard: CrashGuard | None,
+    ) -> None:
+        self.limit = limit
+        self.drain_timeout_s = drain_timeout_s
+        self.steps = steps
+        self.acks = acks
+        self.progress = progress
+        self.guard = guard
+        self._windows: list[InFlightWindow] = []
+        self._feeds: list[GatedFeed] = []
+
+    def admit(self, event: object) -> Ticket | None:
+        """The door: track `event` for its ack; None when its outputs are already committed
+        (exactly_once: below its topic's progress), acked without being handled again."""
+        ticket = self.acks.track(event)
+        if self.progress is not None:
+            topic, partition = ticket.topic_partition
+            if self.progress.already_done(topic, partition, ticket.offset):
+                self.acks.ended(ticket, None)
+                return None
+            ticket.strikes = self.progress.strikes(topic, partition, ticket.offset)
+        return ticket
+
+    def new(
+        self,
+        on_poison: OnPoison,
+        on_stop: Callable[[BaseException], None],
+        *,
+        limit: int | None = None,
+        on_done: OnDone | None = None,
+    ) -> InFlightWindow:
+        """A window of `limit` steps (default: the windows' limit)."""
+        window = InFlightWindow(
+            limit or self.limit,
+            steps=self.steps,
+            acks=self.acks,
+            on_poison=on_poison,
+            on_stop=on_stop,
+            guard=self.guard,
+            on_done=on_done,
+            progress=self.progress,
+        )
+        self._windows.append(window)
+        return window
+
+    def feed(
+        self,
+        window: InFlightWindow,
+        gate: InputGate,
+        *,
+        closed_limit: int,
+        read_ahead: int | None = None,
+        weight_of: Callable[[str], float] = lambda tenant: 1.0,
+    ) -> GatedFeed:
+        """A gated, fair feed into `window`, released with it (see GatedFeed); `read_ahead`:
+        the events it may hold while the window is full (default: the window's limit)."""
+        feed = GatedFeed(
+            window,
+            gate,
+            open_limit=max(read_ahead or self.limit, self.limit),
+            closed_limit=closed_limit,
+            window_limit=self.limit,
+            weight_of=weight_of,
+        )
+        self._feeds.append(feed)
+        return feed
+
+    @property
+    def in_flight(self) -> int:
+        return sum(window.in_flight for window in self._windows)
+
+    async def release(self) -> int:
+        """Hand back what every window and feed holds (see InFlightWindow.release); they
+        stay closed until `reopen`.
+
+        The feeds last: their agents may take events while the windows give running steps
+        their grace period, and those belong to the assignment being revoked."""
+        released = 0
+        for window in self._windows:
+            released += await window.release(self.drain_timeout_s)
+        released += sum(feed.release() for feed in self._feeds)
+        return released + self.acks.hand_back_running()
+
+    def reopen(self) -> None:
+        """A new assignment has begun: the door forgets the old one, the windows take events again."""
+        self.acks.reset()
+        if self.progress is not None:
+            self.progress.reset()
+        for window in self._windows:
+            window.reopen()
