@@ -31,7 +31,7 @@ class PatientTransport(AIOKafkaTransport):
     At start Faust declares every topic it uses (`Topic.maybe_declare`): it asks the first
     broker the client knows for the controller, then sends it the creation. A worker started
     while that broker is down (killed, not yet fenced by the controller) crashed there with
-    `NodeNotReadyError`. Retried like dlqapp's own topic checks (`kafka_admin.retry_while_transient`),
+    `NodeNotReadyError`. Retried like dlqapp's own topic checks (`dlqapp.kafka.admin.retry_while_transient`),
     with fresh metadata each time: once the dead broker is fenced it is no longer listed.
     """
 

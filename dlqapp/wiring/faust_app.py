@@ -26,7 +26,7 @@ from yarl import URL
 
 from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
 from dlqapp.kafka.access import KafkaAccessError
-from dlqapp.kafka.admin import MAX_MESSAGE_BYTES, InternalTopic, TopicMismatchError, ensure_topics
+from dlqapp.kafka.admin import ensure_topics
 from dlqapp.kafka.faust_consumer import dlq_consumer_class
 from dlqapp.kafka.faust_producer import (
     PatientTransport,
@@ -36,6 +36,7 @@ from dlqapp.kafka.faust_producer import (
     widen_changelog_buffer,
 )
 from dlqapp.kafka.faust_recovery import end_recoveries
+from dlqapp.kafka.topic_checks import MAX_MESSAGE_BYTES, InternalTopic, TopicMismatchError
 from dlqapp.kafka.transactions import Transactions
 from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
 from dlqapp.settings import Settings, SettingsError

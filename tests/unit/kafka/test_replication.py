@@ -4,13 +4,8 @@ import logging
 
 import pytest
 
-from dlqapp.kafka.admin import (
-    TopicMismatchError,
-    TopicShape,
-    _check_brokers,
-    _check_replicas,
-    topic_configs,
-)
+from dlqapp.kafka.admin import topic_configs
+from dlqapp.kafka.topic_checks import TopicMismatchError, TopicShape, check_brokers, check_replicas
 from dlqapp.settings import Settings, SettingsError
 
 
@@ -50,22 +45,22 @@ def test_every_topic_is_created_with_min_insync_replicas_and_the_dlq_compacted()
 def test_missing_topics_on_too_few_brokers_are_refused_naming_the_setting():
     settings = Settings.from_env({"DLQ_REPLICATION_FACTOR": "3", "DLQ_KAFKA_BOOTSTRAP": "k1:9092"})
     with pytest.raises(TopicMismatchError) as caught:
-        _check_brokers(settings, [1, 2], ["input", "dlq"])
+        check_brokers(settings, [1, 2], ["input", "dlq"])
     message = str(caught.value)
     assert "DLQ_REPLICATION_FACTOR=3" in message and "has 2 (ids 1,2)" in message and "k1:9092" in message
-    _check_brokers(settings, [1, 2, 3], ["input"])
+    check_brokers(settings, [1, 2, 3], ["input"])
 
 
 def test_existing_topics_with_fewer_replicas_than_min_insync_are_refused():
     settings = Settings.from_env({"DLQ_REPLICATION_FACTOR": "3"})
     with pytest.raises(TopicMismatchError, match=r"DLQ_MIN_INSYNC_REPLICAS=2.*input has 1"):
-        _check_replicas(settings, {"input": TopicShape(3, 1), "dlq": TopicShape(3, 3)})
+        check_replicas(settings, {"input": TopicShape(3, 1), "dlq": TopicShape(3, 3)})
 
 
 def test_existing_topics_below_the_replication_factor_are_only_reported(caplog):
     settings = Settings.from_env({"DLQ_REPLICATION_FACTOR": "3"})
     with caplog.at_level(logging.WARNING):
-        _check_replicas(settings, {"input": TopicShape(3, 2), "dlq": TopicShape(3, 3)})
+        check_replicas(settings, {"input": TopicShape(3, 2), "dlq": TopicShape(3, 3)})
     assert (
         "topics_under_replicated" in caplog.text
         and "input" in caplog.text
