@@ -23,7 +23,7 @@ import faust
 
 from dlqapp.kafka.faust_tables import local_partition_db, set_persisted_offset
 from dlqapp.tables.rocksdb_memory import share_memory
-from dlqapp.tables.steps import StepContext
+from dlqapp.tables.step import StepContext
 
 log = logging.getLogger(__name__)
 

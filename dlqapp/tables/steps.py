@@ -21,12 +21,11 @@ Acking the step's event is not done here: the one ack rule is dlqapp.kafka.acks.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any
 
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
@@ -39,91 +38,13 @@ from dlqapp.kafka.transactions import (
     Transactions,
 )
 from dlqapp.tables.counters import Counters
+from dlqapp.tables.step import OnEnd, Step, StepContext, StepTable, after_commit
 
 log = logging.getLogger(__name__)
-
-OnEnd = Callable[[asyncio.Future[None] | None], None]
-"""Called once a step that succeeded has handed its work over (see `StreamSteps.step`)."""
 
 PlainSend = Callable[[str, bytes, bytes | None, int, Any], Awaitable[Awaitable[Any]]]
 """`send(topic, key, value, partition, headers)` on a producer outside any transaction;
 returns what resolves once the broker has the record."""
-
-
-class OutsideStep(RuntimeError):
-    """A table write or an output outside any stream step: a bug, never a quieter path."""
-
-
-class StepTable(Protocol):
-    """What a step needs of a table it wrote (dlqapp.tables.durability.ConfirmedTable)."""
-
-    name: str
-
-    @property
-    def changelog_topic_name(self) -> str: ...
-
-    def put_local(self, partition: int, key: bytes, value: bytes | None) -> None: ...
-
-    def persisted(self, partition: int, offset: int) -> None: ...
-
-
-class StepContext:
-    """Where the stream step running now is found (one per worker, shared by its tables)."""
-
-    def __init__(self) -> None:
-        self._current: contextvars.ContextVar[Step | None] = contextvars.ContextVar("dlqapp_step", default=None)
-
-    def current(self) -> Step | None:
-        return self._current.get()
-
-    def required(self, what: str) -> Step:
-        """The current step; `OutsideStep` when there is none."""
-        step = self._current.get()
-        if step is None:
-            raise OutsideStep(f"{what} outside a stream step")
-        return step
-
-    def enter(self, step: Step) -> contextvars.Token[Step | None]:
-        return self._current.set(step)
-
-    def leave(self, token: contextvars.Token[Step | None]) -> None:
-        self._current.reset(token)
-
-
-class Step:
-    """One handler's work on one event: its table writes, counts and outputs."""
-
-    __slots__ = (
-        "after_sent",
-        "committed",
-        "counts",
-        "futures",
-        "on_end",
-        "partition",
-        "position",
-        "records",
-        "sent",
-        "transaction",
-    )
-
-    def __init__(self, partition: int, position: Position | None = None, on_end: OnEnd | None = None) -> None:
-        self.partition = partition
-        self.position = position
-        self.on_end = on_end
-        """The consumed record the step handles (named as the culprit if it breaks its transaction)."""
-        self.records: dict[tuple[StepTable, bytes], bytes | None] = {}
-        self.counts: Counter[str] = Counter()
-        self.futures: list[Awaitable[Any]] = []
-        self.transaction: PartitionTransaction | None = None
-        self.sent = False
-        self.after_sent: list[Callable[[], None]] = []
-        self.committed: asyncio.Future[None] | None = None
-        """Under exactly_once, once the step ended: resolves when its transaction committed
-        (None when it sent nothing). Shared: await it through `asyncio.shield`."""
-
-    def wrote(self, table: StepTable, key: bytes, value: bytes | None) -> None:
-        """`table` holds `key` = `value` (None: deleted) in this step's partition now."""
-        self.records[(table, key)] = value
 
 
 class StreamSteps:
@@ -390,20 +311,6 @@ class StreamSteps:
             self.counters.written_elsewhere(partition)
 
 
-def after_commit(committed: asyncio.Future[None] | None, hook: Callable[[], None]) -> None:
-    """Run `hook` now when there is no commit to wait for, else once `committed` has
-    committed; never when it failed."""
-    if committed is None:
-        hook()
-    else:
-
-        def on_done(done: asyncio.Future[None]) -> None:
-            if not done.cancelled() and done.exception() is None:
-                hook()
-
-        committed.add_done_callback(on_done)
-
-
 def _note_persisted(sent: list[tuple[StepTable, Any]], partition: int) -> None:
     """The changelog holds these writes now: note their offsets (the commit checked every send)."""
     for table, future in sent:
@@ -411,8 +318,3 @@ def _note_persisted(sent: list[tuple[StepTable, Any]], partition: int) -> None:
         offset = getattr(metadata, "offset", None)
         if isinstance(offset, int):
             table.persisted(partition, offset)
-
-
-def tables_of(records: Mapping[tuple[StepTable, bytes], bytes | None]) -> set[str]:
-    """The names of the tables a step wrote (for logs and tests)."""
-    return {table.name for table, _ in records}

@@ -18,7 +18,7 @@ from dlqapp.core.commands import UNDECODABLE
 from dlqapp.core.tiers import Tier
 from dlqapp.settings import Settings
 from dlqapp.tables.rocksdb_memory import MEMTABLE_BUDGET, SHARED_CACHE
-from dlqapp.tables.steps import StepContext
+from dlqapp.tables.step import StepContext
 
 TOLERANT_JSON = "dlqapp-json"
 

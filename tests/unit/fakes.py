@@ -17,7 +17,7 @@ from dlqapp.core.record import Record
 from dlqapp.inference import InferenceOutput
 from dlqapp.kafka.records import record_of
 from dlqapp.settings import Settings
-from dlqapp.tables.steps import StepContext
+from dlqapp.tables.step import StepContext
 from dlqapp.tables.topology import TierTopic, Topology
 from dlqapp.wiring.components import Components, Ports
 from dlqapp.wiring.composition import build_components

@@ -9,7 +9,8 @@ from typing import Any
 from dlqapp.kafka.acks import Acks
 from dlqapp.processing.flow import InFlightWindow
 from dlqapp.tables.counters import Counters
-from dlqapp.tables.steps import StepContext, StreamSteps
+from dlqapp.tables.step import StepContext
+from dlqapp.tables.steps import StreamSteps
 
 
 class FakeEvent:

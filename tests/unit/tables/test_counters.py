@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from dlqapp.tables.counters import Counters
-from dlqapp.tables.steps import Step, StepContext
+from dlqapp.tables.step import Step, StepContext
 from tests.unit.fakes import FakeTable
 
 

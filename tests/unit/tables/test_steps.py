@@ -20,7 +20,8 @@ from dlqapp.tables import durability
 from dlqapp.tables.counters import Counters
 from dlqapp.tables.durability import ConfirmedTable
 from dlqapp.tables.progress import Progress
-from dlqapp.tables.steps import OutsideStep, StepContext, StreamSteps
+from dlqapp.tables.step import OutsideStep, StepContext
+from dlqapp.tables.steps import StreamSteps
 from tests.unit.fake_kafka import FakeProducer
 
 
@@ -414,7 +415,7 @@ async def test_a_record_the_broker_refuses_is_named_and_struck_once_more_each_ti
 def test_counts_of_a_step_are_kept_in_the_step_until_it_ends(tmp_path):
     context = StepContext()
     counters = Counters({}, context, read=lambda partition, key: None)
-    from dlqapp.tables.steps import Step
+    from dlqapp.tables.step import Step
 
     step = Step(0)
     token = context.enter(step)
