@@ -32,7 +32,7 @@ from dlqapp.core.outcomes import DeadLetter
 from dlqapp.core.record import Record
 from dlqapp.core.requests import fallback_key, salvage_request_id
 from dlqapp.deadletters.entries import PREVIEW_BYTES, unprocessable_key
-from dlqapp.kafka.transactions import RecordTooLarge
+from dlqapp.kafka.transaction_errors import RecordTooLarge
 from dlqapp.observability.logs import log_event
 from dlqapp.tables.request_store import RequestStore
 

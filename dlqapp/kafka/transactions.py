@@ -27,56 +27,16 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from aiokafka.errors import (
-    CorruptRecordException,
-    InvalidTimestampError,
-    MessageSizeTooLargeError,
-    RecordListTooLargeError,
-    RecordTooLargeError,
-    UnsupportedForMessageFormatError,
-)
+from aiokafka.errors import MessageSizeTooLargeError
 
-from dlqapp.core.errors import HandBack, Poison, StopWorker
+from dlqapp.kafka.step_barrier import StepBarrier
+from dlqapp.kafka.transaction_errors import RECORD_ERRORS, NotOwned, Position, RecordTooLarge, TransactionFailed
 
 log = logging.getLogger("dlqapp.kafka.transactions")
 
 
 START_TIMEOUT_S = 60.0
 """Longest a new owner waits for its producer's InitProducerId (a refused grant fails at once)."""
-
-
-Position = tuple[str, int, int]
-"""(topic, partition, offset) of a consumed record."""
-
-RECORD_ERRORS = (
-    RecordTooLargeError,
-    RecordListTooLargeError,
-    CorruptRecordException,
-    InvalidTimestampError,
-    UnsupportedForMessageFormatError,
-)
-"""What a broker answers about one record (not the transaction, not the connection)."""
-
-
-class TransactionFailed(StopWorker):
-    """A partition's transaction could not be committed: the worker must stop (its tables
-    hold writes that never became visible). `culprits`: the records whose steps made it
-    fail, when known (a step that failed after its first output, a record the broker
-    refused); a broker away or a fenced producer names none."""
-
-    def __init__(self, message: str, culprits: tuple[Position, ...] = ()) -> None:
-        super().__init__(message)
-        self.culprits = culprits
-
-
-class NotOwned(HandBack):
-    """An output for a partition this worker no longer owns (its transaction was closed by a
-    rebalance): the step's event goes back, unacked, to the partition's next owner."""
-
-
-class RecordTooLarge(Poison):
-    """The producer refused one record as larger than its request size (nothing was added
-    to the transaction, which stays good)."""
 
 
 class TransactionalProducer(Protocol):
@@ -100,41 +60,6 @@ class TransactionalProducer(Protocol):
         partition: int | None = None,
         headers: Any = None,
     ) -> asyncio.Future[Any]: ...
-
-
-class StepBarrier:
-    """Steps share a partition's open transaction; a commit waits for the steps inside and
-    holds new ones back until the next transaction has begun."""
-
-    def __init__(self) -> None:
-        self._inside = 0
-        self._committing = False
-        self._changed = asyncio.Condition()
-
-    @property
-    def inside(self) -> int:
-        return self._inside
-
-    async def enter(self) -> None:
-        async with self._changed:
-            await self._changed.wait_for(lambda: not self._committing)
-            self._inside += 1
-
-    async def leave(self) -> None:
-        async with self._changed:
-            self._inside -= 1
-            self._changed.notify_all()
-
-    async def close(self) -> None:
-        """Hold new steps back and wait until none is inside (the caller commits, then `reopen`s)."""
-        async with self._changed:
-            self._committing = True
-            await self._changed.wait_for(lambda: self._inside == 0)
-
-    async def reopen(self) -> None:
-        async with self._changed:
-            self._committing = False
-            self._changed.notify_all()
 
 
 Seal = Callable[["PartitionTransaction"], Awaitable[None]]

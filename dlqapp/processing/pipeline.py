@@ -44,7 +44,7 @@ from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.flowcontrol.estimate import estimate_tokens
 from dlqapp.flowcontrol.slots import PRIORITIES
-from dlqapp.kafka.transactions import RecordTooLarge
+from dlqapp.kafka.transaction_errors import RecordTooLarge
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.observability.tracing import NO_SPAN, AttemptSpan, Tracing

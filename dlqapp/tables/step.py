@@ -9,7 +9,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
-from dlqapp.kafka.transactions import PartitionTransaction, Position
+from dlqapp.kafka.transaction_errors import Position
+from dlqapp.kafka.transactions import PartitionTransaction
 
 OnEnd = Callable[[asyncio.Future[None] | None], None]
 """Called once a step that succeeded has handed its work over (see `StreamSteps.step`)."""

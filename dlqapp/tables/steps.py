@@ -30,13 +30,8 @@ from typing import Any
 from aiokafka.errors import KafkaError, MessageSizeTooLargeError
 
 from dlqapp.core.errors import StopWorker
-from dlqapp.kafka.transactions import (
-    PartitionTransaction,
-    Position,
-    RecordTooLarge,
-    TransactionFailed,
-    Transactions,
-)
+from dlqapp.kafka.transaction_errors import Position, RecordTooLarge, TransactionFailed
+from dlqapp.kafka.transactions import PartitionTransaction, Transactions
 from dlqapp.tables.counters import Counters
 from dlqapp.tables.step import OnEnd, Step, StepContext, StepTable, after_commit
 

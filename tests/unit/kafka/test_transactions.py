@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from dlqapp.kafka.transactions import NotOwned, PartitionTransaction, TransactionFailed, Transactions
+from dlqapp.kafka.transaction_errors import NotOwned, TransactionFailed
+from dlqapp.kafka.transactions import PartitionTransaction, Transactions
 from tests.unit.fake_kafka import FakeProducer
 
 

@@ -3,7 +3,7 @@ handlers, and what a release (rebalance or shutdown) does with the events in it.
 
 import asyncio
 
-from dlqapp.kafka.transactions import NotOwned, TransactionFailed
+from dlqapp.kafka.transaction_errors import NotOwned, TransactionFailed
 from tests.unit.processing.flow_fakes import FakeEvent, Harness
 
 

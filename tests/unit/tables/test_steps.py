@@ -15,7 +15,8 @@ import faust
 import pytest
 
 from dlqapp.kafka.acks import Acks
-from dlqapp.kafka.transactions import TransactionFailed, Transactions
+from dlqapp.kafka.transaction_errors import TransactionFailed
+from dlqapp.kafka.transactions import Transactions
 from dlqapp.tables import durability
 from dlqapp.tables.counters import Counters
 from dlqapp.tables.durability import ConfirmedTable
