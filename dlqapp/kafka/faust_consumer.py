@@ -163,10 +163,16 @@ class _OrderedConsumer(AIOKafkaConsumer):
 
     async def _start_when_flowing(self) -> None:
         """Start delivering the partitions the last seek named, once the app's flow control
-        is active again. Faust resumes it only after the seek, and until then its streams
-        drop what they are handed: a record handed over earlier would count as delivered
-        and never come again. The seek is repeated (what was fetched meanwhile was dropped)."""
-        if self._pending_start is None or not self.app.flow_control.is_active():
+        is active again and the rebalance has ended (its tables recovered). Faust resumes
+        flow only after the seek, and until then its streams drop what they are handed: a
+        record handed over earlier would count as delivered and never come again. Faust also
+        resumes flow while it reads the changelogs, and a partition whose stream buffer was
+        full before the rebalance is fetched again as soon as its buffer drains
+        (`Consumer.on_buffer_drop` re-activates it, paused or not): started then, its events
+        ran before their tables were recovered and again after the seek that ends the
+        recovery (history seed 6012: one invalid record dead-lettered twice). The seek is
+        repeated (what was fetched meanwhile was dropped)."""
+        if self._pending_start is None or not self.app.flow_control.is_active() or self.app.rebalancing:
             return
         generation, targets = self._pending_start
         self._pending_start = None

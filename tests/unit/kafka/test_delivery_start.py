@@ -1,0 +1,73 @@
+"""When dlqapp's consumer starts handing an assignment's records to the streams
+(dlqapp.kafka.faust_consumer `_start_when_flowing`): after the seek, with flow active, and
+only once the rebalance has ended, so no event runs before its tables are recovered."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from dlqapp.kafka.delivery_order import DeliveryOrder, Verdict
+from dlqapp.kafka.faust_consumer import _OrderedConsumer
+
+
+class FlowControl:
+    def __init__(self, active: bool) -> None:
+        self.active = active
+
+    def is_active(self) -> bool:
+        return self.active
+
+
+def consumer(*, flowing: bool, rebalancing: bool, generation: int = 3) -> Any:
+    sought: list[dict[str, int]] = []
+
+    async def seek_all(targets: dict[str, int]) -> None:
+        sought.append(dict(targets))
+
+    fake = SimpleNamespace(
+        app=SimpleNamespace(
+            flow_control=FlowControl(flowing), rebalancing=rebalancing, consumer_generation_id=generation
+        ),
+        delivery_order=DeliveryOrder(),
+        _fetch_batch=7,
+        _pending_start=(generation, {"input-0": 26}),
+        _seek_all=seek_all,
+        sought=sought,
+    )
+    return fake
+
+
+def start(fake: Any) -> None:
+    asyncio.run(_OrderedConsumer._start_when_flowing(fake))
+
+
+@pytest.mark.parametrize(
+    "flowing, rebalancing",
+    [(False, True), (True, True), (False, False)],
+    ids=["suspended", "flow resumed while the changelogs are read", "suspended after the rebalance"],
+)
+def test_nothing_is_delivered_before_the_rebalance_ended_with_flow_active(flowing, rebalancing):
+    fake = consumer(flowing=flowing, rebalancing=rebalancing)
+    start(fake)
+    assert fake.delivery_order.decide("input-0", 26, 8) is Verdict.DROP
+    assert fake._pending_start is not None and fake.sought == []
+
+
+def test_delivery_starts_at_the_sought_offset_once_the_rebalance_ended():
+    fake = consumer(flowing=True, rebalancing=True)
+    start(fake)
+    fake.app.rebalancing = False  # Faust's on_rebalance_end, after the recovery's own seek
+    start(fake)
+    assert fake.delivery_order.decide("input-0", 26, 8) is Verdict.DELIVER
+    assert fake._pending_start is None and fake.sought == [{"input-0": 26}]
+
+
+def test_a_seek_of_an_older_generation_starts_nothing():
+    fake = consumer(flowing=True, rebalancing=False)
+    fake.app.consumer_generation_id = 4
+    start(fake)
+    assert fake.delivery_order.decide("input-0", 26, 8) is Verdict.DROP and fake.sought == []
