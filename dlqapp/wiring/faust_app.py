@@ -95,6 +95,8 @@ class Lifecycle(Protocol):
 
     async def release(self, reopen: bool) -> None: ...
 
+    def revoked(self) -> None: ...
+
     def assigned(self) -> None: ...
 
 
@@ -224,7 +226,9 @@ class DlqApp(faust.App):
         # (faust_consumer: this private hook is the only one that runs before the wait.)
         if not self.should_stop and self.lifecycle is not None:
             await self.lifecycle.release(reopen=True)
-        await self._close_transactions(self.transaction_partitions())
+        await self._close_transactions(self.transaction_partitions())  # sealed with their counts
+        if not self.should_stop and self.lifecycle is not None:
+            self.lifecycle.revoked()
         await super()._on_partitions_revoked(revoked)
 
     async def _on_partitions_assigned(self, assigned: set, generation_id: int = 0) -> None:
