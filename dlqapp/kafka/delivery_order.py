@@ -91,9 +91,12 @@ class DeliveryOrder(Generic[P]):
                 return Verdict.GAP
         return Verdict.REWIND
 
-    def rewinding(self, tp: P, offset: int, batch: int) -> int:
-        """Note a rewind caused by the record at `offset` of fetch `batch`; returns the offset to seek to."""
-        expected = self._next[tp]
+    def rewinding(self, tp: P, offset: int, batch: int) -> int | None:
+        """Note a rewind caused by the record at `offset` of fetch `batch`; returns the offset to
+        seek to (None: the partition was revoked meanwhile, nothing to seek)."""
+        expected = self._next.get(tp)
+        if expected is None:
+            return None
         sought = self._sought.get(tp)
         repeats = sought[3] + 1 if sought is not None and sought[0] == expected and sought[2] == offset else 1
         self._sought[tp] = (expected, batch, offset, repeats)

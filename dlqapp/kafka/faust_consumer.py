@@ -202,6 +202,9 @@ class _OrderedConsumer(AIOKafkaConsumer):
         delivered, or, when rewinds keep ending there, take the rest of its log as a gap."""
         positions = await self._thread.call_thread(self._positions)
         for tp, verdict, expected in self.delivery_order.idle_check(positions):
+            now_expected = positions[tp] if verdict is Verdict.GAP else expected  # a gap moved it on
+            if self.delivery_order.expected(tp) != now_expected:
+                continue  # revoked (or sought again) while an earlier one was acted on
             if verdict is Verdict.GAP:
                 await self._add_gap(tp, expected, positions[tp] - 1)
             else:
@@ -210,6 +213,8 @@ class _OrderedConsumer(AIOKafkaConsumer):
     async def _rewind(self, tp: Any, offset: int, batch: int, **seen: int) -> None:
         """Seek `tp` back to the offset it should deliver next (`offset` showed it skipped records)."""
         expected = self.delivery_order.rewinding(tp, offset, batch)
+        if expected is None:
+            return  # revoked meanwhile: its next owner seeks for itself
         log_event(
             _log,
             logging.DEBUG if self.read_committed else logging.INFO,

@@ -1,6 +1,7 @@
-"""When dlqapp's consumer starts handing an assignment's records to the streams
-(dlqapp.kafka.faust_consumer `_start_when_flowing`): after the seek, with flow active, and
-only once the rebalance has ended, so no event runs before its tables are recovered."""
+"""dlqapp's consumer (dlqapp.kafka.faust_consumer) around rebalances: it starts handing an
+assignment's records to the streams after the seek, with flow active, and only once the
+rebalance has ended, so no event runs before its tables are recovered; and its idle rewinds
+leave alone a partition revoked while they run."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from faust.types import TP
 
 from dlqapp.kafka.delivery_order import DeliveryOrder, Verdict
 from dlqapp.kafka.faust_consumer import _OrderedConsumer
@@ -71,3 +73,42 @@ def test_a_seek_of_an_older_generation_starts_nothing():
     fake.app.consumer_generation_id = 4
     start(fake)
     assert fake.delivery_order.decide("input-0", 26, 8) is Verdict.DROP and fake.sought == []
+
+
+def test_an_idle_rewind_skips_a_partition_revoked_while_an_earlier_one_was_rewound():
+    """History seed 6017: a revocation between two rewinds of one idle check crashed the
+    fetcher with a KeyError, and the worker with it."""
+    first, second = TP("dlq", 1), TP("dlq", 2)
+    order: DeliveryOrder[TP] = DeliveryOrder()
+    for tp in (first, second):
+        order.start(tp, 10, 1)
+    sought: list[dict[TP, int]] = []
+    gaps: list[tuple[TP, int, int]] = []
+
+    async def positions() -> dict[TP, int]:
+        return {first: 12, second: 12}  # both fetched past records never delivered
+
+    async def call_thread(fn: Any) -> Any:
+        return await fn()
+
+    async def seek_all(targets: dict[TP, int]) -> None:
+        sought.append(dict(targets))
+        order.forget([second])  # a rebalance revokes the other one meanwhile
+
+    async def add_gap(tp: TP, low: int, high: int) -> None:
+        gaps.append((tp, low, high))
+
+    fake = SimpleNamespace(
+        delivery_order=order,
+        _thread=SimpleNamespace(call_thread=call_thread),
+        _positions=positions,
+        _seek_all=seek_all,
+        _add_gap=add_gap,
+        read_committed=True,
+    )
+    fake._rewind = lambda tp, offset, batch, **seen: _OrderedConsumer._rewind(fake, tp, offset, batch, **seen)
+    for _ in range(3):  # a rewind that keeps ending where it began takes the rest as a gap
+        asyncio.run(_OrderedConsumer._rewind_behind(fake, 5))
+    assert sought and all(list(targets) == [first] for targets in sought)
+    assert gaps == [(first, 10, 11)]  # the third idle check takes the first one's tail as a gap
+    assert order.rewinding(second, 12, 6) is None
