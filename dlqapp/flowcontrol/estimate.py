@@ -19,6 +19,7 @@ import math
 from typing import Any
 
 from dlqapp.core.requests import Request
+from dlqapp.core.usage import content_chars
 
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
@@ -28,7 +29,7 @@ DEFAULT_COMPLETION_TOKENS = 256
 def estimate_tokens(request: Request) -> int:
     """Tokens the call is expected to use: prompt plus completion budget."""
     messages = request.messages if request.messages else [{"content": request.prompt or ""}]
-    chars = sum(_content_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    chars = sum(content_chars(m.get("content")) for m in messages if isinstance(m, dict))
     return math.ceil(chars / CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages) + completion_budget(request.params)
 
 
@@ -54,16 +55,6 @@ def used_tokens(usage: dict[str, Any] | None) -> int | None:
         _non_negative_int(usage.get("completion_tokens")),
     )
     return prompt + completion if prompt is not None and completion is not None else None
-
-
-def _content_chars(content: Any) -> int:
-    if isinstance(content, str):
-        return len(content)
-    if isinstance(content, list):
-        return sum(
-            len(part["text"]) for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return 0
 
 
 def _positive_int(value: Any) -> int | None:
