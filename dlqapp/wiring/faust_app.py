@@ -36,6 +36,7 @@ from dlqapp.kafka.faust_producer import (
     widen_changelog_buffer,
 )
 from dlqapp.kafka.faust_recovery import end_recoveries
+from dlqapp.kafka.reached import mark_reached, reached_before
 from dlqapp.kafka.topic_checks import MAX_MESSAGE_BYTES, InternalTopic, TopicMismatchError
 from dlqapp.kafka.transactions import Transactions
 from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
@@ -161,12 +162,16 @@ class DlqApp(faust.App):
                 risk="any certificate the CA signed is accepted for any broker",
             )
         try:
-            created = await ensure_topics(self.dlq_settings, internal, worked_before=self.restarts.in_a_row > 0)
+            # settings that got through before (in place or in an earlier process): a listener
+            # closing connections at once is a broker away, not a misconfiguration
+            worked_before = self.restarts.in_a_row > 0 or reached_before(self.dlq_settings)
+            created = await ensure_topics(self.dlq_settings, internal, worked_before=worked_before)
         except (TopicMismatchError, KafkaAccessError) as exc:
             log.critical("refusing to start: %s", exc)
             print(f"dlqapp: refusing to start: {exc}", file=sys.stderr, flush=True)
             raise SystemExit(3) from None
         self.topics_checked = True
+        mark_reached(self.dlq_settings)
         checked = len(self.dlq_settings.all_topics()) + len(internal)
         log_event(
             log,
