@@ -20,7 +20,8 @@ from dlqapp.core.errors import ErrorClass
 from dlqapp.core.record import Record
 from dlqapp.deadletters.entries import DeadLetterEntry
 from dlqapp.settings import Settings
-from dlqapp.wiring.composition import span_exporters, tracing_of
+from dlqapp.wiring.composition import tracing_of
+from dlqapp.wiring.ports import span_exporters
 from tests.schemas import assert_valid
 from tests.unit.fakes import FakeMessage, ScriptedBackend, consumed, request, worker
 
