@@ -40,13 +40,16 @@ from dlqapp.observability.logs import log_breaker_move
 from dlqapp.observability.tracing import Tracing
 from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
+from dlqapp.processing.dedup import Dedup
 from dlqapp.processing.pipeline import Pipeline
+from dlqapp.processing.results import ResultPublisher
 from dlqapp.processing.spend import Spending
 from dlqapp.processing.windows import InFlightWindows
 from dlqapp.retries.actions import RetryActions
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
-from dlqapp.retries.scheduler import RetryParking, RetryScheduler
+from dlqapp.retries.scheduler import RetryScheduler
+from dlqapp.retries.tier_parking import RetryParking
 from dlqapp.settings import Settings
 from dlqapp.tables.counters import Counters
 from dlqapp.tables.progress import STRIKE_PREFIX, Progress
@@ -129,7 +132,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         store=store,
         parking=RetryParking(store, parked, tiers=tuple((t.tier, t.topic) for t in topology.tiers), clock=clock),
         dead_letters=dead_letters,
-        results=topology.results,
+        results=ResultPublisher(store, topology.results, clock),
         in_flight=in_flight,
         max_payload_bytes=settings.max_payload_bytes,
         max_message_bytes=settings.max_message_bytes,
@@ -137,7 +140,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         after_sent=steps.after_sent,
         spending=spending,
         budget_recheck_ms=settings.budget_recheck_ms,
-        redelivery_by_time=not settings.exactly_once,
+        dedup=Dedup(store, in_flight, clock, redelivery_by_time=not settings.exactly_once),
         rng=random.Random(),
         tracing=tracing,
     )

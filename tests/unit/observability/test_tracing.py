@@ -217,7 +217,7 @@ def test_an_attempt_ended_by_an_exception_is_an_error_span(tmp_path):
     async def broken(*args, **kwargs):
         raise RuntimeError("the broker refused it")
 
-    w.components.pipeline._publish_result = broken
+    w.components.pipeline.results.publish = broken
     with pytest.raises(RuntimeError):
         run(w.pipeline.on_input(input_record("r7"), w.input))
     (span,) = spans(w, exporter)
