@@ -27,6 +27,7 @@ COST_LABELS = {
     "dlqapp_0pct_failures": ("dlqapp 0%", "#2f5bea"),
     "dlqapp_0pct_failures_at_least_once": ("dlqapp 0%, at_least_once", "#8fa8f0"),
     "dlqapp_10pct_failures": ("dlqapp 10%", "#7f9cf5"),
+    "dlqapp_before": ("dlqapp 0%, BENCH_BEFORE tree", "#c0c8e0"),
 }
 """Bar label and colour of each system in per_request_cost.png."""
 COST_SYSTEMS = ("baseline_b_aiokafka", "baseline_c_faust", "dlqapp_0pct_failures")
@@ -158,7 +159,12 @@ def _md_overhead(o: dict[str, Any]) -> list[str]:
         "",
     ]
     lines += _md_cost_rows(
-        o, tuple(n for n in (*COST_SYSTEMS, f"dlqapp_0pct_failures_{other}", "dlqapp_10pct_failures") if n in o)
+        o,
+        tuple(
+            n
+            for n in (*COST_SYSTEMS, f"dlqapp_0pct_failures_{other}", "dlqapp_10pct_failures", "dlqapp_before")
+            if n in o
+        ),
     )
     beside = f"; dlqapp {other} / C = {_md_ratio(o['ratio_other_mode_to_c'])}" if "ratio_other_mode_to_c" in o else ""
     return [
@@ -167,6 +173,18 @@ def _md_overhead(o: dict[str, Any]) -> list[str]:
         f"dlqapp / B = {_md_ratio(o['ratio_dlqapp_to_b'])}; dlqapp / C (Faust's floor) = "
         f"{_md_ratio(o['ratio_dlqapp_to_c'])}{beside}; C / B = {_md_ratio(o['ratio_c_to_b'])}; "
         f"dlqapp with 10% transient failures / dlqapp at 0% = {_md_ratio(o['ratio_10pct_to_0pct'])}",
+        *_md_before(o),
+    ]
+
+
+def _md_before(s: dict[str, Any]) -> list[str]:
+    """Today's worker against the BENCH_BEFORE tree's, when it ran beside."""
+    if "ratio_now_to_before" not in s:
+        return []
+    return [
+        "",
+        f"dlqapp now / dlqapp of {s['before_tree']} (BENCH_BEFORE): requests/s {_md_ratio(s['ratio_now_to_before'])}; "
+        f"CPU per request **{s['cpu_now_to_before']:.2f}×**",
     ]
 
 
@@ -179,11 +197,14 @@ def _md_llm_scale(s: dict[str, Any]) -> list[str]:
         "",
     ]
     other = f"dlqapp_0pct_failures_{s.get('other_guarantee')}"
-    lines += _md_cost_rows(s, tuple(n for n in ("baseline_b_aiokafka", "dlqapp_0pct_failures", other) if n in s))
+    lines += _md_cost_rows(
+        s, tuple(n for n in ("baseline_b_aiokafka", "dlqapp_0pct_failures", other, "dlqapp_before") if n in s)
+    )
     lines += [
         "",
         f"dlqapp / B = {_md_ratio(s['ratio_dlqapp_to_b'])}; dlqapp / ceiling = "
         f"**{s['ratio_dlqapp_to_ceiling']:.2f}×**, B / ceiling = {s['ratio_b_to_ceiling']:.2f}×",
+        *_md_before(s),
         "",
     ]
     rss = s.get("rss")

@@ -27,6 +27,10 @@ DLQ_PROCESSING_GUARANTEE says otherwise. The sections where the mode matters (`l
 `overhead`, `llm_scale`, `guarantee`) measure the other mode beside it in the same run."""
 OTHER_GUARANTEE = "at_least_once" if BENCH_GUARANTEE == "exactly_once" else "exactly_once"
 """The mode measured beside BENCH_GUARANTEE where the difference matters."""
+BENCH_BEFORE = os.environ.get("BENCH_BEFORE", "")
+"""A source tree of an earlier dlqapp (`git worktree add /tmp/before <commit>`): `overhead` and
+`llm_scale` run its worker too (`dlqapp_before`, same settings, this tree's harness), so the
+cost of a change is a ratio measured side by side in one run."""
 
 
 @dataclass

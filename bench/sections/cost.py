@@ -16,7 +16,7 @@ from bench.drivers import SystemDied, produce_in_batches, requests_for, wait_res
 from bench.harness import MockLLM, unique_ids, wait_until
 from bench.measure import cpu_seconds, load_average, process_memory, spread, throughput_of
 from bench.profiling import Profiler
-from bench.systems import BENCH_GUARANTEE, CONCURRENCY, OTHER_GUARANTEE, Bench, Running
+from bench.systems import BENCH_BEFORE, BENCH_GUARANTEE, CONCURRENCY, OTHER_GUARANTEE, Bench, Running
 
 LLM_LATENCY_MS, LLM_JITTER_MS = 2000, 500
 LLM_CONCURRENCY = 1024
@@ -27,6 +27,9 @@ RSS_HOLD_MS = 600_000
 
 OTHER_MODE = f"dlqapp_0pct_failures_{OTHER_GUARANTEE}"
 """dlqapp at 0 % failures in the mode beside the default one."""
+
+BEFORE = "dlqapp_before"
+"""dlqapp at 0 % failures from the BENCH_BEFORE tree, in the default mode."""
 
 Lineup = dict[str, tuple[Callable[[], Running], MockLLM]]
 """Per system: how to start it, and the mock it calls (whose CPU is counted too)."""
@@ -145,6 +148,24 @@ def other_mode(bench: Bench, start: Any, mock: MockLLM) -> dict[str, Any]:
     return {} if bench.quick else {OTHER_MODE: (start, mock)}
 
 
+def before(bench: Bench, mock: MockLLM, concurrency: int) -> dict[str, Any]:
+    """The BENCH_BEFORE tree's worker as a system beside today's (none unless it is set)."""
+    if not BENCH_BEFORE or bench.quick:
+        return {}
+    return {BEFORE: (lambda: bench.start_dlqapp(mock, concurrency, PYTHONPATH=BENCH_BEFORE), mock)}
+
+
+def with_before(out: dict[str, Any]) -> dict[str, Any]:
+    """Today's worker against the BENCH_BEFORE tree's: requests/s and CPU per request."""
+    if BEFORE in out:
+        out["before_tree"] = BENCH_BEFORE
+        out["ratio_now_to_before"] = ratios(out, "dlqapp_0pct_failures", BEFORE)
+        out["cpu_now_to_before"] = (
+            out["dlqapp_0pct_failures"]["cpu_s_per_1k"]["median"] / out[BEFORE]["cpu_s_per_1k"]["median"]
+        )
+    return out
+
+
 def overhead(bench: Bench) -> dict[str, Any]:
     """What the pipeline itself costs: the mock answers at once (0 ms), 64 calls in flight;
     dlqapp beside baseline B, and dlqapp again with 10% transient failures (503s)."""
@@ -164,6 +185,7 @@ def overhead(bench: Bench) -> dict[str, Any]:
                     bench, lambda: bench.start_dlqapp(mock, CONCURRENCY, DLQ_PROCESSING_GUARANTEE=OTHER_GUARANTEE), mock
                 ),
                 "dlqapp_10pct_failures": (lambda: bench.start_dlqapp(failing, CONCURRENCY), failing),
+                **before(bench, mock, CONCURRENCY),
             },
             count,
             runs,
@@ -179,7 +201,7 @@ def overhead(bench: Bench) -> dict[str, Any]:
         out["ratio_other_mode_to_c"] = ratios(out, OTHER_MODE, "baseline_c_faust")
     out["ratio_c_to_b"] = ratios(out, "baseline_c_faust", "baseline_b_aiokafka")
     out["ratio_10pct_to_0pct"] = ratios(out, "dlqapp_10pct_failures", "dlqapp_0pct_failures")
-    return out
+    return with_before(out)
 
 
 def llm_scale(bench: Bench) -> dict[str, Any]:
@@ -203,6 +225,7 @@ def llm_scale(bench: Bench) -> dict[str, Any]:
                     lambda: bench.start_dlqapp(mock, LLM_CONCURRENCY, DLQ_PROCESSING_GUARANTEE=OTHER_GUARANTEE),
                     mock,
                 ),
+                **before(bench, mock, LLM_CONCURRENCY),
             },
             count,
             runs,
@@ -217,7 +240,7 @@ def llm_scale(bench: Bench) -> dict[str, Any]:
     out["ratio_b_to_ceiling"] = out["baseline_b_aiokafka"]["requests_per_s"]["median"] / ceiling
     if not os.environ.get("BENCH_SKIP_RSS"):
         out["rss"] = rss_in_flight(bench, 64 if bench.quick else RSS_IN_FLIGHT)
-    return out
+    return with_before(out)
 
 
 # -- resident memory with calls in flight ----------------------------------------------

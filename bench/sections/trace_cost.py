@@ -36,7 +36,8 @@ from dlqapp.core.envelope import Attempt, Envelope
 from dlqapp.core.errors import ErrorClass, Failure
 from dlqapp.core.outcomes import RetryAt
 from dlqapp.settings import Settings
-from dlqapp.wiring.composition import span_exporters, tracing_of
+from dlqapp.wiring.composition import tracing_of
+from dlqapp.wiring.ports import span_exporters
 
 settings = Settings.from_env()
 tracing = tracing_of(settings, span_exporters(settings))

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import socket
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from aiohttp import web
+
+from dlqapp.settings import Settings
 
 SAFE_METHODS = frozenset({"GET", "HEAD"})
 PROBE_PATHS = frozenset({"/livez", "/readyz"})
@@ -143,3 +146,16 @@ def guard_middleware(policy: AccessPolicy) -> Callable[[web.Request, Handler], A
             return web.json_response({"error": message}, status=exc.status)
 
     return guard
+
+
+def access_policy(settings: Settings) -> AccessPolicy:
+    """Who the HTTP server answers to: this machine's names, the advertised host, the extras."""
+    hosts = {settings.web_host.lower(), socket.gethostname().lower(), socket.getfqdn().lower(), *settings.allowed_hosts}
+    if settings.web_advertised_url:
+        hosts.add(host_name(urlsplit(settings.web_advertised_url).netloc))
+    return AccessPolicy(
+        token=settings.admin_token,
+        max_body_bytes=settings.max_body_bytes,
+        hosts=frozenset(hosts),
+        origins=frozenset(settings.allowed_origins),
+    )

@@ -5,7 +5,7 @@ Human tables by default, `--json` for scripts. Exit codes: 0 ok, 1 not found or 
 2 bad usage, 3 worker unreachable.
 """
 
-from dlqapp.cli import kafka_commands, worker_commands  # noqa: F401 - importing them registers their commands
+from dlqapp.cli import dlq_commands, kafka_commands, retry_commands  # noqa: F401 - importing them registers their commands
 from dlqapp.cli.base import register_commands
 
 __all__ = ["register_commands"]

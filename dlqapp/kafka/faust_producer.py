@@ -17,6 +17,7 @@ from typing import Any
 from aiokafka.errors import KafkaError
 from faust.agents.replies import ReplyConsumer, ReqRepResponse
 from faust.models import maybe_model
+from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 
 from dlqapp.kafka.admin import retry_while_transient
@@ -145,3 +146,10 @@ def producer_send(app: Any) -> Any:
         return await app.producer.send(topic, key, value, partition, None, headers)
 
     return send
+
+
+class IdempotentProducer(AIOKafkaProducer):
+    """Faust's producer with acks=all and idempotence, so retried sends never duplicate."""
+
+    def _settings_extra(self) -> dict:
+        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}

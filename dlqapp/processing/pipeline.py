@@ -3,14 +3,14 @@
 `Pipeline.on_input` takes a fresh request off `input`; `Pipeline.attempt` calls the backend
 once (`dlqapp.processing.caller`) and asks `outcomes.decide` what follows;
 `Pipeline.carry_out` is the one place an outcome becomes a result, a parked retry
-(`dlqapp.retries.parking`) or a dead letter (`dlqapp.deadletters.writer`). Every send is
+(`dlqapp.retries.parking`) or a dead letter (`dlqapp.deadletters.writer`); a result is
+published by `dlqapp.processing.results`. Every send is
 confirmed by the broker before the handler returns, so the event is acked only after its
 outcome is safe.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections.abc import Callable
@@ -19,12 +19,10 @@ from typing import assert_never
 
 from faust import TopicT
 
-from dlqapp.core import states
 from dlqapp.core.budgets import Over, hold_until
 from dlqapp.core.clock import Clock
-from dlqapp.core.envelope import Attempt, Envelope, Result
+from dlqapp.core.envelope import Attempt, Envelope
 from dlqapp.core.errors import ErrorClass
-from dlqapp.core.headers import H_REPLAY_COUNT, H_SOURCE, header_int
 from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import (
     DeadLetter,
@@ -44,20 +42,18 @@ from dlqapp.core.tiers import Tier
 from dlqapp.deadletters.writer import DeadLetterWriter
 from dlqapp.flowcontrol.estimate import estimate_tokens
 from dlqapp.flowcontrol.slots import PRIORITIES
-from dlqapp.kafka.transaction_errors import RecordTooLarge
 from dlqapp.observability import metrics
-from dlqapp.observability.logs import log_event
 from dlqapp.observability.tracing import NO_SPAN, AttemptSpan, Tracing
 from dlqapp.processing.caller import BackendCaller, Called, NotCalled
+from dlqapp.processing.dedup import Dedup
+from dlqapp.processing.results import ResultPublisher
 from dlqapp.processing.spend import Reservation, Spending
-from dlqapp.retries.scheduler import RetryParking
-from dlqapp.tables.request_store import RequestStore, as_header_pairs
+from dlqapp.retries.tier_parking import RetryParking
+from dlqapp.tables.request_store import RequestStore
 
 log = logging.getLogger("dlqapp.processing.pipeline")
 
 FALLBACK_LABEL = "fallback"
-RESULT_SHRINKS = 40
-"""Halvings a result too large for the results topic may take (history first, then its output)."""
 INPUT_LABEL = "input"
 """Metric label of first attempts (retries are labelled by their tier)."""
 
@@ -84,22 +80,22 @@ class Pipeline:
         store: RequestStore,
         parking: RetryParking,
         dead_letters: DeadLetterWriter,
-        results: TopicT,
+        results: ResultPublisher,
         in_flight: InFlight,
         max_payload_bytes: int,
         max_message_bytes: int,
         clock: Clock,
         after_sent: Callable[[Callable[[], None]], None],
         spending: Spending,
+        dedup: Dedup,
         budget_recheck_ms: int,
-        redelivery_by_time: bool = False,
         rng: random.Random | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         """`after_sent(hook)` runs `hook` once the current step's writes are on their way
-        (dlqapp.tables.steps.StreamSteps.after_sent); `redelivery_by_time`: take a message
-        written before its request was first seen for a redelivery (at_least_once);
-        `tracing`: one span per attempt (dlqapp.observability.tracing; default: off)."""
+        (dlqapp.tables.steps.StreamSteps.after_sent); `dedup` tells a message that must not
+        start a chain of its own (dlqapp.processing.dedup); `tracing`: one span per attempt
+        (dlqapp.observability.tracing; default: off)."""
         self.caller = caller
         self.policy = policy
         self.store = store
@@ -111,8 +107,8 @@ class Pipeline:
         self.max_message_bytes = max_message_bytes
         self.clock = clock
         self.after_sent = after_sent
-        self.redelivery_by_time = redelivery_by_time
         self.spending = spending
+        self.dedup = dedup
         self.budget_recheck_ms = budget_recheck_ms
         self._rng = rng or random.Random()
         self.tracing = tracing or Tracing()
@@ -164,58 +160,13 @@ class Pipeline:
                 return
             await self.store.forward(record, topic, request_id)
             return
-        if self.is_duplicate(request_id, record):
+        if self.dedup.is_duplicate(request_id, record):
             return
         envelope = Envelope.fresh(
             request_id, record.payload or b"", record.headers, written_ms=record.written_ms, read_from=record.source
         )
         envelope.tenant = self.spending.tenant_of(request, record.headers)
         await self.attempt(envelope, request, topic=record.topic, tier=None, priority=PRIORITIES[request.priority])
-
-    def is_duplicate(self, request_id: str, record: Record) -> bool:
-        """True (and counted) when this message must not start an attempt chain of its own
-        (docs/how-it-works.md, Dedup):
-
-        - an attempt of the request is running here, or its retry is parked, or it succeeded;
-        - an operator's replay of it is on its way and this message is not that replay;
-        - under at_least_once only, the message was written before the request was first
-          seen (the same message again, redelivered after a crash). Under exactly_once a
-          redelivered message never gets here: its outputs committed with the partition's
-          progress, and the door skips it (dlqapp.tables.progress), whatever the clocks say.
-
-        A request the table says is in flight, but that no attempt here is running, is not a
-        duplicate: its attempt died with its worker or its partition, and nothing else would
-        end it. Nor is a request dead-lettered or discarded: a new copy is a new chain."""
-        previous = self.store.load_state(request_id)
-        if request_id in self.in_flight:
-            if previous is None:  # first seen moments ago: count it now, its outcome will find this record
-                previous = states.transition(None, request_id, states.IN_FLIGHT, self.clock())
-                self.store.counters.add("received")
-        elif previous is None or previous.state == states.IN_FLIGHT:
-            return False
-        elif previous.state == states.REPROCESSED:
-            if (header_int(record.headers, H_REPLAY_COUNT) or 0) == previous.replay_count:
-                return False  # the replay itself
-        elif previous.state not in states.SETTLED_FOR_DEDUP and not (
-            self.redelivery_by_time and record.written_ms <= previous.first_seen
-        ):
-            return False
-        self.store.store_state(request_id, states.count_duplicate(previous, self.clock(), record.topic))
-        self.store.counters.add("duplicates_skipped")
-        metrics.duplicates.inc()
-        metrics.requests.labels("duplicate_skipped").inc()
-        log_event(
-            log, logging.INFO, "duplicate_skipped", request_id=request_id, topic=record.topic, state=previous.state
-        )
-        return True
-
-    def already_succeeded(self, record: Record) -> bool:
-        """The request this message carries (by the id in its payload) has a result already."""
-        request_id = salvage_request_id(record.payload)
-        if not request_id or self.store.owner(request_id) != record.partition:
-            return False
-        state = self.store.load_state(request_id)
-        return state is not None and state.state == states.SUCCEEDED
 
     # -- one attempt ------------------------------------------------------------------
 
@@ -357,62 +308,10 @@ class Pipeline:
             envelope.record(record)
         match outcome:
             case Succeeded():
-                await self._publish_result(outcome, envelope, request)
+                await self.results.publish(outcome, envelope, request)
             case RetryAt():
                 await self.parking.park(outcome, envelope)
             case DeadLetter():
                 await self.dead_letters.write(outcome, envelope)
             case _:
                 assert_never(outcome)
-
-    async def _send_result(self, result: Result, headers: list[tuple[str, bytes]]) -> None:
-        """Publish `result`; one larger than the topic holds loses its history, then half its
-        output at a time (`output_truncated`): the call was paid for, its answer must land."""
-        for _ in range(RESULT_SHRINKS):
-            try:
-                await self.store.send(self.results, result.request_id, result.to_bytes(), headers)
-                return
-            except RecordTooLarge:
-                if result.history:
-                    result.history = None
-                else:
-                    result.output_bytes = result.output_bytes or len(result.output.encode())
-                    result.output = result.output[: len(result.output) // 2]
-        raise RecordTooLarge(f"the result of {result.request_id} does not fit the results topic")
-
-    async def _publish_result(self, outcome: Succeeded, envelope: Envelope, request: Request | None) -> None:
-        at = self.clock()
-        output = outcome.output
-        result = Result(
-            request_id=envelope.request_id,
-            model=output.model,
-            output=output.text,
-            attempts=envelope.attempts,
-            latency_ms=at - envelope.original_timestamp,
-            completed_at=at,
-            metadata=request.metadata if request else {},
-            usage=output.usage or None,
-            history=envelope.history,
-            spent=envelope.spent,
-            tenant=envelope.tenant,
-        )
-        headers = {**envelope.lineage, H_SOURCE: json.dumps(envelope.source, separators=(",", ":"))}
-        await self._send_result(result, as_header_pairs(headers))
-        self.store.set_state(
-            envelope.request_id,
-            states.SUCCEEDED,
-            at,
-            attempts=envelope.attempts,
-            model=output.model,
-            attempt_log=envelope.history,
-        )
-        metrics.requests.labels("succeeded").inc()
-        metrics.end_to_end.observe(max(0, at - envelope.original_timestamp) / 1000)
-        log_event(
-            log,
-            logging.DEBUG,
-            "succeeded",
-            request_id=envelope.request_id,
-            attempt=envelope.attempts,
-            model=output.model,
-        )

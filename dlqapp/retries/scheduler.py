@@ -1,6 +1,6 @@
 """Retry scheduling: park each retry in a due-time table, hand it over when due.
 
-1. When the pipeline decides a retry, `RetryParking.park` parks the envelope in
+1. When the pipeline decides a retry, `RetryParking.park` (dlqapp.retries.tier_parking) parks the envelope in
    `parked_retries` under `parked_key(due, request_id)`, records the request's state
    `retry_scheduled` and publishes it on the tier topic, in the same stream step (on the
    partition that owns the request). Each tier agent parks what others
@@ -28,7 +28,7 @@ from dlqapp.core.envelope import Envelope
 from dlqapp.core.errors import ErrorClass
 from dlqapp.core.headers import H_REPLAY_COUNT, header_int
 from dlqapp.core.in_flight import InFlight
-from dlqapp.core.outcomes import DeadLetter, RetryAt
+from dlqapp.core.outcomes import DeadLetter
 from dlqapp.core.record import Record
 from dlqapp.core.requests import MAX_REQUEST_ID_CHARS, InvalidRequest, Request, parse_request
 from dlqapp.core.states import StoredState
@@ -72,70 +72,6 @@ class AttemptRunner(Protocol):
         priority: int,
         not_before: int | None = None,
     ) -> Awaitable[None]: ...
-
-
-class RetryParking:
-    """Parks a decided retry on its tier until its due time."""
-
-    def __init__(
-        self, store: RequestStore, parked: ParkedRetries, *, tiers: tuple[tuple[Tier, TopicT], ...], clock: Clock
-    ) -> None:
-        self.store = store
-        self.parked = parked
-        self.tiers = tiers
-        self.clock = clock
-
-    async def park(self, outcome: RetryAt, envelope: Envelope) -> None:
-        envelope.due_ms = outcome.due_ms
-        tier, topic = self.tiers[outcome.tier_index]
-        await self.store.send(topic, envelope.request_id, envelope.payload, envelope.headers())
-        self.parked.store(envelope, tier)
-        failure = outcome.failure
-        self.store.set_state(
-            envelope.request_id,
-            states.RETRY_SCHEDULED,
-            self.clock(),
-            attempts=envelope.attempts,
-            tier=tier.topic,
-            due=outcome.due_ms,
-            error_class=failure.error_class.value,
-            last_error=failure.message,
-        )
-        log_event(
-            log,
-            logging.DEBUG,
-            "retry_scheduled",
-            request_id=envelope.request_id,
-            attempt=envelope.attempts,
-            tier=tier.label,
-            due=outcome.due_ms,
-            error_class=failure.error_class.value,
-        )
-
-    async def hold(self, envelope: Envelope, until_ms: int, reason: str, tenant: str) -> None:
-        """Park a request held over its budget until `until_ms` (its next look), with the state
-        `budget_held`. No tier message: it is not a retry, and no attempt was spent on it."""
-        envelope.due_ms = until_ms
-        envelope.held = True
-        self.parked.store(envelope, self.parked.tier_of(envelope))
-        self.store.set_state(
-            envelope.request_id,
-            states.BUDGET_HELD,
-            self.clock(),
-            attempts=envelope.attempts,
-            due=until_ms,
-            tenant=tenant,
-            held_because=reason,
-        )
-        log_event(
-            log,
-            logging.INFO,
-            "budget_held",
-            request_id=envelope.request_id,
-            tenant=tenant,
-            until=until_ms,
-            reason=reason,
-        )
 
 
 class RetryScheduler:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
+from dataclasses import field
+from typing import Any
 
+from dlqapp.core.budgets import clean_tenant
 from dlqapp.core.errors import ErrorClass
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, None: 1000}
+
+
+def setting(env: str, default: str, parse: Callable[[str], Any], doc: str) -> Any:
+    """A settings field: its environment variable, default (as text), parser and meaning."""
+    return field(metadata={"env": env, "default": default, "parse": parse, "doc": doc})
 
 
 def parse_duration_ms(text: str) -> int:
@@ -128,3 +137,25 @@ def _name_list(text: str) -> tuple[str, ...]:
 
 def _optional_int(text: str) -> int | None:
     return int(text) if text.strip() else None
+
+
+def _parse_weights(text: str) -> dict[str, float]:
+    """DLQ_TENANT_WEIGHTS: a JSON object of tenant -> positive number."""
+    if not text.strip():
+        return {}
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError("must be a JSON object: tenant -> weight")
+    weights = {}
+    for tenant, weight in raw.items():
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
+            raise ValueError(f"{tenant}: a weight is a number > 0")
+        weights[_tenant_name(tenant)] = float(weight)
+    return weights
+
+
+def _tenant_name(text: str) -> str:
+    name = clean_tenant(text)
+    if name is None or name != text:
+        raise ValueError("a tenant name is 1-64 characters of letters, digits and ._:@/-")
+    return name

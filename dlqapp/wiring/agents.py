@@ -153,7 +153,7 @@ class _Handlers:
         """A step failed on this record: dead-letter it as `poison` (in a step of its own)."""
         record = self.record(ticket.event)  # the failure path: the handler's record went with it
         where = record.position
-        if isinstance(exc, PoisonMessage) and self.components.pipeline.already_succeeded(record):
+        if isinstance(exc, PoisonMessage) and self.components.pipeline.dedup.already_succeeded(record):
             # In progress at every crash only because it is first in line after each restart
             # (its result was written, its offset not yet committed): nothing to dead-letter.
             log_event(

@@ -15,8 +15,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from dlqapp.core.backoff import Backoff
 from dlqapp.core.breaker import CLOSED, CircuitBreaker
 from dlqapp.core.budgets import is_stale_spend
@@ -31,30 +29,27 @@ from dlqapp.flowcontrol.aimd import AimdLimit
 from dlqapp.flowcontrol.gate import RateGate, metric_label
 from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.flowcontrol.slots import SlotLimiter
-from dlqapp.inference import create_backend
 from dlqapp.kafka.acks import Acks
-from dlqapp.kafka.changelog_follower import ChangelogFollower
-from dlqapp.kafka.faust_consumer_state import consumer_lag, hand_back_unacked
-from dlqapp.kafka.faust_producer import producer_send
 from dlqapp.kafka.faust_tables import active_partitions, keys_with_prefix, partition_db
 from dlqapp.kafka.offset_watch import OffsetWatch
-from dlqapp.kafka.transactions import ProducerFactory, Transactions
+from dlqapp.kafka.transactions import Transactions
 from dlqapp.observability import metrics
-from dlqapp.observability.faust_monitor import install_counting_monitor
-from dlqapp.observability.health import MinuteRates, worker_readiness
+from dlqapp.observability.health import MinuteRates
 from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.observability.logs import log_breaker_move
 from dlqapp.observability.tracing import Tracing
 from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
+from dlqapp.processing.dedup import Dedup
 from dlqapp.processing.pipeline import Pipeline
+from dlqapp.processing.results import ResultPublisher
 from dlqapp.processing.spend import Spending
 from dlqapp.processing.windows import InFlightWindows
 from dlqapp.retries.actions import RetryActions
-from dlqapp.retries.handover import HandOver
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
-from dlqapp.retries.scheduler import RetryParking, RetryScheduler
+from dlqapp.retries.scheduler import RetryScheduler
+from dlqapp.retries.tier_parking import RetryParking
 from dlqapp.settings import Settings
 from dlqapp.tables.counters import Counters
 from dlqapp.tables.progress import STRIKE_PREFIX, Progress
@@ -69,69 +64,10 @@ from dlqapp.tables.spend_view import SpendView
 from dlqapp.tables.steps import StreamSteps
 from dlqapp.tables.topology import Topology, declare, register_codecs
 from dlqapp.wiring.components import Components, Ports
-from dlqapp.wiring.faust_app import DlqApp, create_app, fail_transactions, install_event_loop, load_settings
-from dlqapp.wiring.services import (
-    AlertWebhook,
-    CrashJournal,
-    InputPause,
-    LoopLag,
-    RetentionSweep,
-    RetryTimer,
-    SpendFollower,
-    TracingFlush,
-    TransactionCommits,
-)
-
-
-def ports_of(app: DlqApp, settings: Settings, topology: Topology) -> Ports:
-    """The real world of a worker on `app`."""
-    return Ports(
-        send=producer_send(app),
-        backend=create_backend(settings),
-        handover=HandOver(settings.kafka_client(client_id="dlqapp-due-hop"), topology.due.get_topic_name()),
-        input_share=lambda: input_share(app, settings),
-        hand_back=lambda event: hand_back_unacked(app, event),
-        new_producer=transactional_producer(settings) if settings.exactly_once else None,
-        span_exporters=span_exporters(settings),
-    )
-
-
-def span_exporters(settings: Settings) -> tuple[Any, ...]:
-    """The span exporters OTEL_TRACES_EXPORTER names (none when tracing is off), each built as the
-    OpenTelemetry SDK builds it: with no arguments, reading its own OTEL_EXPORTER_* variables."""
-    if not settings.span_exporters:
-        return ()
-    from dlqapp.observability.otel import load_exporters  # the SDK is loaded only when tracing is on
-
-    return load_exporters(settings.span_exporters)
-
-
-def tracing_of(settings: Settings, exporters: tuple[Any, ...]) -> Tracing:
-    """Spans with the OpenTelemetry SDK, exported to `exporters`; tracing off when there are none."""
-    if not exporters:
-        return Tracing()
-    from dlqapp.observability.otel import OtelTracing
-
-    return OtelTracing.create(settings, exporters)
-
-
-def transactional_producer(settings: Settings) -> ProducerFactory:
-    """aiokafka's transactional producer for one owned partition number (dlqapp.kafka.transactions)."""
-
-    def new(transactional_id: str) -> AIOKafkaProducer:
-        return AIOKafkaProducer(
-            **settings.kafka_client(
-                client_id=transactional_id,
-                transactional_id=transactional_id,
-                enable_idempotence=True,
-                acks="all",
-                transaction_timeout_ms=settings.transaction_timeout_ms,
-                max_request_size=settings.producer_request_bytes,
-                linger_ms=settings.producer_linger_ms,
-            )
-        )
-
-    return new
+from dlqapp.wiring.faust_app import DlqApp, create_app
+from dlqapp.wiring.ports import ports_of
+from dlqapp.wiring.process import install_event_loop, load_settings
+from dlqapp.wiring.registration import register_metrics, register_services
 
 
 def build_components(settings: Settings, topology: Topology, ports: Ports) -> Components:
@@ -196,7 +132,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         store=store,
         parking=RetryParking(store, parked, tiers=tuple((t.tier, t.topic) for t in topology.tiers), clock=clock),
         dead_letters=dead_letters,
-        results=topology.results,
+        results=ResultPublisher(store, topology.results, clock),
         in_flight=in_flight,
         max_payload_bytes=settings.max_payload_bytes,
         max_message_bytes=settings.max_message_bytes,
@@ -204,7 +140,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         after_sent=steps.after_sent,
         spending=spending,
         budget_recheck_ms=settings.budget_recheck_ms,
-        redelivery_by_time=not settings.exactly_once,
+        dedup=Dedup(store, in_flight, clock, redelivery_by_time=not settings.exactly_once),
         rng=random.Random(),
         tracing=tracing,
     )
@@ -303,6 +239,15 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
     )
 
 
+def tracing_of(settings: Settings, exporters: tuple[Any, ...]) -> Tracing:
+    """Spans with the OpenTelemetry SDK, exported to `exporters`; tracing off when there are none."""
+    if not exporters:
+        return Tracing()
+    from dlqapp.observability.otel import OtelTracing
+
+    return OtelTracing.create(settings, exporters)
+
+
 def window_limit(settings: Settings) -> int:
     """Events each agent may handle at once: twice the backend slots (a call's event and the
     next one's). A step's place in the window ends with the step, not at its commit."""
@@ -343,12 +288,6 @@ def rate_gate(settings: Settings, share: Callable[[], float]) -> RateGate:
     )
 
 
-def input_share(app: DlqApp, settings: Settings) -> float:
-    """The fraction of the input partitions this worker owns now (its share of the rate limits)."""
-    owned = sum(1 for tp in app.assignor.assigned_actives() if tp.topic == settings.input)
-    return owned / settings.partitions
-
-
 def build_app(settings: Settings | None = None) -> DlqApp:
     """The dlqapp Faust app with every agent, service, view and command registered."""
     from dlqapp.api.service import Api
@@ -363,58 +302,8 @@ def build_app(settings: Settings | None = None) -> DlqApp:
     topology = declare(app, settings)
     components = build_components(settings, topology, ports_of(app, settings, topology))
     agents = register_agents(app, components)
-    _register_services(app, components)
+    register_services(app, components)
     register_views(app, Api(app, components, agents.operator))
     register_commands(app)
-    _register_metrics(app, components)
+    register_metrics(app, components)
     return app
-
-
-def _register_services(app: DlqApp, components: Components) -> None:
-    settings = components.settings
-    app.add_service(RetryTimer(app, components.scheduler, settings.timer_interval_ms))
-    app.add_service(InputPause(app, components.input_gate, components.topology.input.get_topic_name()))
-    app.add_service(RetentionSweep(app, components.sweeper, components.clock))
-    app.add_service(CrashJournal(components.crash_guard))
-    app.add_service(LoopLag())
-    app.add_service(
-        SpendFollower(
-            ChangelogFollower(
-                settings.kafka_client(client_id="dlqapp-spend-view"),
-                components.topology.stats.changelog_topic.get_topic_name(),
-                components.spend_view.on_record,
-                read_committed=settings.exactly_once,
-                caught_up=components.spend_view.ready,
-            ),
-            components.spend_view,
-            components.scheduler,
-        )
-    )
-    if components.alerts is not None:
-        app.add_service(AlertWebhook(components.alerts))
-    if components.tracing.enabled:
-        app.add_service(TracingFlush(components.tracing))
-    if components.steps.exactly_once:
-        app.add_service(
-            TransactionCommits(components.steps, settings.commit_interval_ms, lambda exc: fail_transactions(app, exc))
-        )
-
-
-def _register_metrics(app: DlqApp, components: Components) -> None:
-    install_counting_monitor(app)
-    limiter = components.caller.limiter
-    metrics.concurrency_limit.set_function(lambda: limiter.limit)
-    metrics.calls_in_flight.set_function(lambda: limiter.in_use)
-    metrics.worker_ready.set_function(lambda: 1.0 if worker_readiness(app).ready else 0.0)
-    metrics.worker_start_time.set_to_current_time()
-    stats = components.topology.stats
-    metrics.budget_held.set_function(lambda: max(0, components.counters.total_of(stats)["budget_held_now"]))
-    metrics.register_state_collector(
-        metrics.StateCollector(
-            dlq_entries=lambda: max(0, components.counters.total_of(stats)["dlq_size"]),
-            parked_by_tier=components.parked.by_tier_label,
-            consumer_lag=lambda: consumer_lag(app, set(components.settings.all_topics())),
-            breaker_state=lambda: components.caller.breaker.state,
-            breaker_moves=lambda: dict(components.caller.breaker.moves),
-        )
-    )

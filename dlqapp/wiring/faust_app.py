@@ -5,30 +5,25 @@ Agents, tables, views and commands live in their own modules and register on `ap
 
 from __future__ import annotations
 
-import gc
 import logging
-import shutil
-import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any, Protocol, cast
-from urllib.parse import urlsplit
 
 import faust
 from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
-from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 from faust.types import ServiceT
 from mode.utils.objects import cached_property
 from mode.utils.times import want_seconds
 from yarl import URL
 
-from dlqapp.api.auth import AccessPolicy, guard_middleware, host_name
+from dlqapp.api.auth import access_policy, guard_middleware
 from dlqapp.kafka.access import KafkaAccessError
 from dlqapp.kafka.admin import ensure_topics
 from dlqapp.kafka.faust_consumer import dlq_consumer_class
 from dlqapp.kafka.faust_producer import (
+    IdempotentProducer,
     PatientTransport,
     SingleChannelReplyConsumer,
     keep_in_metadata,
@@ -40,53 +35,18 @@ from dlqapp.kafka.reached import mark_reached, reached_before
 from dlqapp.kafka.topic_checks import MAX_MESSAGE_BYTES, InternalTopic, TopicMismatchError
 from dlqapp.kafka.transactions import Transactions
 from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
-from dlqapp.settings import Settings, SettingsError
+from dlqapp.settings import Settings
 from dlqapp.tables.durability import ConfirmedTable
 from dlqapp.tables.steps import StreamSteps
+from dlqapp.wiring.process import tune_garbage_collector, wipe_local_tables
 from dlqapp.wiring.restart import Restarts, StopWatch
 from dlqapp.wiring.worker import DlqWorker
 
 log = logging.getLogger(__name__)
 
-GC_YOUNG_THRESHOLD = 50_000
-"""Allocations between two collections of the youngest generation (CPython's default is 700).
-Each request allocates a few hundred short-lived objects (events, futures, dicts), so the
-default collected about every two requests; at 50,000 a busy worker spent about 4 % less CPU
-per request (bench `overhead`, side by side), for a few MiB more garbage at the peak."""
-
 PRODUCER_BUFFER_MESSAGES = 10_000
 """Table writes Faust's producer may queue before it stops feeding the agents. The windows
 bound the handlers in flight and each waits for its writes, so this is only a memory cap."""
-
-
-def install_event_loop(settings: Settings) -> None:
-    """Make DLQ_EVENT_LOOP the loop the worker runs on (before anything creates a loop).
-
-    uvloop runs the same asyncio code with its transports and scheduling in C: the
-    per-request cost of the loop itself (sockets to Kafka and the backend, task switches)
-    is a large share of a worker's CPU (bench/results/profiles/)."""
-    if settings.event_loop == "uvloop":
-        import asyncio
-
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
-
-def load_settings() -> Settings:
-    """Settings from the environment; exit with a message naming the bad variable."""
-    try:
-        return Settings.from_env()
-    except SettingsError as exc:
-        print(f"dlqapp: invalid setting: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-class IdempotentProducer(AIOKafkaProducer):
-    """Faust's producer with acks=all and idempotence, so retried sends never duplicate."""
-
-    def _settings_extra(self) -> dict:
-        return {**super()._settings_extra(), "acks": "all", "enable_idempotence": True}
 
 
 class Lifecycle(Protocol):
@@ -339,36 +299,6 @@ def fail_transactions(app: Any, exc: BaseException) -> None:
     and their events stay unacked, but the local tables hold their writes, so the worker
     restarts itself and rebuilds them from the changelogs (dlqapp.wiring.restart)."""
     app.restarts.restart_after_stop(app, exc, ready=bool(getattr(app, "_ready_logged", False)))
-
-
-def wipe_local_tables(settings: Settings, tabledir: Any) -> None:
-    """Under exactly_once: start from the changelogs (committed writes only), never from local
-    RocksDB, which may hold writes of a transaction that never committed."""
-    path = Path(str(tabledir))
-    if settings.exactly_once and path.exists():
-        shutil.rmtree(path)
-
-
-def tune_garbage_collector() -> None:
-    """Once the worker has started: what exists now lives as long as the process (`gc.freeze`,
-    never scanned again), and young objects are collected less often (GC_YOUNG_THRESHOLD)."""
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
-
-
-def access_policy(settings: Settings) -> AccessPolicy:
-    """Who the HTTP server answers to: this machine's names, the advertised host, the extras."""
-    hosts = {settings.web_host.lower(), socket.gethostname().lower(), socket.getfqdn().lower(), *settings.allowed_hosts}
-    if settings.web_advertised_url:
-        hosts.add(host_name(urlsplit(settings.web_advertised_url).netloc))
-    return AccessPolicy(
-        token=settings.admin_token,
-        max_body_bytes=settings.max_body_bytes,
-        hosts=frozenset(hosts),
-        origins=frozenset(settings.allowed_origins),
-    )
 
 
 def create_app(settings: Settings) -> DlqApp:

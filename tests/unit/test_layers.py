@@ -111,3 +111,12 @@ def test_no_import_cycle() -> None:
         if module not in state:
             visit(module, [])
     assert cycles == []
+
+
+MAX_MODULE_LINES = 350
+"""A module longer than this is split by concern (docs/design.md, the code map)."""
+
+
+def test_every_module_is_small() -> None:
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in ROOT.rglob("*.py")}
+    assert {name: n for name, n in lengths.items() if n > MAX_MODULE_LINES} == {}

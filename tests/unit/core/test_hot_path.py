@@ -11,7 +11,7 @@ import pytest
 from dlqapp.core.envelope import Attempt, Envelope, Result
 from dlqapp.observability import metrics
 from dlqapp.settings import Settings, SettingsError
-from dlqapp.wiring.faust_app import install_event_loop
+from dlqapp.wiring.process import install_event_loop
 
 
 def test_attempt_history_entry_is_what_asdict_gives():

@@ -20,7 +20,8 @@ from dlqapp.core.errors import ErrorClass
 from dlqapp.core.record import Record
 from dlqapp.deadletters.entries import DeadLetterEntry
 from dlqapp.settings import Settings
-from dlqapp.wiring.composition import span_exporters, tracing_of
+from dlqapp.wiring.composition import tracing_of
+from dlqapp.wiring.ports import span_exporters
 from tests.schemas import assert_valid
 from tests.unit.fakes import FakeMessage, ScriptedBackend, consumed, request, worker
 
@@ -216,7 +217,7 @@ def test_an_attempt_ended_by_an_exception_is_an_error_span(tmp_path):
     async def broken(*args, **kwargs):
         raise RuntimeError("the broker refused it")
 
-    w.components.pipeline._publish_result = broken
+    w.components.pipeline.results.publish = broken
     with pytest.raises(RuntimeError):
         run(w.pipeline.on_input(input_record("r7"), w.input))
     (span,) = spans(w, exporter)

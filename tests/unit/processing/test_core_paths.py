@@ -208,9 +208,9 @@ def test_a_message_whose_request_already_succeeded_is_known_as_such_before_it_is
     must not get a dead letter beside its result (dlqapp.wiring.agents: poison)."""
     w = worker(tmp_path)
     run(w.pipeline.on_input(input_event("r9"), w.input))
-    assert w.pipeline.already_succeeded(input_event("r9", offset=1))
-    assert not w.pipeline.already_succeeded(input_event("never-seen", offset=2))
-    assert not w.pipeline.already_succeeded(input_event("r9", b"\xff not json", offset=3))
+    assert w.pipeline.dedup.already_succeeded(input_event("r9", offset=1))
+    assert not w.pipeline.dedup.already_succeeded(input_event("never-seen", offset=2))
+    assert not w.pipeline.dedup.already_succeeded(input_event("r9", b"\xff not json", offset=3))
 
 
 def test_a_request_whose_attempt_died_in_flight_runs_when_its_message_comes_again(tmp_path):
