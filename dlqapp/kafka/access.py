@@ -119,21 +119,31 @@ class GroupOperationsRequest(Request[DescribeGroupsRequest_v3]):
 
 
 class ConnectionCauses(logging.Handler):
-    """Keeps the last reasons aiokafka logged for a failed connection."""
+    """Keeps the last reasons aiokafka logged for a failed connection.
+
+    aiokafka says why a connection failed only in its ERROR lines, so while a connection is
+    tried its logger lets them through even where logging was set to hide them."""
 
     def __init__(self) -> None:
         super().__init__(logging.ERROR)
         self.messages: list[str] = []
+        self._level = logging.NOTSET
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages = [*self.messages[-9:], record.getMessage()]
 
     def __enter__(self) -> ConnectionCauses:
-        logging.getLogger("aiokafka").addHandler(self)
+        logger = logging.getLogger("aiokafka")
+        self._level = logger.level
+        if not logger.isEnabledFor(logging.ERROR):
+            logger.setLevel(logging.ERROR)
+        logger.addHandler(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        logging.getLogger("aiokafka").removeHandler(self)
+        logger = logging.getLogger("aiokafka")
+        logger.removeHandler(self)
+        logger.setLevel(self._level)
 
 
 def closed_at_once(causes: list[str]) -> bool:

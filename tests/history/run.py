@@ -145,7 +145,8 @@ class Producer:
     it retries (idempotently) and says so many times a second."""
 
     def __init__(self, bootstrap: str) -> None:
-        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        self._aiokafka_level = logging.getLogger("aiokafka").level
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # given back by close()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="history-producer", daemon=True)
         self.thread.start()
@@ -187,6 +188,7 @@ class Producer:
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
+            logging.getLogger("aiokafka").setLevel(self._aiokafka_level)
 
 
 # -- workers -------------------------------------------------------------------------------

@@ -54,3 +54,16 @@ def test_a_worker_restarted_in_place_bears_closed_connections_as_long_as_the_che
         with pytest.raises(KafkaConnectionError):
             asyncio.run(admin.connect_admin(Settings.from_env({}), closed))
         now[0] += admin.CLOSED_AT_ONCE_FOR_S
+
+
+def test_the_cause_is_read_even_where_logging_hides_aiokafka_errors(monkeypatch):
+    monkeypatch.setattr(admin, "AIOKafkaAdminClient", ClosingAdmin)
+    quiet = logging.getLogger("aiokafka")
+    previous = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        with pytest.raises(KafkaAccessError, match="DLQ_KAFKA_SECURITY_PROTOCOL=PLAINTEXT"):
+            asyncio.run(admin.connect_admin(Settings.from_env({}), admin.ClosedAtOnce(0.0)))
+        assert quiet.level == logging.CRITICAL  # as it was
+    finally:
+        quiet.setLevel(previous)
