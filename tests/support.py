@@ -212,6 +212,25 @@ class Worker:
         except FileNotFoundError:
             return "(no log)"
 
+    def process_state(self) -> str:
+        """What the kernel says the worker's process and each of its threads are doing
+        (for a failure message: a hung worker shows where it waits)."""
+        if self.process is None or self.process.poll() is not None:
+            return f"(process ended: {None if self.process is None else self.process.returncode})"
+        proc = Path("/proc") / str(self.process.pid)
+        try:
+            status = [
+                line for line in (proc / "status").read_text().splitlines() if line.startswith(("State", "Threads"))
+            ]
+            threads = [
+                f"{(t / 'comm').read_text().strip()} {(t / 'stat').read_text().split()[2]} {(t / 'wchan').read_text()}"
+                for t in sorted((proc / "task").iterdir())
+            ]
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError as exc:
+            return f"(unreadable: {exc})"
+        return "\n".join([f"pid {self.process.pid}: {cmdline}", *status, *threads])
+
     def kill(self) -> None:
         """kill -9."""
         if self.process and self.process.poll() is None:

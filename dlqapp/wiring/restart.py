@@ -128,10 +128,11 @@ class Restarts:
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
         if self.stop_requested:
             return
+        env = {**os.environ, RESTARTS_ENV: str(self.in_a_row + 1)}
+        log.info("restart_exec restarts_in_a_row=%d from=%s", self.in_a_row + 1, threading.current_thread().name)
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):  # a closed stream: nothing to flush
                 stream.flush()
-        env = {**os.environ, RESTARTS_ENV: str(self.in_a_row + 1)}
         os.execve(sys.executable, list(sys.orig_argv), env)
 
 

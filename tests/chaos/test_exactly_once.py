@@ -134,7 +134,10 @@ def test_a_zombie_worker_writes_nothing_visible_and_a_third_worker_joining_chang
         wait_until(
             lambda: first.process.poll() is None and safe_get(first, "/").get("ready"),
             180,
-            lambda: f"the woken worker back and ready; its log ends:\n{first.log_tail(40)}",
+            lambda: (
+                f"the woken worker back and ready; its log ends:\n{first.log_tail(40)}\n"
+                f"its process:\n{first.process_state()}"
+            ),
         )
         summary = {**ledger.summary(mock.url), "zombie": True, "joined": 1}
         report("exactly_once, zombie and a join", summary)
