@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -47,6 +48,10 @@ MAX_BACKOFF_S = 30.0
 STABLE_S = 60.0
 """A worker ready this long before it fails restarts at once, like a first failure."""
 
+HANG_MARGIN_S = 20.0
+"""Beyond the grace and the backoff, how long a restart may take to re-execute before the
+process is taken for hung: every thread's stack goes to stderr and the process exits 1."""
+
 STOP_MARGIN_S = 4.0
 """Beyond DLQ_DRAIN_TIMEOUT, how long a requested stop may take before the process ends anyway
 (the promise is DLQ_DRAIN_TIMEOUT plus 5 s: a second left for the exit itself)."""
@@ -66,10 +71,25 @@ def after_grace(seconds: float, then: Callable[[], Any]) -> threading.Timer:
     return timer
 
 
+def hang_watchdog(seconds: float | None) -> None:
+    """In `seconds`, unless this process image is replaced first, write every thread's stack
+    to stderr and exit 1 (None: not any more). The interpreter's own watchdog thread
+    (`faulthandler`) needs neither the event loop nor the GIL, so it fires where a
+    `threading.Timer` could not."""
+    if seconds is None:
+        faulthandler.cancel_dump_traceback_later()
+    else:
+        faulthandler.dump_traceback_later(seconds, exit=True)
+
+
 class Restarts:
     """Whether and when this worker restarts itself (module doc); one per process."""
 
-    def __init__(self, environ: Mapping[str, str] = os.environ) -> None:
+    def __init__(
+        self, environ: Mapping[str, str] = os.environ, *, watchdog: Callable[[float | None], Any] = hang_watchdog
+    ) -> None:
+        """`watchdog(seconds)` ends the process should a restart not re-execute it in time."""
+        self._watchdog = watchdog
         try:
             self.in_a_row = max(0, int(environ.get(RESTARTS_ENV, "0")))
         except ValueError:
@@ -84,8 +104,11 @@ class Restarts:
         self.ready_at = time.monotonic()
 
     def request_stop(self) -> None:
-        """SIGTERM or Ctrl-C: stop, and never restart from now on."""
+        """SIGTERM or Ctrl-C: stop, and never restart from now on (the stop's own bound,
+        `StopWatch`, replaces a restart's hang watchdog)."""
         self.stop_requested = True
+        if self.pending is not None:
+            self._watchdog(None)
 
     def restart_after_stop(self, app: Any, reason: BaseException, ready: bool) -> None:
         """Stop `app` the way Faust stops it on a crash, then re-execute the worker (or, when it
@@ -110,7 +133,10 @@ class Restarts:
             then: Callable[[], Any] = self.exec_self
         else:
             log.critical("exactly-once transactions failed before the worker was ready, stopping it: %s", self.pending)
+            wait = 0.0
             then = lambda: os._exit(FAILED_AT_START_EXIT_CODE)  # noqa: E731
+        # should neither the stop nor the grace timer end this image, say where it hangs and exit
+        self._watchdog(GRACE_S + wait + HANG_MARGIN_S)
         app.fail(reason)
         after_grace(GRACE_S, then)
 
