@@ -48,6 +48,8 @@ MAX_BACKOFF_S = 30.0
 STABLE_S = 60.0
 """A worker ready this long before it fails restarts at once, like a first failure."""
 
+STDERR_FD = 2
+
 HANG_MARGIN_S = 20.0
 """Beyond the grace and the backoff, how long a restart may take to re-execute before the
 process is taken for hung: every thread's stack goes to stderr and the process exits 1."""
@@ -73,13 +75,14 @@ def after_grace(seconds: float, then: Callable[[], Any]) -> threading.Timer:
 
 def hang_watchdog(seconds: float | None) -> None:
     """In `seconds`, unless this process image is replaced first, write every thread's stack
-    to stderr and exit 1 (None: not any more). The interpreter's own watchdog thread
-    (`faulthandler`) needs neither the event loop nor the GIL, so it fires where a
-    `threading.Timer` could not."""
+    to the process's stderr (file descriptor 2) and exit 1 (None: not any more). The
+    interpreter's own watchdog thread (`faulthandler`) needs neither the event loop nor the
+    GIL, so it fires where a `threading.Timer` could not. Writes to descriptor 2 itself:
+    the worker's `sys.stderr` is mode's logging proxy, which has no file descriptor."""
     if seconds is None:
         faulthandler.cancel_dump_traceback_later()
     else:
-        faulthandler.dump_traceback_later(seconds, exit=True)
+        faulthandler.dump_traceback_later(seconds, exit=True, file=STDERR_FD)
 
 
 class Restarts:
@@ -135,10 +138,14 @@ class Restarts:
             log.critical("exactly-once transactions failed before the worker was ready, stopping it: %s", self.pending)
             wait = 0.0
             then = lambda: os._exit(FAILED_AT_START_EXIT_CODE)  # noqa: E731
-        # should neither the stop nor the grace timer end this image, say where it hangs and exit
-        self._watchdog(GRACE_S + wait + HANG_MARGIN_S)
-        app.fail(reason)
         after_grace(GRACE_S, then)
+        app.fail(reason)
+        # should neither the stop nor the grace timer end this image, say where it hangs and
+        # exit; a safety net only, so it can never stand in the way of the restart itself
+        try:
+            self._watchdog(GRACE_S + wait + HANG_MARGIN_S)
+        except Exception as exc:  # any failure to arm it is only logged
+            log.warning("no hang watchdog for this restart: %r", exc)
 
     def exec_self(self) -> None:
         """Replace this process with a fresh run of the same command line, after the backoff;

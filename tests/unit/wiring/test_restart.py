@@ -138,7 +138,11 @@ def test_a_restart_arms_the_hang_watchdog_beyond_its_grace_and_backoff(calls):
 
 def test_the_hang_watchdog_ends_a_process_that_hangs_and_says_where():
     script = (
-        "import time; from dlqapp.wiring.restart import hang_watchdog\n"
+        "import sys, time; from dlqapp.wiring.restart import hang_watchdog\n"
+        "class Proxy:  # what mode makes of sys.stderr in a worker\n"
+        "    def write(self, text): pass\n"
+        "    def fileno(self): raise NotImplementedError()\n"
+        "sys.stderr = Proxy()\n"
         "def stuck_in_a_stop():\n    time.sleep(60)\n"
         "hang_watchdog(0.5); stuck_in_a_stop()"
     )
@@ -152,3 +156,12 @@ def test_a_stop_asked_for_during_a_restart_disarms_its_hang_watchdog(calls):
     restarts.restart_after_stop(FakeApp(), RuntimeError("x"), ready=True)
     restarts.request_stop()
     assert armed == [restart.GRACE_S + backoff_s(5) + restart.HANG_MARGIN_S, None]
+
+
+def test_a_watchdog_that_cannot_be_armed_does_not_stop_the_restart(calls):
+    def broken(seconds):
+        raise NotImplementedError("no file descriptor")
+
+    Restarts({}, watchdog=broken).restart_after_stop(FakeApp(), RuntimeError("ProducerFenced"), ready=True)
+    wait_for(calls, "execve")
+    assert any(call[0] == "execve" for call in calls)
