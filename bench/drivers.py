@@ -33,10 +33,10 @@ class SystemDied(AssertionError):
 # -- topics and requests ---------------------------------------------------------------
 
 
-def make_topics(bootstrap: str, prefix: str) -> Settings:
-    """Create dlqapp's topics under `prefix` (with BENCH_PARTITIONS); their settings."""
+def make_topics(bootstrap: str, prefix: str, partitions: int = BENCH_PARTITIONS) -> Settings:
+    """Create dlqapp's topics under `prefix` with `partitions` each; their settings."""
     settings = Settings.from_env(
-        {"DLQ_KAFKA_BOOTSTRAP": bootstrap, "DLQ_TOPIC_PREFIX": prefix, "DLQ_PARTITIONS": str(BENCH_PARTITIONS)}
+        {"DLQ_KAFKA_BOOTSTRAP": bootstrap, "DLQ_TOPIC_PREFIX": prefix, "DLQ_PARTITIONS": str(partitions)}
     )
     asyncio.run(ensure_topics(settings))
     return settings

@@ -63,6 +63,7 @@ from bench.sections import (  # noqa: E402
     lateness,
     resilience,
     scaling,
+    spring,
     standalone,
     stats_cost,
     throughput,
@@ -90,9 +91,20 @@ SECTIONS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "guarantee": guarantee.guarantee_cost,
     "trace_cost": trace_cost.trace_cost,
     "fairness": fairness.fairness,
+    "spring": spring.spring,
 }
 """Report section → the function measuring it, in the order a full run measures them."""
-NOT_IN_QUICK = {"flow_control", "scale_out", "soak", "tls_cost", "demo", "guarantee", "trace_cost", "fairness"}
+NOT_IN_QUICK = {
+    "flow_control",
+    "scale_out",
+    "soak",
+    "tls_cost",
+    "demo",
+    "guarantee",
+    "trace_cost",
+    "fairness",
+    "spring",
+}
 """Left out of `--quick` unless named in `--only` (six and four workers: too slow for `make test`)."""
 
 

@@ -9,6 +9,7 @@ import os
 from typing import Any
 
 from bench.drivers import (
+    BENCH_PARTITIONS,
     LoopLagSampler,
     produce_in_batches,
     produce_paced,
@@ -36,7 +37,12 @@ LATENESS_MODES = tuple(m for m in os.environ.get("BENCH_LATENESS_MODES", "").spl
 
 
 def probe_lateness(
-    bootstrap: str, worker: Worker, probes: int, flood_size: int = 0, per_second: int | None = None
+    bootstrap: str,
+    worker: Worker,
+    probes: int,
+    flood_size: int = 0,
+    per_second: int | None = None,
+    partitions: int = BENCH_PARTITIONS,
 ) -> dict[str, list[float]]:
     """Lateness (attempt start − scheduled_time, ms) per tier of `probes` requests that fail
     three times (a retryable error of their own, not an outage): all at once (their retries
@@ -55,7 +61,7 @@ def probe_lateness(
             wait_until(lambda: worker.get("/retries/?limit=1")[1]["total"] >= probes * 0.9, 120, "probes parked")
             produce_in_batches(bootstrap, worker.topic("input"), requests_for(unique_ids("flood", flood_size)), 5000)
     per_tier: dict[str, list[float]] = {}
-    for record in wait_results(bootstrap, worker.topic("results"), ids, timeout=600):
+    for record in wait_results(bootstrap, worker.topic("results"), ids, timeout=600, partitions=partitions):
         for attempt in record.json["history"][1:]:
             per_tier.setdefault(attempt["topic"].split(".")[-1], []).append(attempt["at"] - attempt["scheduled"])
     return per_tier
