@@ -38,7 +38,9 @@ def reached_before(settings: Settings) -> bool:
 
 def mark_reached(settings: Settings) -> None:
     """Remember that these settings got through (best effort: a read-only data directory
-    only shortens the patience of the next start)."""
+    only shortens the patience of the next start); a mark already there is left as it is."""
+    if reached_before(settings):
+        return
     try:
         os.makedirs(settings.data_dir, exist_ok=True)
         temporary = _path(settings) + ".tmp"

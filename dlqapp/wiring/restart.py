@@ -49,6 +49,8 @@ STABLE_S = 60.0
 """A worker ready this long before it fails restarts at once, like a first failure."""
 
 STDERR_FD = 2
+"""Where the hang watchdog writes its stacks: the descriptor itself, since mode's `sys.stderr`
+proxy has no `fileno()`."""
 
 HANG_MARGIN_S = 20.0
 """Beyond the grace and the backoff, how long a restart may take to re-execute before the

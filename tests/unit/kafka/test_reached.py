@@ -1,5 +1,6 @@
 """The mark that lets a restarted worker take a closing listener for a broker away."""
 
+import os
 from pathlib import Path
 
 from dlqapp.kafka.reached import MARK_NAME, mark_reached, reached_before
@@ -49,3 +50,11 @@ def test_an_unwritable_data_dir_is_not_an_error(tmp_path: Path) -> None:
     blocker.write_text("")
     mark_reached(settings(blocker / "data"))
     assert not reached_before(settings(blocker / "data"))
+
+
+def test_a_mark_already_there_is_not_rewritten(tmp_path: Path) -> None:
+    mark_reached(settings(tmp_path, DLQ_KAFKA_BOOTSTRAP="k1:9092"))
+    mark = tmp_path / MARK_NAME
+    os.utime(mark, (1_000_000, 1_000_000))
+    mark_reached(settings(tmp_path, DLQ_KAFKA_BOOTSTRAP="k1:9092"))
+    assert mark.stat().st_mtime == 1_000_000
