@@ -24,8 +24,9 @@ class GatedFeed:
     back the very due hints the gate is waiting for, until the gate's maximum hold. So the
     agent always takes its events at once (`put`); the feed keeps them, and `run` submits
     them while the gate is open. While the gate is open `put` waits once `open_limit`
-    events wait (the read-ahead: back-pressure); while it is closed, only at `closed_limit`
-    (input fetching is paused then, so only what was already fetched can arrive).
+    events wait, or once those waiting hold `open_bytes` (the read-ahead: back-pressure);
+    while it is closed, only at `closed_limit` (input fetching is paused then, so only what
+    was already fetched can arrive).
 
     Waiting events are taken by weighted fair queuing between tenants, in tokens
     (dlqapp.flowcontrol.fair): with a read-ahead of thousands, a tenant's request read
@@ -41,6 +42,7 @@ class GatedFeed:
         open_limit: int,
         closed_limit: int,
         window_limit: int | None = None,
+        open_bytes: int | None = None,
         weight_of: Callable[[str], float] = lambda tenant: 1.0,
     ) -> None:
         self._window = window
@@ -48,7 +50,9 @@ class GatedFeed:
         self._open_limit = open_limit
         self._closed_limit = max(closed_limit, open_limit)
         self._window_limit = window_limit or open_limit
-        self._held: FairQueue[tuple[Ticket, Handler, contextvars.Context, int]] = FairQueue(weight_of)
+        self._open_bytes = open_bytes
+        self._held: FairQueue[tuple[Ticket, Handler, contextvars.Context, int, int]] = FairQueue(weight_of)
+        self._held_bytes = 0
         self._more = asyncio.Event()
         self._room = asyncio.Event()
         self._submitting = False
@@ -60,6 +64,11 @@ class GatedFeed:
     def waiting(self) -> int:
         return len(self._held)
 
+    @property
+    def waiting_bytes(self) -> int:
+        """What the waiting events hold, as `put` was told (`size`)."""
+        return self._held_bytes
+
     def waiting_by_tenant(self) -> dict[str, int]:
         return self._held.by_tenant()
 
@@ -67,9 +76,9 @@ class GatedFeed:
         """Input arrives faster than it starts: waiting events pile up, or the window is half full."""
         return len(self._held) >= self.backlog_at or self._window.in_flight * 2 >= self._window_limit
 
-    async def put(self, ticket: Ticket, handler: Handler, tenant: str = "", cost: float = 1.0) -> None:
+    async def put(self, ticket: Ticket, handler: Handler, tenant: str = "", cost: float = 1.0, size: int = 0) -> None:
         """Keep the ticket's event (with the caller's context) until the gate and its tenant's
-        turn let it start; `cost` is its estimated tokens.
+        turn let it start; `cost` is its estimated tokens, `size` the memory it holds meanwhile.
 
         An event taken while the window is being released belongs to the assignment being
         revoked: it is handed back at once."""
@@ -79,11 +88,12 @@ class GatedFeed:
         if not self._held and not self._submitting and self._gate.is_open and self._window.has_room:
             await self._window.submit(ticket, handler)  # nothing before it: start it now, no hop
             return
-        self._held.put((ticket, handler, contextvars.copy_context(), self._window.generation), tenant, cost)
+        self._held.put((ticket, handler, contextvars.copy_context(), self._window.generation, size), tenant, cost)
+        self._held_bytes += size
         self._more.set()
         if len(self._held) == self.backlog_at and not self._gate.is_open:
             self._gate.reconsider()  # input piles up behind the closed gate: time to pause fetching
-        while len(self._held) >= (self._open_limit if self._gate.is_open else self._closed_limit):
+        while self._full():
             self._room.clear()
             waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._room.wait())]
             if self._gate.is_open:
@@ -93,6 +103,13 @@ class GatedFeed:
             finally:
                 for wait in waits:
                     wait.cancel()
+
+    def _full(self) -> bool:
+        if not self._gate.is_open:
+            return len(self._held) >= self._closed_limit
+        return len(self._held) >= self._open_limit or (
+            self._open_bytes is not None and self._held_bytes >= self._open_bytes
+        )
 
     async def run(self) -> None:
         """Submit the waiting events, fairly, while the gate is open (a task for the agent's life)."""
@@ -107,7 +124,8 @@ class GatedFeed:
             await self._window.wait_for_room()  # choose the next event only when it can start
             if not self._held:
                 continue
-            ticket, handler, context, generation = self._held.take()
+            ticket, handler, context, generation, size = self._held.take()
+            self._held_bytes -= size
             self._room.set()
             self._submitting = True  # `put` must not start a later event meanwhile
             try:
@@ -120,5 +138,6 @@ class GatedFeed:
         released = len(self._held)
         for ticket, *_ in self._held.drain():
             self._window.hand_back(ticket)
+        self._held_bytes = 0
         self._room.set()
         return released

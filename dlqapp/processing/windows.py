@@ -78,16 +78,19 @@ class InFlightWindows:
         *,
         closed_limit: int,
         read_ahead: int | None = None,
+        read_ahead_bytes: int | None = None,
         weight_of: Callable[[str], float] = lambda tenant: 1.0,
     ) -> GatedFeed:
         """A gated, fair feed into `window`, released with it (see GatedFeed); `read_ahead`:
-        the events it may hold while the window is full (default: the window's limit)."""
+        the events it may hold while the window is full (default: the window's limit), and
+        `read_ahead_bytes` the memory they may hold (default: no bound but their count)."""
         feed = GatedFeed(
             window,
             gate,
             open_limit=max(read_ahead or self.limit, self.limit),
             closed_limit=closed_limit,
             window_limit=self.limit,
+            open_bytes=read_ahead_bytes,
             weight_of=weight_of,
         )
         self._feeds.append(feed)

@@ -117,12 +117,19 @@ class WorkFields:
     )
     read_ahead: int = setting(
         "DLQ_READ_AHEAD",
-        "10000",
+        "50000",
         _positive_int,
         "Fresh requests a worker reads ahead while its backend slots are busy, to share them fairly between "
         "tenants (`DLQ_TENANT_WEIGHTS`): a tenant's request read behind another tenant's flood of this many starts "
-        "within a round. Its offsets are committed only once the flood before it is done. Memory: about its "
-        "payloads' size.",
+        "within a round. Its offsets are committed only once the flood before it is done. Memory: bounded by "
+        "`DLQ_READ_AHEAD_BYTES` too.",
+    )
+    read_ahead_bytes: int = setting(
+        "DLQ_READ_AHEAD_BYTES",
+        "134217728",
+        _positive_int,
+        "Memory the requests read ahead (`DLQ_READ_AHEAD`) may hold together: their payloads plus about 3 KiB "
+        "each; whichever of the two limits comes first stops reading ahead.",
     )
     default_tenant: str = setting(
         "DLQ_DEFAULT_TENANT",

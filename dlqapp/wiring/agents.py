@@ -46,6 +46,10 @@ DUE_WINDOW = 4096
 timer hands them over up to DLQ_DUE_LEAD_MAX early), which costs no backend slot; with the
 input window's size a burst of retries due together filled it, and the rest waited in the
 agent's queue past their due time."""
+HELD_REQUEST_BYTES = 3 * 1024
+"""What a worker keeps of a fresh request it read ahead, besides its payload (the consumed
+message, its `Record`, the parsed request, its place in the fair queue): 3.4 KiB measured
+for 20,000 requests of 177 bytes (the bench's), counted against DLQ_READ_AHEAD_BYTES."""
 FATAL_EXIT_CODE = 70
 FATAL_GRACE_S = 15.0
 
@@ -212,6 +216,7 @@ class _Handlers:
                 gate,
                 closed_limit=self.app.conf.stream_buffer_maxsize + 4 * self.app.conf.broker_max_poll_records,
                 read_ahead=settings.read_ahead,
+                read_ahead_bytes=settings.read_ahead_bytes,
                 weight_of=lambda tenant: settings.tenant_weights.get(tenant, 1.0),
             )
             gate.pause_fetching_when(feed.backlogged)
@@ -224,7 +229,8 @@ class _Handlers:
                         record = self.record(event)
                         admitted = pipeline.admit(record)  # read once: its tenant and tokens for its turn
                         handler = functools.partial(pipeline.on_input, record, topic, admitted)
-                        await feed.put(ticket, handler, admitted.tenant, admitted.cost)
+                        size = HELD_REQUEST_BYTES + len(record.payload or b"")
+                        await feed.put(ticket, handler, admitted.tenant, admitted.cost, size)
             finally:
                 pump.cancel()
 

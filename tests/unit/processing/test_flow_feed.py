@@ -243,3 +243,41 @@ def test_a_tenants_event_read_behind_another_tenants_flood_starts_in_its_turn():
         pump.cancel()
 
     asyncio.run(run())
+
+
+def test_an_open_gate_pushes_back_once_the_waiting_events_hold_the_byte_limit_whatever_their_count():
+    """DLQ_READ_AHEAD_BYTES: a read-ahead of large requests stops at its memory, not its count;
+    each event started gives its bytes back, and a release forgets them all."""
+
+    async def run():
+        h = Harness()
+        acked = []
+        gate = _gate()
+        release = asyncio.Event()
+        window = h.window(1)
+        feed = GatedFeed(window, gate, open_limit=1000, closed_limit=1000, open_bytes=10_000)
+        pump = asyncio.create_task(feed.run())
+
+        async def slow():
+            await release.wait()
+
+        await feed.put(h.acks.track(FakeEvent(0, acked)), slow, size=9_000)  # started at once: holds nothing
+        await _until(lambda: feed.waiting == 0)
+        for i in (1, 2):
+            await asyncio.wait_for(feed.put(h.acks.track(FakeEvent(i, acked)), slow, size=4_000), 1)
+        assert feed.waiting == 2 and feed.waiting_bytes == 8_000
+        blocked = asyncio.create_task(feed.put(h.acks.track(FakeEvent(3, acked)), slow, size=4_000))
+        await asyncio.sleep(0.02)
+        assert not blocked.done() and feed.waiting_bytes == 12_000  # kept, and the reader waits
+        release.set()  # the window drains: the bytes of each event started come back
+        await asyncio.wait_for(blocked, 1)
+        await _until(lambda: len(acked) == 4)
+        assert acked == [0, 1, 2, 3] and feed.waiting_bytes == 0
+        release.clear()
+        gate.handed_over([b"hint"])  # closed: only what arrives waits, no start
+        for i in (4, 5):
+            await feed.put(h.acks.track(FakeEvent(i, acked)), slow, size=7_000)
+        assert feed.waiting_bytes == 14_000 and feed.release() == 2 and feed.waiting_bytes == 0
+        pump.cancel()
+
+    asyncio.run(run())
