@@ -209,3 +209,29 @@ def test_a_budget_holds_requests_across_a_restart_and_two_workers_until_it_is_ra
     assert all(released[rid]["_topic"].endswith("results") and released[rid]["attempts"] == 1 for rid in held)
     assert all(mock.calls(rid) == 1 for rid in acme)  # every request called once: no hold cost an attempt
     assert first.get("/budgets/")[1]["set_at_run_time"]["acme"]["day_usd"] == 10
+
+
+def test_a_tenant_behind_another_tenants_flood_is_served_within_a_round_with_the_default_read_ahead(make_worker):
+    """Fair shares past a flood (DLQ_READ_AHEAD, DLQ_READ_AHEAD_BYTES defaults): tenant B's
+    requests, produced after tenant A's 300 in every partition, are read ahead of the slots
+    and served in B's fair turn, before most of A's backlog; A loses nothing."""
+    worker = make_worker(
+        env_extra={
+            "DLQ_SIMULATED_SUCCESS_RATE": "1.0",
+            "DLQ_SIMULATED_LATENCY": "100ms",
+            "DLQ_SIMULATED_JITTER": "0ms",
+            "DLQ_CONCURRENCY": "4",
+            "DLQ_ADAPTIVE_CONCURRENCY": "false",
+        }
+    ).start()
+    flood = [unique("flood-a") for _ in range(300)]
+    trickle = [unique("turn-b") for _ in range(3)]
+    produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), body(rid, "a")) for rid in flood])
+    produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), body(rid, "b")) for rid in trickle])
+    ids = flood + trickle
+    records = read_topic(worker.bootstrap, worker.topic("results"), lambda r: set(ids) <= keys_seen(r), 180)
+    done_at = {r.key.decode(): r.timestamp for r in records if r.key}
+    a_done = sorted(done_at[rid] for rid in flood)
+    assert set(ids) <= done_at.keys()
+    # 300 calls at 4 in flight take 7.5 s; B's turn comes within a round of 4 calls, not after A's backlog
+    assert max(done_at[rid] for rid in trickle) < a_done[len(a_done) // 4]
