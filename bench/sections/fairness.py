@@ -145,7 +145,7 @@ def markdown(out: dict[str, Any]) -> str:
             "|---|---|---|---|",
             *rows,
             "",
-            f"`a_flood_with_b`: the default read-ahead (DLQ_READ_AHEAD=50,000, DLQ_READ_AHEAD_BYTES=128 MiB); "
+            f"`a_flood_with_b`: the default read-ahead (DLQ_READ_AHEAD=50,000, DLQ_READ_AHEAD_BYTES=64 MiB); "
             f"`a_flood_with_b_narrow_read_ahead`: DLQ_READ_AHEAD={out['narrow_read_ahead']:,}.",
             "",
             f"B's p99 with the flood / alone: {out['b_p99_ratio']:.1f}x "

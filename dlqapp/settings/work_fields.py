@@ -126,7 +126,7 @@ class WorkFields:
     )
     read_ahead_bytes: int = setting(
         "DLQ_READ_AHEAD_BYTES",
-        "134217728",
+        "67108864",
         _positive_int,
         "Memory the requests read ahead (`DLQ_READ_AHEAD`) may hold together: their payloads plus about 3 KiB "
         "each; whichever of the two limits comes first stops reading ahead.",

@@ -142,11 +142,12 @@ def test_memory_covers_the_measured_budget(rendered):
     _, resources = rendered
     settings = settings_of(resources)
     # docs/performance.md, Memory budget: about 95 MiB of Python, RocksDB's cache and write
-    # buffers as set, and about 20 KiB per call in flight
+    # buffers as set, the requests read ahead, and about 20 KiB per call in flight
     budget = (
         95 * MiB
         + int(settings["DLQ_TABLE_CACHE_BYTES"])
         + int(settings["DLQ_TABLE_MEMTABLE_BUDGET_BYTES"])
+        + int(settings["DLQ_READ_AHEAD_BYTES"])
         + int(settings["DLQ_CONCURRENCY"]) * 20 * 1024
     )
     resources_ = worker_container(resources)["resources"]
