@@ -9,6 +9,7 @@ dlqapp.kafka.delivery_order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Mapping
 from time import monotonic
@@ -29,10 +30,30 @@ IDLE_CHECK_S = 1.0
 """How often an idle consumer looks for partitions whose position passed undelivered records."""
 
 
+def stop_on_its_loop(consumer: Any, loop: asyncio.AbstractEventLoop) -> None:
+    """Stop an aiokafka `consumer` on `loop`, the event loop it lives on, from any thread.
+
+    Faust's `AIOKafkaConsumerThread.close()` (called when a rebalance reaches an app that is
+    stopping: `App._on_rebalance_when_stopped`) runs the consumer's client and coordinator
+    `close()` on the app's loop, while they belong to the consumer thread's. Under uvloop
+    that crossing crashed the process with SIGSEGV (a fenced worker restarting in place
+    while its group rebalanced). aiokafka's own `stop()` closes the coordinator, the fetcher
+    and the client, in that order; run on the right loop, it is only asked for here, and
+    Faust's later `stop()` in the thread finds it done."""
+    if consumer is None or loop.is_closed():
+        return
+    with contextlib.suppress(RuntimeError):  # the loop closed just now: the thread is gone
+        asyncio.run_coroutine_threadsafe(consumer.stop(), loop)
+
+
 class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
     fetch_max_wait_ms = 1500
     first_topics: frozenset[str] = frozenset()
     read_committed = False
+
+    def close(self) -> None:
+        """Faust's close, on the consumer thread's own loop (`stop_on_its_loop`)."""
+        stop_on_its_loop(self._consumer, self.thread_loop)
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)

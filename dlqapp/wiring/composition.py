@@ -66,7 +66,7 @@ from dlqapp.tables.topology import Topology, declare, register_codecs
 from dlqapp.wiring.components import Components, Ports
 from dlqapp.wiring.faust_app import DlqApp, create_app
 from dlqapp.wiring.ports import ports_of
-from dlqapp.wiring.process import install_event_loop, load_settings
+from dlqapp.wiring.process import install_event_loop, load_settings, report_fatal_errors
 from dlqapp.wiring.registration import register_metrics, register_services
 
 
@@ -296,6 +296,7 @@ def build_app(settings: Settings | None = None) -> DlqApp:
     from dlqapp.wiring.agents import register_agents
 
     settings = settings or load_settings()
+    report_fatal_errors()
     install_event_loop(settings)
     register_codecs()
     app = create_app(settings)

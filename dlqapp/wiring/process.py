@@ -3,6 +3,7 @@ collector, and what it keeps on disk between runs."""
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import shutil
 import sys
@@ -16,6 +17,17 @@ GC_YOUNG_THRESHOLD = 50_000
 Each request allocates a few hundred short-lived objects (events, futures, dicts), so the
 default collected about every two requests; at 50,000 a busy worker spent about 4 % less CPU
 per request (bench `overhead`, side by side), for a few MiB more garbage at the peak."""
+
+
+STDERR_FD = 2
+"""The process's standard error as a descriptor: mode replaces `sys.stderr` in a worker with a
+logging proxy that has no `fileno()`, and the interpreter's fault handler needs one."""
+
+
+def report_fatal_errors() -> None:
+    """Should the process die of a fatal signal (a segmentation fault in a native library,
+    an abort), print every thread's Python stack to stderr first, so the log says where."""
+    faulthandler.enable(file=STDERR_FD, all_threads=True)
 
 
 def install_event_loop(settings: Settings) -> None:

@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from dlqapp.wiring.process import STDERR_FD
+
 log = logging.getLogger(__name__)
 
 FAILED_AT_START_EXIT_CODE = 75
@@ -47,10 +49,6 @@ RESTARTS_ENV = "DLQAPP_RESTARTS_IN_A_ROW"
 MAX_BACKOFF_S = 30.0
 STABLE_S = 60.0
 """A worker ready this long before it fails restarts at once, like a first failure."""
-
-STDERR_FD = 2
-"""Where the hang watchdog writes its stacks: the descriptor itself, since mode's `sys.stderr`
-proxy has no `fileno()`."""
 
 HANG_MARGIN_S = 20.0
 """Beyond the grace and the backoff, how long a restart may take to re-execute before the

@@ -1,0 +1,62 @@
+"""Closing Faust's consumer while a rebalance reaches a stopping app: the aiokafka consumer is
+stopped on the loop it lives on (the consumer thread's), never on the caller's. Faust ran
+its client's and coordinator's `close()` on the app's loop; under uvloop a fenced worker
+restarting in place then died of SIGSEGV in the consumer thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import uvloop
+
+from dlqapp.kafka.faust_consumer import _FetchWaitConsumerThread, stop_on_its_loop
+
+
+class FakeAiokafkaConsumer:
+    """Records on which thread and loop its `stop()` ran."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self.ran_on: tuple[threading.Thread, asyncio.AbstractEventLoop] | None = None
+
+    async def stop(self) -> None:
+        self.ran_on = (threading.current_thread(), asyncio.get_running_loop())
+        self.stopped.set()
+
+
+def consumer_thread() -> tuple[threading.Thread, asyncio.AbstractEventLoop]:
+    """A thread running a uvloop loop of its own, as Faust's consumer thread does."""
+    loop = uvloop.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="consumer-thread", daemon=True)
+    thread.start()
+    return thread, loop
+
+
+def test_the_consumer_stops_on_its_own_loop_when_asked_from_the_apps_loop():
+    thread, loop = consumer_thread()
+    consumer = FakeAiokafkaConsumer()
+
+    faust_thread = SimpleNamespace(_consumer=consumer, thread_loop=loop)
+
+    async def on_the_apps_loop() -> None:
+        _FetchWaitConsumerThread.close(faust_thread)  # what App._on_rebalance_when_stopped calls
+
+    try:
+        asyncio.run(on_the_apps_loop())
+        assert consumer.stopped.wait(5), "stop() never ran"
+        assert consumer.ran_on == (thread, loop)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+def test_no_consumer_or_a_closed_loop_is_left_alone():
+    loop = uvloop.new_event_loop()
+    loop.close()
+    consumer = FakeAiokafkaConsumer()
+    stop_on_its_loop(consumer, loop)
+    stop_on_its_loop(None, loop)
+    assert not consumer.stopped.is_set()
