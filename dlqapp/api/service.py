@@ -300,7 +300,7 @@ class Api:
             "consumer_lag": sum(lag for _, _, lag in consumer_lag(self.app, set(self.settings.all_topics()))),
             "retry_lateness_p99_s": None if late_ms is None else late_ms / 1000,
             "retry_lateness_by_tier": components.caller.lateness.summary(now, lateness_window_ms),
-            "event_loop_lag_s": metrics.loop_lag._value.get(),
+            "event_loop_lag_s": metrics.gauge_value(metrics.loop_lag),
             "budget_held": max(0, components.counters.total_of(self.topology.stats)["budget_held_now"]),
         }
 

@@ -187,3 +187,8 @@ class StateCollector(Collector):
 def register_state_collector(collector: StateCollector) -> None:
     """Add the scrape-time gauges to the default registry (which /metrics serves)."""
     REGISTRY.register(collector)
+
+
+def gauge_value(gauge: Gauge) -> float:
+    """The value of an unlabelled gauge, read through prometheus_client's public `collect()`."""
+    return float(next(iter(gauge.collect())).samples[0].value)

@@ -4,17 +4,10 @@ import pytest
 
 from dlqapp.core.breaker import CLOSED, HALF_OPEN, OPEN, BreakerConfig, CircuitBreaker
 from dlqapp.core.errors import ErrorClass, Failure
+from tests.unit.fake_clock import seconds_clock as Clock  # the breaker counts monotonic seconds
 
 DOWN = Failure(ErrorClass.SERVER_ERROR, "503")
 BAD_INPUT = Failure(ErrorClass.INVALID_REQUEST, "400")
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
 
 
 def breaker(clock, **overrides):
