@@ -50,9 +50,15 @@ class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
     fetch_max_wait_ms = 1500
     first_topics: frozenset[str] = frozenset()
     read_committed = False
+    close_asked = False
 
     def close(self) -> None:
-        """Faust's close, on the consumer thread's own loop (`stop_on_its_loop`)."""
+        """Faust's close, on the consumer thread's own loop (`stop_on_its_loop`); once (Faust
+        calls it at both ends of a rebalance)."""
+        if self.close_asked:
+            return
+        self.close_asked = True
+        log_event(_log, logging.INFO, "consumer_closing", reason="a rebalance reached the worker while it stops")
         stop_on_its_loop(self._consumer, self.thread_loop)
 
     def _create_worker_consumer(self, transport: Any) -> Any:

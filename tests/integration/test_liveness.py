@@ -161,3 +161,41 @@ def test_after_an_outage_healthy_requests_complete_and_always_failing_ones_reach
         assert {r: found[r] for r in healthy} == {r: "results" for r in healthy}
     finally:
         mock.stop()
+
+
+def test_a_worker_asked_to_stop_while_its_group_rebalances_stops_cleanly_and_loses_none(make_worker, tmp_path):
+    """A rolling restart: the old worker is asked to stop (SIGTERM) while its calls hang,
+    and a new one joins the group meanwhile, so a rebalance reaches the stopping worker.
+    Faust then closes the Kafka consumer; it must do so on the consumer's own event loop
+    (under uvloop the wrong one crashed the process with SIGSEGV). The old worker exits 0
+    within DLQ_DRAIN_TIMEOUT + 5 s, and the new one finishes every request, once."""
+    mock = MockLLM(tmp_path, args=["--latency-ms", "5"]).start()
+    try:
+        env = {
+            "DLQ_INFERENCE": "openai",
+            "DLQ_INFERENCE_URL": mock.api_url,
+            "DLQ_INFERENCE_TIMEOUT": "120s",
+            "DLQ_DRAIN_TIMEOUT": "10s",
+            "DLQ_ADAPTIVE_CONCURRENCY": "false",  # every call in flight at once (adaptive: a few, growing)
+        }
+        old = make_worker(env_extra=env, name="old").start()
+        ids = unique_ids("rolling", 30)
+        for rid in ids:
+            mock.plan(request_id=rid, fail_times=1, status="timeout")  # the old worker's calls hang
+        produce(old.bootstrap, old.topic("input"), [(r.encode(), request_bytes(r)) for r in ids])
+        wait_until(lambda: mock.stats()["calls"] >= len(ids), 60, "every request's call in flight")
+        new = make_worker(app_id=old.app_id, prefix=old.prefix, env_extra=env, name="new").start(wait=False)
+        wait_until(lambda: "topics_ready" in new.log_tail(200), 120, "the new worker about to join the group")
+        asked = time.monotonic()
+        old.process.send_signal(signal.SIGTERM)
+        code = old.process.wait(timeout=10 + 5 + 10)
+        took = time.monotonic() - asked
+        log = old.log_tail(400)
+        assert "consumer_closing" in log, f"no rebalance reached the stopping worker:\n{log}"
+        assert code == 0 and "Fatal Python error" not in log, f"exited {code} after {took:.1f} s:\n{log}"
+        assert took < 10 + 5, f"the stop took {took:.1f} s"
+        new.wait_ready()
+        found = outcomes(new, ids, 120)
+        assert set(found) == set(ids) and set(found.values()) == {"results"}, found
+    finally:
+        mock.stop()

@@ -19,9 +19,11 @@ class FakeAiokafkaConsumer:
 
     def __init__(self) -> None:
         self.stopped = threading.Event()
+        self.stops = 0
         self.ran_on: tuple[threading.Thread, asyncio.AbstractEventLoop] | None = None
 
     async def stop(self) -> None:
+        self.stops += 1
         self.ran_on = (threading.current_thread(), asyncio.get_running_loop())
         self.stopped.set()
 
@@ -38,15 +40,18 @@ def test_the_consumer_stops_on_its_own_loop_when_asked_from_the_apps_loop():
     thread, loop = consumer_thread()
     consumer = FakeAiokafkaConsumer()
 
-    faust_thread = SimpleNamespace(_consumer=consumer, thread_loop=loop)
+    faust_thread = SimpleNamespace(_consumer=consumer, thread_loop=loop, close_asked=False)
 
     async def on_the_apps_loop() -> None:
         _FetchWaitConsumerThread.close(faust_thread)  # what App._on_rebalance_when_stopped calls
+        _FetchWaitConsumerThread.close(faust_thread)  # and again at the other end of the rebalance
 
     try:
         asyncio.run(on_the_apps_loop())
         assert consumer.stopped.wait(5), "stop() never ran"
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(5)  # after anything scheduled before
         assert consumer.ran_on == (thread, loop)
+        assert consumer.stops == 1
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
