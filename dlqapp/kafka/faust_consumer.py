@@ -46,11 +46,30 @@ def stop_on_its_loop(consumer: Any, loop: asyncio.AbstractEventLoop) -> None:
         asyncio.run_coroutine_threadsafe(consumer.stop(), loop)
 
 
+def wake_polls(consumer: Any) -> None:
+    """End the wait of every poll of `consumer` (an aiokafka consumer) for new records: each
+    looks again at its partitions and, finding nothing, waits on. aiokafka wakes a poll only
+    when a fetch brings records, and a poll only takes records of the partitions Faust counts
+    as active (a live set) when it looks; run on the consumer's own loop."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    for waiter in list(getattr(fetcher, "_fetch_waiters", ())):
+        if not waiter.done():
+            waiter.set_result(None)
+
+
 class _FetchWaitConsumerThread(AIOKafkaConsumerThread):
     fetch_max_wait_ms = 1500
     first_topics: frozenset[str] = frozenset()
     read_committed = False
     close_asked = False
+
+    def wake_fetch(self) -> None:
+        """From any thread: have a poll that waits for records look again at the partitions
+        active now (`wake_polls`, run on this thread's loop)."""
+        loop = self.thread_loop
+        if not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed just now: the thread is gone
+                loop.call_soon_threadsafe(wake_polls, self._consumer)
 
     def close(self) -> None:
         """Faust's close, on the consumer thread's own loop (`stop_on_its_loop`); once (Faust
@@ -160,6 +179,27 @@ class _OrderedConsumer(AIOKafkaConsumer):
         of an earlier batch has been handed to the streams or the changelog queue
         (dlqapp.kafka.faust_recovery)."""
         return self._fetch_batch
+
+    def on_buffer_drop(self, tp: Any) -> None:
+        """Faust's flow control takes a partition out of the active ones while its stream's
+        buffer is full, and puts it back here once the buffer drains; the poll waiting
+        meanwhile (up to a second) would not see it back until it timed out. Measured while
+        a flood of 20,000 requests was read: a 0.7-1 s stall each time a buffer filled, half
+        the time it took to read the flood."""
+        was_out = tp in self._buffered_partitions
+        super().on_buffer_drop(tp)
+        if was_out:
+            self._wake_fetch()
+
+    def resume_partitions(self, tps: Any) -> None:
+        """Partitions active again (after a recovery): a waiting poll looks at them at once."""
+        super().resume_partitions(tps)
+        self._wake_fetch()
+
+    def _wake_fetch(self) -> None:
+        thread = getattr(self, "_thread", None)
+        if isinstance(thread, _FetchWaitConsumerThread):
+            thread.wake_fetch()
 
     async def on_partitions_revoked(self, revoked: set[Any]) -> None:
         self.delivery_order.forget(revoked)
