@@ -11,6 +11,7 @@ import os
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,6 @@ from tests.support import (
     Worker,
     Workers,
     free_port,
-    page_with_total,
     unique,
     wait_until,
 )
@@ -136,6 +136,25 @@ def summarize_page(body: dict, expected: set) -> str:
     )
 
 
+AT_LEAST_ONCE_COUNT_SLACK = 2
+"""How far, under at_least_once, the DLQ total may be from the dead letters listed after one
+kill -9: the counts of a partition are written at most every 0.25 s while its other steps
+run, so a crash can lose (or, for a step that was not acked, repeat) that interval's."""
+
+
+def page_listing(worker: Worker, path: str, expected: set[str], *, exact_total: bool) -> Callable[[], Any]:
+    """A `wait_until` predicate: `worker`'s DLQ page at `path`, once it lists every one of the
+    `expected` dead letters, at least (and, when `exact_total`, its total says as many)."""
+
+    def page() -> Any:
+        body = worker.get(path)[1]
+        listed = {i["request_id"] for i in body.get("items", [])}
+        complete = listed >= expected and (not exact_total or body.get("total") == len(expected))
+        return complete and body
+
+    return page
+
+
 def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
     count = 30_000 if FULL else 6_000
     mock = start_mock(tmp_path)
@@ -159,15 +178,19 @@ def test_three_workers_lose_one_and_lose_nothing(make_worker, tmp_path):
         report("three workers, one killed", summary)
         assert_guarantee(ledger, summary, GUARANTEE_ENV)
         expected_dead = set(ledger.dead)
+        exact = GUARANTEE_ENV["DLQ_PROCESSING_GUARANTEE"] == "exactly_once"
         for worker in survivors:
             page = wait_until(
-                page_with_total(worker, "/dlq/?limit=1000", len(expected_dead)),
+                page_listing(worker, "/dlq/?limit=1000", expected_dead, exact_total=exact),
                 120,
                 lambda worker=worker: (
                     f"the full DLQ on {worker.name} ({len(expected_dead)} dead letters), it shows "
                     f"{summarize_page(worker.get('/dlq/?limit=1000')[1], expected_dead)}"
                 ),
             )
-            assert {i["request_id"] for i in page["items"]} >= expected_dead and "incomplete" not in page
+            assert "incomplete" not in page
+            # at_least_once: a kill -9 may lose (or repeat) the counts of the dead letters recorded
+            # in the victim's last count interval (dlqapp/tables/counters.py); the listing is exact
+            assert abs(page["total"] - len(expected_dead)) <= (0 if exact else AT_LEAST_ONCE_COUNT_SLACK), page["total"]
     finally:
         mock.stop()
