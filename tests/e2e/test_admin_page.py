@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.e2e.console import CLIPPED, SCRIPT_PAYLOAD, screenshot
+from tests.e2e.console import CLIPPED, SCRIPT_PAYLOAD, off_loop, screenshot
 from tests.kafka_io import produce, request_bytes
 from tests.support import FAUST, http_json, unique, wait_until
 
@@ -177,3 +177,22 @@ def test_edit_then_reprocess(worker, dead, page):
         lambda: (s := worker.get(f"/requests/{rid}/")[1]).get("state") == "succeeded" and s, 30, "the edited replay"
     )
     assert state["ledger"][0]["edited"] is True and state["ledger"][0]["by"] == "admin-page"
+
+
+def test_the_list_follows_new_dead_letters_without_a_click(worker, dead, page):
+    """The counts refresh every 3 s; the list must follow them, not stay as the page first
+    loaded it (the demo showed '28 in the DLQ' above a list '1–16 of 16')."""
+    page.goto(worker.url + "/ui/")
+    page.wait_for_function("document.querySelectorAll('#rows tr.row').length > 0")
+    before = set(rows(page))
+    rid = unique("late")
+    off_loop(
+        produce,
+        worker.bootstrap,
+        worker.topic("input"),
+        [(rid.encode(), request_bytes(rid, metadata={"simulate": {"fail_times": 1, "error": "auth_error"}}))],
+    )
+    page.wait_for_function(f"!!document.querySelector(\"#rows tr[data-id='{rid}']\")")
+    assert set(rows(page)) == before | {rid}
+    total = worker.get("/dlq/")[1]["total"]
+    assert f"of {total}" in page.inner_text("#page-info")
