@@ -1,5 +1,5 @@
 """A poll waiting for records sees a partition that became active again at once
-(dlqapp.kafka.faust_consumer.wake_polls), against a real aiokafka consumer and broker.
+(dlqapp.kafka.faust_consumer_thread.wake_polls), against a real aiokafka consumer and broker.
 
 Faust takes a partition out of the set its polls read while that partition's stream
 buffer is full, and puts it back when the buffer drains; aiokafka wakes a waiting poll only
@@ -15,7 +15,7 @@ import time
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from dlqapp.kafka.faust_consumer import wake_polls
+from dlqapp.kafka.faust_consumer_thread import wake_polls
 from tests.kafka_io import produce
 from tests.support import unique
 

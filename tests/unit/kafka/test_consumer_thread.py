@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import uvloop
 
-from dlqapp.kafka.faust_consumer import _FetchWaitConsumerThread, stop_on_its_loop
+from dlqapp.kafka.faust_consumer_thread import FetchWaitConsumerThread, stop_on_its_loop
 
 
 class FakeAiokafkaConsumer:
@@ -45,8 +45,8 @@ def test_the_consumer_stops_on_its_own_loop_when_asked_from_the_apps_loop():
     faust_thread = SimpleNamespace(_consumer=consumer, thread_loop=loop, close_asked=False)
 
     async def on_the_apps_loop() -> None:
-        _FetchWaitConsumerThread.close(faust_thread)  # what App._on_rebalance_when_stopped calls
-        _FetchWaitConsumerThread.close(faust_thread)  # and again at the other end of the rebalance
+        FetchWaitConsumerThread.close(faust_thread)  # what App._on_rebalance_when_stopped calls
+        FetchWaitConsumerThread.close(faust_thread)  # and again at the other end of the rebalance
 
     try:
         asyncio.run(on_the_apps_loop())
@@ -83,7 +83,7 @@ def test_a_partition_back_from_a_full_buffer_wakes_the_waiting_poll_once():
         waiter = asyncio.run_coroutine_threadsafe(_a_future(), loop).result(5)
         waiter.add_done_callback(lambda _: woken.append(threading.current_thread()))
         aiokafka = SimpleNamespace(_fetcher=SimpleNamespace(_fetch_waiters={waiter}))
-        faust_thread = _FetchWaitConsumerThread.__new__(_FetchWaitConsumerThread)
+        faust_thread = FetchWaitConsumerThread.__new__(FetchWaitConsumerThread)
         faust_thread.__dict__.update(_consumer=aiokafka, thread_loop=loop)
         consumer = _OrderedConsumer.__new__(_OrderedConsumer)
         tp = TP("input", 0)

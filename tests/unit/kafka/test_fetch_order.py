@@ -9,7 +9,7 @@ from typing import Any
 
 from faust.types import TP
 
-from dlqapp.kafka.faust_consumer import _FetchWaitConsumerThread
+from dlqapp.kafka.faust_consumer_thread import FetchWaitConsumerThread
 
 INPUT, DUE = TP("input", 0), TP("due", 0)
 
@@ -59,7 +59,7 @@ class FakeFetcher:
 def thread() -> tuple[Any, Any]:
     fetcher = FakeFetcher()
     consumer = SimpleNamespace(_fetcher=fetcher, _closed=False)
-    fetching = object.__new__(type("T", (_FetchWaitConsumerThread,), {"first_topics": frozenset({"due"})}))
+    fetching = object.__new__(type("T", (FetchWaitConsumerThread,), {"first_topics": frozenset({"due"})}))
     fetching.consumer = SimpleNamespace(flow_active=True)
     return fetching, consumer
 
