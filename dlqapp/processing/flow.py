@@ -236,6 +236,11 @@ class InFlightWindow:
         await asyncio.gather(*pending, return_exceptions=True)
         return released
 
+    def close(self) -> None:
+        """Start no step from now on: the worker is about to restart or stop. Steps running go
+        on (their transactions may still commit); every event submitted is handed back."""
+        self._accepting.clear()
+
     def reopen(self) -> None:
         """Accept events again: a new assignment has begun."""
         self._accepting.set()

@@ -36,6 +36,7 @@ class InFlightWindows:
         self.guard = guard
         self._windows: list[InFlightWindow] = []
         self._feeds: list[GatedFeed] = []
+        self._halted = False
 
     def admit(self, event: object) -> Ticket | None:
         """The door: track `event` for its ack; None when its outputs are already committed
@@ -112,10 +113,20 @@ class InFlightWindows:
         released += sum(feed.release() for feed in self._feeds)
         return released + self.acks.hand_back_running()
 
+    def halt(self) -> None:
+        """The worker is about to restart or stop: no step starts any more, for good (a call
+        made now would be paid for and made again after the restart). Running steps go on."""
+        self._halted = True
+        for window in self._windows:
+            window.close()
+
     def reopen(self) -> None:
-        """A new assignment has begun: the door forgets the old one, the windows take events again."""
+        """A new assignment has begun: the door forgets the old one, the windows take events
+        again (unless the worker was halted)."""
         self.acks.reset()
         if self.progress is not None:
             self.progress.reset()
+        if self._halted:
+            return
         for window in self._windows:
             window.reopen()

@@ -98,6 +98,10 @@ class WorkerLifecycle:
         """A new assignment begins: the windows closed by a rebalance's release take events again."""
         self.components.windows.reopen()
 
+    def halt(self) -> None:
+        """The worker failed and is about to restart or stop: no new step (no new model call)."""
+        self.components.windows.halt()
+
     async def _write_counts(self) -> None:
         try:
             await self.components.steps.write_unwritten_counts()

@@ -60,6 +60,8 @@ class Lifecycle(Protocol):
 
     def assigned(self) -> None: ...
 
+    def halt(self) -> None: ...
+
 
 class DlqApp(faust.App):
     """A Faust app that ensures its topics before consuming, produces idempotently, and
@@ -83,7 +85,11 @@ class DlqApp(faust.App):
         self.stop_watch.start()
 
     def fail(self, reason: BaseException) -> None:
-        """Stop the way Faust stops on an agent crash (`Service._crash`), leaving events unacked."""
+        """Stop the way Faust stops on an agent crash (`Service._crash`), leaving events unacked,
+        and start no step from here on (`Lifecycle.halt`): until the restart re-executes the
+        worker, a model call would be for an output that can never commit, paid for twice."""
+        if self.lifecycle is not None:
+            self.lifecycle.halt()
         self._crash(reason)
 
     def attach(self, lifecycle: Lifecycle, steps: StreamSteps) -> None:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
+import time
 from collections import Counter
+from datetime import datetime
 
 import pytest
 
@@ -143,6 +146,52 @@ def test_a_zombie_worker_writes_nothing_visible_and_a_third_worker_joining_chang
         report("exactly_once, zombie and a join", summary)
         assert_guarantee(ledger, summary, EOS_ENV)
         assert_kafkas_consumer_agrees(third, ids)
+    finally:
+        mock.stop()
+
+
+def _log_time_ms(worker, pattern: str) -> float | None:
+    """When the worker's log first says `pattern` (its lines start with a local timestamp)."""
+    match = re.search(rf"^\[([0-9-]+ [0-9:]+,[0-9]+)\] \[\d+\] \[\w+\] {pattern}", worker.log_path.read_text(), re.M)
+    return None if match is None else datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1000
+
+
+def test_a_worker_whose_transaction_failed_calls_the_model_no_more_until_it_restarts(make_worker, tmp_path):
+    """A transaction that cannot commit restarts the worker after a grace period. Every call
+    made meanwhile is for an output that can never commit, and is made again after the
+    restart: paid twice. Measured before the fix (a broker frozen 20 s, 6,000 requests, the
+    mock at 10 ms): 627 calls in the 10 s before the restart, 4,859 in another run. Frozen
+    past DLQ_TRANSACTION_TIMEOUT, the broker aborts the worker's transaction; awake, the
+    worker fails its commit and must call for none but the steps already running."""
+    concurrency = 16
+    mock = MockLLM(tmp_path, args=["--latency-ms", "10", "--jitter-ms", "5", "--log-calls"]).start()
+    try:
+        env = {
+            **EOS_ENV,
+            "DLQ_INFERENCE_URL": mock.api_url,
+            "DLQ_CONCURRENCY": str(concurrency),
+            "DLQ_ADAPTIVE_CONCURRENCY": "false",
+            "DLQ_TRANSACTION_TIMEOUT": "3s",
+            "DLQ_SESSION_TIMEOUT": "45s",
+        }
+        worker = make_worker(env_extra=env).start()
+        ids = produce_ids(worker, 3_000, "eos-halt")
+        wait_until(calls_reached(mock, 300), 300, "300 calls before the freeze")
+        worker.process.send_signal(signal.SIGSTOP)
+        try:  # the broker aborts a transaction open past its timeout at its next check (every 10 s)
+            time.sleep(16)  # a freeze is the fault itself: no condition to wait for
+        finally:
+            worker.process.send_signal(signal.SIGCONT)
+        wait_until(lambda: _log_time_ms(worker, "restart_exec") is not None, 120, "the restart after the freeze")
+        ledger = settled_ledger(worker, ids)
+        failed, restarted = _log_time_ms(worker, "restarting the worker"), _log_time_ms(worker, "restart_exec")
+        calls = http_json(mock.url + "/_mock/call-log")[1]["calls"]
+        between = [c for c in calls if failed <= c["at_ms"] <= restarted]
+        summary = {**ledger.summary(mock.url), "calls_while_restarting": len(between)}
+        report("exactly_once, a failed transaction", summary)
+        assert_guarantee(ledger, summary, EOS_ENV)
+        # the steps running when it failed (one window per agent that calls: input, tiers)
+        assert len(between) <= 2 * concurrency, summary
     finally:
         mock.stop()
 

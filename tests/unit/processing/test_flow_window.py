@@ -239,3 +239,40 @@ def test_an_event_held_before_submit_across_a_rebalance_is_given_back_not_handle
         assert handled == [3] and acked == [3] and forgotten == [7]
 
     asyncio.run(run())
+
+
+def test_a_halted_worker_starts_no_step_even_at_the_next_assignment_while_running_steps_finish():
+    """A worker whose transaction failed restarts after a grace period: a step started
+    meanwhile would call the model for an output that can never commit, and the restarted
+    worker would call it again (paid twice). Halted, the windows start nothing more, even if
+    an assignment comes before the restart; the steps already running finish."""
+    from dlqapp.processing.windows import InFlightWindows
+
+    async def run():
+        h = Harness()
+        acked: list[int] = []
+        forgotten, handled = h.forgotten, []
+        windows = InFlightWindows(4, 1.0, steps=h.steps, acks=h.acks, progress=None, guard=None)
+        window = windows.new(on_poison=lambda ticket, exc: None, on_stop=lambda exc: None)
+        running = asyncio.Event()
+
+        async def slow(offset):
+            await running.wait()
+            handled.append(offset)
+
+        async def handle(offset):
+            handled.append(offset)
+
+        await h.submit(window, FakeEvent(1, acked), lambda: slow(1))
+        windows.halt()
+        await h.submit(window, FakeEvent(2, acked), lambda: handle(2))
+        running.set()
+        await window.join()
+        assert handled == [1] and 2 in forgotten  # 1 ran to its end; 2 never started
+        windows.reopen()  # an assignment before the restart
+        h.acks.reset()
+        await h.submit(window, FakeEvent(3, acked), lambda: handle(3))
+        await window.join()
+        assert handled == [1] and 3 in forgotten and not window.accepting
+
+    asyncio.run(run())
