@@ -112,6 +112,38 @@ class _OrderedConsumer(AIOKafkaConsumer):
         if isinstance(thread, FetchWaitConsumerThread):
             thread.wake_fetch()
 
+    async def until_topics_known(self, every_s: float = 1.0, limit_s: float = 120.0) -> None:
+        """After an assignment: while this consumer's metadata lacks a topic it subscribes to,
+        refresh it every `every_s` (up to `limit_s`). A broker restarting can answer metadata
+        without the topics for a moment; a group leader that assigns then leaves those topics'
+        partitions to nobody (Faust's assignor: "Ignoring missing topic"), and aiokafka
+        rejoins only once its metadata shows them, at its next refresh: 5 minutes later by
+        default (a history: a worker started during a broker restart owned nothing for
+        minutes). A refresh that shows them makes the leader rejoin at once."""
+        deadline = monotonic() + limit_s
+        logged = False
+        while monotonic() < deadline:
+            try:
+                missing = await self._thread.call_thread(self._refresh_if_missing)
+            except Exception as exc:  # stopping, or a newer rebalance: that one looks for itself
+                _log.debug("topic metadata not checked: %r", exc)
+                return
+            if not missing:
+                return
+            if not logged:
+                log_event(_log, logging.INFO, "topics_unknown_after_assignment", topics=len(missing), first=missing[0])
+                logged = True
+            await asyncio.sleep(every_s)
+
+    async def _refresh_if_missing(self) -> list[str]:
+        """The subscribed topics aiokafka's metadata does not know; a refresh asked if any."""
+        consumer = self._thread._ensure_consumer()
+        cluster = consumer._client.cluster
+        missing = sorted(topic for topic in consumer.subscription() if not cluster.partitions_for_topic(topic))
+        if missing:
+            consumer._client.force_metadata_update()
+        return missing
+
     async def on_partitions_revoked(self, revoked: set[Any]) -> None:
         self.delivery_order.forget(revoked)
         self._pending_start = None

@@ -85,9 +85,8 @@ class DlqApp(faust.App):
         self.stop_watch.start()
 
     def fail(self, reason: BaseException) -> None:
-        """Stop the way Faust stops on an agent crash (`Service._crash`), leaving events unacked,
-        and start no step from here on (`Lifecycle.halt`): until the restart re-executes the
-        worker, a model call would be for an output that can never commit, paid for twice."""
+        """Stop as Faust stops on an agent crash (`Service._crash`), events unacked, and start
+        no step (`Lifecycle.halt`): a call now would be for an output that never commits."""
         if self.lifecycle is not None:
             self.lifecycle.halt()
         self._crash(reason)
@@ -209,6 +208,7 @@ class DlqApp(faust.App):
             self.lifecycle.assigned()
         await self._open_transactions({tp.partition for tp in assigned if tp.topic == self.dlq_settings.input})
         await super()._on_partitions_assigned(assigned, generation_id)
+        self.add_future(self.consumer.until_topics_known())  # type: ignore[attr-defined]  # faust_consumer
         owned = sorted({tp.partition for tp in assigned if tp.topic == self.dlq_settings.input})
         log_event(
             log,

@@ -1,7 +1,7 @@
 """Histories: what producers, operators and faults do to a deployment, in order and in time.
 
 A `History` is a list of timed `Event`s drawn from `random.Random(seed)` (`generate`) or
-written by hand (`NAMED`: the three cases of issue #39). It is plain data: it prints as
+written by hand (`NAMED`: the three cases of issue #39 and those the checker found). It is plain data: it prints as
 one line an event (`describe`), and it goes to and from JSON (`to_json`, `from_json`), so
 a failing one can be shown, saved and run again exactly (tests/history/run.py plays it,
 tests/history/check.py judges what came out).
@@ -382,6 +382,22 @@ def kill_right_after_replays(count: int = 40) -> History:
     return History(None, "case5-kill-right-after-replays", events, {}, 60)
 
 
+def start_during_broker_restart() -> History:
+    """Found by a random history (seed 7202, shrunk): kill -9 of the worker, which starts
+    again at once, and the broker restarted a few seconds later, while the new worker joins
+    its group. The restarting broker answered metadata without the topics for a moment; the
+    worker, the group's leader, assigned their partitions to nobody and aiokafka asked again
+    only at its next metadata refresh, 5 minutes on: the worker owned nothing, every request
+    without an outcome (rules c and e)."""
+    plans: list[dict[str, Any] | None] = [None, {"fail_times": 1, "status": 500}, {"fail_times": 9, "status": 500}]
+    events = [
+        Event(round(0.2 * i, 2), "request", {"id": f"s{i}", "plan": plans[i % 3], "keyed": i % 2 == 0})
+        for i in range(12)
+    ]
+    events += [Event(5.8, "kill", {"worker": "w1"}), Event(8.6, "broker_restart", {})]
+    return History(None, "case6-start-during-broker-restart", events, {}, 60)
+
+
 def clean_baseline() -> History:
     """No fault and no bad record: requests that succeed at once, after retries (503, 429
     with Retry-After), or end in the DLQ (500 every time, 401), duplicates while parked and
@@ -427,4 +443,5 @@ NAMED = {
     "case3": record_at_the_size_limit,
     "case4": kill_during_bad_burst,
     "case5": kill_right_after_replays,
+    "case6": start_during_broker_restart,
 }

@@ -112,3 +112,54 @@ def test_an_idle_rewind_skips_a_partition_revoked_while_an_earlier_one_was_rewou
     assert sought and all(list(targets) == [first] for targets in sought)
     assert gaps == [(first, 10, 11)]  # the third idle check takes the first one's tail as a gap
     assert order.rewinding(second, 12, 6) is None
+
+
+class FakeCluster:
+    """aiokafka's cluster metadata: a topic's partitions, once a refresh has brought them."""
+
+    def __init__(self, known_after_refreshes: int) -> None:
+        self.refreshes = 0
+        self.known_after = known_after_refreshes
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return {0, 1, 2} if self.refreshes >= self.known_after else None
+
+
+def metadata_consumer(cluster: FakeCluster, fail: bool = False) -> Any:
+    client = SimpleNamespace(
+        cluster=cluster, force_metadata_update=lambda: setattr(cluster, "refreshes", cluster.refreshes + 1)
+    )
+    aiokafka = SimpleNamespace(_client=client, subscription=lambda: {"app.input", "app.dlq"})
+
+    def ensure_consumer() -> Any:
+        if fail:
+            raise RuntimeError("the consumer is stopping")
+        return aiokafka
+
+    async def call_thread(fn: Any) -> Any:
+        return await fn()
+
+    fake = SimpleNamespace(_thread=SimpleNamespace(_ensure_consumer=ensure_consumer, call_thread=call_thread))
+    fake._refresh_if_missing = lambda: _OrderedConsumer._refresh_if_missing(fake)
+    return fake
+
+
+@pytest.mark.parametrize("known_after", [0, 1, 3])
+def test_after_an_assignment_metadata_is_refreshed_until_every_subscribed_topic_is_known(known_after):
+    """A broker restarting can answer metadata without the topics; the group's leader then
+    assigns their partitions to nobody and aiokafka rejoins only once a refresh shows them
+    (every 5 minutes by default): the consumer asks for one at once, and again, until it
+    knows every topic it subscribes to, and asks for none once it does."""
+    cluster = FakeCluster(known_after)
+    fake = metadata_consumer(cluster)
+    asyncio.run(_OrderedConsumer.until_topics_known(fake, every_s=0))
+    assert cluster.refreshes == known_after
+
+
+def test_metadata_refreshes_end_at_their_limit_or_when_the_consumer_stops():
+    cluster = FakeCluster(known_after_refreshes=10**9)
+    asyncio.run(_OrderedConsumer.until_topics_known(metadata_consumer(cluster), every_s=0.01, limit_s=0.05))
+    assert 1 <= cluster.refreshes <= 10
+    stopping = FakeCluster(known_after_refreshes=1)
+    asyncio.run(_OrderedConsumer.until_topics_known(metadata_consumer(stopping, fail=True), every_s=0))
+    assert stopping.refreshes == 0
