@@ -225,7 +225,7 @@ class InFlightWindow:
         The window stays closed until `reopen` (the next assignment): every event taken
         until then belongs to the assignment being revoked and is handed back too, never
         started, so nothing runs for a partition this worker may no longer own."""
-        self._accepting.clear()
+        self.close()
         self._generation += 1
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=grace_s)
