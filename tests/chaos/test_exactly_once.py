@@ -156,6 +156,7 @@ def _log_time_ms(worker, pattern: str) -> float | None:
     return None if match is None else datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1000
 
 
+@pytest.mark.skipif(not FULL, reason="make chaos (CHAOS_FULL=1): a freeze does not always fail a transaction here")
 def test_a_worker_whose_transaction_failed_calls_the_model_no_more_until_it_restarts(make_worker, tmp_path):
     """A transaction that cannot commit restarts the worker after a grace period. Every call
     made meanwhile is for an output that can never commit, and is made again after the
