@@ -69,3 +69,11 @@ def committed_keys(bootstrap: str, topics: list[str], count: int, timeout_s: flo
         if value != "null":  # a tombstone (a replay's, on dlq)
             keys[key] += 1
     return keys
+
+
+def transaction_states(bootstrap: str) -> dict[str, str]:
+    """Transactional id → its state at its coordinator (`Ongoing`, `PrepareAbort`,
+    `CompleteCommit`, ...), as Kafka's own TransactionsCommand lists them."""
+    out = run_tool("org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server", bootstrap, "list")
+    rows = [[cell.strip() for cell in line.split("\t")] for line in out.splitlines()[1:] if line.strip()]
+    return {row[0]: row[3] for row in rows if len(row) >= 4}

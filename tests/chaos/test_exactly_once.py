@@ -12,7 +12,6 @@ import os
 import random
 import re
 import signal
-import time
 from collections import Counter
 from datetime import datetime
 
@@ -22,7 +21,7 @@ from tests.chaos.latency_support import safe_get
 from tests.chaos.ledger import FULL, Ledger, assert_guarantee, settled_ledger
 from tests.chaos.test_faults import calls_reached, mock_calls, produce_ids, report
 from tests.kafka_io import produce, read_until_quiet, request_bytes
-from tests.kafka_tools import committed_keys
+from tests.kafka_tools import committed_keys, transaction_states
 from tests.support import MockLLM, http_json, wait_until
 
 pytestmark = pytest.mark.timeout(3600 if FULL else 900)
@@ -156,7 +155,6 @@ def _log_time_ms(worker, pattern: str) -> float | None:
     return None if match is None else datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() * 1000
 
 
-@pytest.mark.skipif(not FULL, reason="make chaos (CHAOS_FULL=1): a freeze does not always fail a transaction here")
 def test_a_worker_whose_transaction_failed_calls_the_model_no_more_until_it_restarts(make_worker, tmp_path):
     """A transaction that cannot commit restarts the worker after a grace period. Every call
     made meanwhile is for an output that can never commit, and is made again after the
@@ -178,11 +176,7 @@ def test_a_worker_whose_transaction_failed_calls_the_model_no_more_until_it_rest
         worker = make_worker(env_extra=env).start()
         ids = produce_ids(worker, 3_000, "eos-halt")
         wait_until(calls_reached(mock, 300), 300, "300 calls before the freeze")
-        worker.process.send_signal(signal.SIGSTOP)
-        try:  # the broker aborts a transaction open past its timeout at its next check (every 10 s)
-            time.sleep(16)  # a freeze is the fault itself: no condition to wait for
-        finally:
-            worker.process.send_signal(signal.SIGCONT)
+        freeze_until_the_broker_aborts(worker, mock)
         wait_until(lambda: _log_time_ms(worker, "restart_exec") is not None, 120, "the restart after the freeze")
         ledger = settled_ledger(worker, ids)
         failed, restarted = _log_time_ms(worker, "restarting the worker"), _log_time_ms(worker, "restart_exec")
@@ -195,6 +189,31 @@ def test_a_worker_whose_transaction_failed_calls_the_model_no_more_until_it_rest
         assert len(between) <= 2 * concurrency, summary
     finally:
         mock.stop()
+
+
+def freeze_until_the_broker_aborts(worker, mock: MockLLM, tries: int = 5) -> None:
+    """SIGSTOP `worker` while a transaction of its is open at the broker, and SIGCONT it once
+    the broker aborted that transaction (past its timeout, at the broker's next check, every
+    10 s). A freeze that finds none open (the worker between two transactions, or none of its
+    records sent yet) is undone and tried again after more calls."""
+
+    def open_ones() -> set[str]:
+        states = transaction_states(worker.bootstrap)
+        return {tid for tid, state in states.items() if tid.startswith(f"{worker.app_id}-") and state == "Ongoing"}
+
+    for _ in range(tries):
+        worker.process.send_signal(signal.SIGSTOP)
+        try:
+            ongoing = open_ones()
+            if ongoing:
+                wait_until(
+                    lambda frozen=ongoing: not frozen & open_ones(), 60, f"the broker aborting {sorted(ongoing)}"
+                )
+                return
+        finally:
+            worker.process.send_signal(signal.SIGCONT)
+        wait_until(calls_reached(mock, mock_calls(mock) + 100), 120, "100 more calls")
+    pytest.fail(f"{tries} freezes found no transaction of the worker open at the broker")
 
 
 def test_a_replay_starts_a_new_chain_with_one_outcome_of_its_own_through_a_kill(make_worker, tmp_path):
