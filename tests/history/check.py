@@ -27,7 +27,8 @@ The rules (each function's docstring and body say exactly how):
 - e. counts equal the topics (see `expected_counts` and `rule_e_counts`);
 - f. retries on time: no attempt in an outcome's attempt history started more than 5 s
   after its `scheduled` time unless a fault's window (start, end + 5 s) overlaps
-  [scheduled, start]; none started before it unless an operator pressed run-now for it.
+  [scheduled, start], or a budget hold of its tenant's (from the hold asked until its release
+  answered, + 5 s) does; none started before it unless an operator pressed run-now for it.
   The workers run with DLQ_BREAKER=false (tests.support.Worker), so the breaker never
   holds a retry and needs no exemption;
 - g. stops: each SIGTERM ends its process within DLQ_DRAIN_TIMEOUT + 5 s, with no restart
@@ -493,9 +494,33 @@ def excused(c: dict[str, Any], start_ms: int, end_ms: int) -> list[dict[str, Any
     ]
 
 
+def holds_of(c: dict[str, Any]) -> dict[str, list[tuple[int, int | None]]]:
+    """Tenant → its budget holds: (hold asked, its release answered; None: never released)."""
+    released = {
+        (op["asked"]["tenant"], op["asked"]["pair"]): op["answered_ms"]
+        for op in c["operator"]
+        if op["action"] == "budget_release"
+    }
+    holds: dict[str, list[tuple[int, int | None]]] = defaultdict(list)
+    for op in c["operator"]:
+        if op["action"] == "budget_hold":
+            tenant = op["asked"]["tenant"]
+            holds[tenant].append((op["asked_ms"], released.get((tenant, op["asked"]["pair"]))))
+    return holds
+
+
+def held(c: dict[str, Any], tenant: str | None, start_ms: int, end_ms: int) -> bool:
+    """Whether a budget hold of `tenant` (until FAULT_TAIL_MS after its release) overlaps [start_ms, end_ms]."""
+    return any(
+        hold <= end_ms and (release is None or start_ms <= release + FAULT_TAIL_MS)
+        for hold, release in holds_of(c).get(tenant or "", [])
+    )
+
+
 def rule_f_retries_on_time(c: dict[str, Any]) -> list[Violation]:
     found = []
     run_now = {op["id"] for op in c["operator"] if op["action"] == "run_now" and op.get("id")}
+    tenants = {p["id"]: p.get("tenant") for p in c["produced"] if p["valid"] and p.get("id")}
     seen = set()
     for o in outcomes(c):
         for a in attempts_of(o):
@@ -507,7 +532,8 @@ def rule_f_retries_on_time(c: dict[str, Any]) -> list[Violation]:
                 continue
             seen.add(ident)
             evidence = {"outcome": brief(o), "attempt": a, "late_ms": at - due}
-            if at - due > LATE_MS and not excused(c, due, at):
+            late = at - due > LATE_MS
+            if late and not excused(c, due, at) and not held(c, tenants.get(owner_id(o["key"])), due, at):
                 found.append(
                     Violation(
                         "f.retry_late",

@@ -30,6 +30,10 @@ operator (`via`: `http` or `cli`)
   once each id of `wait_for` has a dead letter.
 - `discard` `{id, via}`, `run_now` `{id, via}`, `dead_letter_now` `{id, via}`: once `id`
   has a dead letter (discard) or a parked retry (the other two).
+- `budget_hold` `{tenant, pair}`: `POST /budgets/` gives `tenant` a day budget it has
+  already spent (its requests are held from then on); `budget_release` `{tenant, pair}`:
+  no limit again (the held requests go on). Each hold has its release, later; in such a
+  history every request names a `tenant` (`metadata.tenant`) and the workers price calls.
 
 faults
 - `kill` `{worker, when_stats}` (kill -9, then started again), `sigterm` `{worker,
@@ -48,7 +52,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 PRODUCER_KINDS = ("request", "duplicate", "invalid_copy", "near_limit", "oversize", "null", "burst")
-OPERATOR_KINDS = ("replay", "replay_all", "discard", "run_now", "dead_letter_now")
+BUDGET_KINDS = ("budget_hold", "budget_release")
+OPERATOR_KINDS = ("replay", "replay_all", "discard", "run_now", "dead_letter_now", *BUDGET_KINDS)
 FAULT_KINDS = ("kill", "sigterm", "join", "leave", "broker_restart", "slow_broker")
 
 MAX_MESSAGE_BYTES = 1_048_576
@@ -62,6 +67,12 @@ BASE_SETTINGS = {
     "DLQ_MAX_PAYLOAD_BYTES": str(MAX_PAYLOAD_BYTES),
 }
 """Worker settings every history starts from (a history's `settings` add to them)."""
+
+TENANTS = ("t1", "t2")
+PRICES = '{"*": {"input": 1.0, "output": 1.0}}'
+"""DLQ_PRICES of a history with budgets: any model at $1 per million tokens."""
+HOLD_USD = 1e-9
+"""A day budget every tenant has spent after its first call."""
 
 
 @dataclass
@@ -118,11 +129,15 @@ class History:
     def without(self, drop: set[int]) -> History:
         """This history less the events at `drop`, and less every event about a request whose
         `request` event goes (its duplicates, copies and operator actions), and `leave` when
-        its `join` goes."""
+        its `join` goes; a budget's release stays while its hold does."""
         gone_ids = {self.events[i].target for i in drop if self.events[i].kind == "request"}
         join_gone = any(self.events[i].kind == "join" for i in drop)
+        holds = {_pair(e) for i, e in enumerate(self.events) if e.kind == "budget_hold" and i not in drop}
         kept = []
         for i, event in enumerate(self.events):
+            if event.kind == "budget_release" and _pair(event) in holds:
+                kept.append(event)
+                continue
             if i in drop or (event.target in gone_ids and event.target is not None):
                 continue
             if join_gone and event.kind == "leave":
@@ -156,6 +171,10 @@ class History:
             data.get("settings") or {},
             data.get("settle_s", 60.0),
         )
+
+
+def _pair(event: Event) -> tuple[str, int]:
+    return (event.args["tenant"], event.args["pair"])
 
 
 def _short(value: Any) -> str:
@@ -308,8 +327,25 @@ def generate(seed: int, size: str = "small") -> History:
             events.append(Event(at, kind, {"delay_ms": rng.choice((100, 200, 400)), "for_s": rng.randint(4, 10)}))
         else:
             events.append(Event(at, kind, {"worker": "w1"} if kind in ("kill", "sigterm") else {}))
+    settings = _budgets(random.Random(f"budgets-{seed}"), events, produce_s)
     events.sort(key=lambda e: e.at)
-    return History(seed, f"random-{size}-{seed}", events)
+    return History(seed, f"random-{size}-{seed}", events, settings)
+
+
+def _budgets(rng: random.Random, events: list[Event], produce_s: float) -> dict[str, str]:
+    """In half the histories: a tenant on every request, and one or two budget holds, each
+    released a few seconds later. Drawn from a generator of their own, so that the rest of
+    a seed's history stays what it was before budgets came in."""
+    if rng.random() < 0.5:
+        return {}
+    for event in events:
+        if event.kind == "request":
+            event.args["tenant"] = rng.choice(TENANTS)
+    for pair in range(rng.randint(1, 2)):
+        tenant, at = rng.choice(TENANTS), round(rng.uniform(0.5, produce_s + 4.0), 2)
+        events.append(Event(at, "budget_hold", {"tenant": tenant, "pair": pair}))
+        events.append(Event(round(at + rng.uniform(2.0, 10.0), 2), "budget_release", {"tenant": tenant, "pair": pair}))
+    return {"DLQ_PRICES": PRICES}
 
 
 # -- the three cases of issue #39 ----------------------------------------------------------

@@ -44,7 +44,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from tests.chaos.tcp_proxy import DelayProxy
-from tests.history.generate import OPERATOR_KINDS, Event, History
+from tests.history.generate import BUDGET_KINDS, HOLD_USD, OPERATOR_KINDS, Event, History
 from tests.kafka_io import Record, read_until_quiet
 from tests.support import FAUST, KAFKA_LOCAL, MockLLM, Worker, free_port, http_json, unique, wait_until
 
@@ -479,6 +479,7 @@ class HistoryRun:
                     "key": r["key"].decode() if r["key"] is not None else None,
                     "valid": r.get("valid", False),
                     "bad": r.get("bad", False),
+                    "tenant": r.get("tenant"),
                     "null": value is None,
                     "sha256": digest(value),
                     "len": None if value is None else len(value),
@@ -490,9 +491,12 @@ class HistoryRun:
                 }
             )
 
-    def _request_bytes(self, rid: str, prompt_chars: int = 0) -> bytes:
+    def _request_bytes(self, rid: str, prompt_chars: int = 0, tenant: str | None = None) -> bytes:
         content = f"hello {rid}" + ("." * prompt_chars)
-        return json.dumps({"request_id": rid, "messages": [{"role": "user", "content": content}]}).encode()
+        doc: dict[str, Any] = {"request_id": rid, "messages": [{"role": "user", "content": content}]}
+        if tenant is not None:
+            doc["metadata"] = {"tenant": tenant}
+        return json.dumps(doc).encode()
 
     def _on_request(self, index: int, event: Event) -> None:
         args = event.args
@@ -503,7 +507,7 @@ class HistoryRun:
             if plan.get("retry_after") is not None:
                 spec["retry_after"] = plan["retry_after"]
             self.mock.plan(**spec)
-        value = self._request_bytes(rid, args.get("prompt_chars") or 0)
+        value = self._request_bytes(rid, args.get("prompt_chars") or 0, args.get("tenant"))
         self.payloads[rid] = value
         key = rid.encode() if args.get("keyed") else None
         self._send(
@@ -517,6 +521,7 @@ class HistoryRun:
                     "partition": args.get("partition"),
                     "skew_ms": args.get("skew_ms"),
                     "valid": True,
+                    "tenant": args.get("tenant"),
                 }
             ],
         )
@@ -742,6 +747,17 @@ class HistoryRun:
 
     def _on_dead_letter_now(self, index: int, event: Event) -> str | None:
         return self._retry_action(index, event, "dead-letter")
+
+    def _budget(self, index: int, event: Event, day_usd: float | None) -> None:
+        body = {"tenant": event.args["tenant"], "day_usd": day_usd}
+        asked = {**body, "pair": event.args["pair"]}
+        self._operator(index, event, "http", asked, lambda: self._ask("POST", "/budgets/", body))
+
+    def _on_budget_hold(self, index: int, event: Event) -> None:
+        self._budget(index, event, HOLD_USD)
+
+    def _on_budget_release(self, index: int, event: Event) -> None:
+        self._budget(index, event, None)
 
     # -- faults ------------------------------------------------------------------------
 
@@ -998,7 +1014,10 @@ class HistoryRun:
 
 def waits_for_a_state(event: Event) -> bool:
     """Whether the event waits for a state before it acts (an operator action, a copy sent
-    once its request is parked, …): such an event is played on a thread of its own."""
+    once its request is parked, …): such an event is played on a thread of its own. A budget's
+    hold and release wait for nothing, and keep their order."""
+    if event.kind in BUDGET_KINDS:
+        return False
     return event.kind in OPERATOR_KINDS or event.args.get("after", "sent") != "sent"
 
 

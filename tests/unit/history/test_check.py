@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from tests.history import check
-from tests.history.generate import NAMED, History, generate
+from tests.history import generate as generate_module
+from tests.history.generate import NAMED, Event, History, generate
 
 T = 1_800_000_000_000
 INPUT = "p.input"
@@ -319,6 +320,38 @@ def test_f_a_retry_late_beyond_5_s_unless_a_fault_was_on_meanwhile_and_never_ear
     assert broken(c, check.rule_f_retries_on_time) == set()
 
 
+def test_f_a_budget_hold_of_its_own_tenant_excuses_a_late_retry_until_5_s_after_its_release():
+    c = clean()
+    history = copy.deepcopy(HISTORY_R2)
+    history[1]["at"] = history[1]["scheduled"] + check.LATE_MS + 1
+    c["outcomes"][1]["headers"]["attempt_history"] = json.dumps(history)
+    r2 = next(p for p in c["produced"] if p["id"] == "r2" and p["valid"])
+    r2["tenant"] = "t1"
+
+    def budget(action: str, tenant: str, at: int) -> dict[str, Any]:
+        asked = {"tenant": tenant, "day_usd": None, "pair": 0}
+        return {
+            "action": action,
+            "id": None,
+            "via": "http",
+            "event": 0,
+            "asked": asked,
+            "asked_ms": at,
+            "answered_ms": at,
+        }
+
+    c["operator"] += [budget("budget_hold", "t2", T - 1000), budget("budget_release", "t2", T + 60_000)]
+    assert broken(c, check.rule_f_retries_on_time) == {"f.retry_late"}  # another tenant's hold
+    c["operator"].append(budget("budget_hold", "t1", history[1]["scheduled"] - 10))
+    assert broken(c, check.rule_f_retries_on_time) == set()  # held and never released (rule c judges that)
+    release = history[1]["scheduled"] - check.FAULT_TAIL_MS - 1
+    c["operator"][-1]["asked_ms"] = release - 5000
+    c["operator"].append(budget("budget_release", "t1", release))
+    assert broken(c, check.rule_f_retries_on_time) == {"f.retry_late"}  # released well before it was due
+    c["operator"][-1]["answered_ms"] = history[1]["at"] - 100
+    assert broken(c, check.rule_f_retries_on_time) == set()
+
+
 def test_f_reads_the_history_of_results_too():
     c = clean()
     c["outcomes"][0]["result"]["history"] = [{"attempt": 2, "at": T + 20_000, "scheduled": T + 1000}]
@@ -400,6 +433,32 @@ def test_dropping_a_request_drops_the_events_about_it():
     smaller = history.without({index})
     assert all(e.target != "r7" for e in smaller.events)
     assert len(smaller.events) < len(history.events) - 1  # r7 had a copy and an operator action
+
+
+def test_budget_holds_come_with_a_tenant_on_every_request_and_shrinking_keeps_each_hold_released():
+    history = next(h for h in map(lambda seed: generate(seed, "large"), range(100)) if h.settings.get("DLQ_PRICES"))
+    assert all(e.args.get("tenant") for e in history.events if e.kind == "request")
+    holds = [i for i, e in enumerate(history.events) if e.kind == "budget_hold"]
+    releases = [i for i, e in enumerate(history.events) if e.kind == "budget_release"]
+    assert holds and len(holds) == len(releases)
+    smaller = history.without(set(releases))
+    assert [e.kind for e in smaller.events].count("budget_release") == len(holds)  # a hold keeps its release
+    smaller = history.without(set(holds))
+    assert [e.kind for e in smaller.events].count("budget_hold") == 0
+
+
+def test_budgets_leave_the_rest_of_a_seeds_history_as_it_was(monkeypatch):
+    """Seeds named in docs/reliability.md before budgets came in still draw their events."""
+    with_budgets = [generate(seed, "large") for seed in range(7200, 7220)]
+    monkeypatch.setattr(generate_module, "_budgets", lambda rng, events, produce_s: {})
+    for history in with_budgets:
+        before = generate_module.generate(history.seed, "large")
+        rest = [
+            Event(e.at, e.kind, {k: v for k, v in e.args.items() if k != "tenant"})
+            for e in history.events
+            if e.kind not in ("budget_hold", "budget_release")
+        ]
+        assert rest == before.events
 
 
 def test_shrinking_keeps_the_smallest_history_that_still_breaks_the_gravest_rule(tmp_path):
