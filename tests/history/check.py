@@ -40,7 +40,11 @@ The rules (each function's docstring and body say exactly how):
   dead letter whose `source` is its position and whose value is its bytes (a null one:
   the `payload_null` header);
 - j. no crash: no worker process ends while nobody stopped it (the runner then starts it
-  again, as an orchestrator would, so the rest of the history still runs).
+  again, as an orchestrator would, so the rest of the history still runs);
+- k. delayed, never failed: a request whose plan lets it succeed within its tiers (no
+  failure planned, or a retryable one no more times than there are tiers) ends
+  `succeeded` once settled, whatever held it meanwhile (a budget hold, a fault, a bad copy
+  under its id); not judged when an operator dead-lettered it on purpose.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from tests.history.generate import BASE_SETTINGS, RETRYABLE
 
 SETTLED = ("succeeded", "dead_lettered", "discarded")
 CLOCK_SLACK_MS = 500
@@ -696,6 +702,28 @@ def rule_runner(c: dict[str, Any]) -> list[Violation]:
     return [Violation("runner.error", error[:500], {}) for error in c["errors"]]
 
 
+# -- k. delayed, never failed ----------------------------------------------------------------------------
+
+
+def rule_k_planned_to_succeed(c: dict[str, Any]) -> list[Violation]:
+    settings = {**BASE_SETTINGS, **(c["history"].get("settings") or {})}
+    tiers = len([d for d in settings["DLQ_RETRY_DELAYS"].split(",") if d.strip()])
+    events = c["history"]["events"]
+    on_purpose = {e["args"].get("id") for e in events if e["kind"] == "dead_letter_now"}
+    found = []
+    for event in events:
+        rid, plan = event["args"].get("id"), event["args"].get("plan")
+        if event["kind"] != "request" or rid in on_purpose:
+            continue
+        if plan and (plan["status"] not in RETRYABLE or plan["fail_times"] > tiers):
+            continue
+        state = (request_body(c, rid) or {}).get("state")
+        if state in SETTLED and state != "succeeded":
+            evidence = {"id": rid, "plan": plan, "tiers": tiers, "request": request_body(c, rid)}
+            found.append(Violation("k.delayed_never_failed", f"{rid} could succeed but ends {state}", evidence))
+    return found
+
+
 RULES: list[Callable[[dict[str, Any]], list[Violation]]] = [
     rule_a_one_outcome_per_chain,
     rule_b_replay_outcome,
@@ -707,6 +735,7 @@ RULES: list[Callable[[dict[str, Any]], list[Violation]]] = [
     rule_h_no_restart_loop,
     rule_i_bad_input_kept,
     rule_j_no_crash,
+    rule_k_planned_to_succeed,
     rule_runner,
 ]
 

@@ -412,6 +412,29 @@ def test_j_a_worker_that_ends_by_itself():
     assert broken(c, check.rule_j_no_crash) == {"j.no_crash"}
 
 
+def test_k_a_request_that_could_succeed_within_its_tiers_must_end_succeeded():
+    c = clean()
+
+    def request(rid: str, plan: dict[str, Any] | None) -> dict[str, Any]:
+        return {"at": 0.0, "kind": "request", "args": {"id": rid, "plan": plan}}
+
+    c["history"]["events"] = [request("r1", None), request("r2", {"fail_times": 9, "status": 503})]
+    assert broken(c, check.rule_k_planned_to_succeed) == set()
+    c["history"]["events"][1]["args"]["plan"]["fail_times"] = 3  # three tiers: the fourth attempt succeeds
+    assert broken(c, check.rule_k_planned_to_succeed) == {"k.delayed_never_failed"}
+    c["history"]["settings"] = {"DLQ_RETRY_DELAYS": "1s,2s"}
+    assert broken(c, check.rule_k_planned_to_succeed) == set()
+    c["history"]["events"][1]["args"]["plan"] = {"fail_times": 1, "status": 401}  # final: dead at once
+    assert broken(c, check.rule_k_planned_to_succeed) == set()
+    c["requests"]["r1"]["body"]["state"] = "dead_lettered"
+    assert broken(c, check.rule_k_planned_to_succeed) == {"k.delayed_never_failed"}
+    c["history"]["events"].append({"at": 1.0, "kind": "dead_letter_now", "args": {"id": "r1", "via": "http"}})
+    assert broken(c, check.rule_k_planned_to_succeed) == set()
+    c["history"]["events"].pop()
+    c["requests"]["r1"]["body"]["state"] = "budget_held"  # not settled: rule c's to judge
+    assert broken(c, check.rule_k_planned_to_succeed) == set()
+
+
 def test_many_violations_of_one_rule_are_summed_up():
     c = clean()
     for n in range(check.MAX_PER_RULE + 5):
