@@ -1,6 +1,7 @@
 """Fair shares between tenants: tenant B's latency at a steady 10 requests/s, alone and while
 tenant A floods the input with 20,000 requests at once, and the whole throughput of A's flood
-with and without B (the mock at LATENCY_MS; 3 runs, median and range).
+with and without B (the mock at LATENCY_MS; 3 runs, median and range); B under the flood with
+the tail read (the default) and without it (DLQ_TAIL_READ_LAG=0), side by side.
 
 Written to bench/results/fairness.json and fairness.md (whatever --out says: a run of this
 section alone must not replace the full report's latest.*)."""
@@ -22,9 +23,9 @@ from bench.systems import CONCURRENCY, LATENCY_MS, Bench
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 B_RATE = 10
 B_SECONDS = 20
-NARROW_READ_AHEAD = int(os.environ.get("BENCH_FAIR_READ_AHEAD") or 10_000)
-"""The read-ahead of the configuration beside the default one: half the flood (the default
-before 2026-12-04)."""
+FAIR_RUNS = int(os.environ.get("BENCH_FAIR_RUNS") or 3)
+FAIR_ONLY = tuple(c for c in os.environ.get("BENCH_FAIR_CONFIGS", "").split(",") if c)
+"""While investigating: only these configurations (default all)."""
 
 
 def _body(rid: str, tenant: str) -> bytes:
@@ -80,15 +81,15 @@ def _one(bench: Bench, flood: int, with_b: bool, env: dict[str, str]) -> dict[st
 
 
 def fairness(bench: Bench) -> dict[str, Any]:
-    runs = 1 if bench.quick else 3
+    runs = 1 if bench.quick else FAIR_RUNS
     flood = 500 if bench.quick else 20_000
-    narrow = {"DLQ_READ_AHEAD": str(NARROW_READ_AHEAD)}
     configs: dict[str, tuple[int, bool, dict[str, str]]] = {
         "b_alone": (0, True, {}),
         "a_flood_alone": (flood, False, {}),
         "a_flood_with_b": (flood, True, {}),
-        "a_flood_with_b_narrow_read_ahead": (flood, True, narrow),
+        "a_flood_with_b_no_tail_read": (flood, True, {"DLQ_TAIL_READ_LAG": "0"}),
     }
+    configs = {name: config for name, config in configs.items() if not FAIR_ONLY or name in FAIR_ONLY}
     per_run: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     for run in range(runs):
         for name, (size, with_b, env) in configs.items():
@@ -103,15 +104,16 @@ def fairness(bench: Bench) -> dict[str, Any]:
         "b_rate_per_s": B_RATE,
         "b_seconds": B_SECONDS,
         "runs": runs,
-        "narrow_read_ahead": NARROW_READ_AHEAD,
     }
     for name, results in per_run.items():
         figures = {key: spread([r[key] for r in results]) for key in results[0]}
         out[name] = {**figures, "per_run": results}
+    if FAIR_ONLY:
+        return out
     alone, flooded = out["b_alone"]["b_p99_ms"]["median"], out["a_flood_with_b"]["b_p99_ms"]["median"]
     out["b_p99_ratio"] = flooded / alone if alone else None
-    narrow_p99 = out["a_flood_with_b_narrow_read_ahead"]["b_p99_ms"]["median"]
-    out["b_p99_ratio_narrow_read_ahead"] = narrow_p99 / alone if alone else None
+    without = out["a_flood_with_b_no_tail_read"]["b_p99_ms"]["median"]
+    out["b_p99_ratio_no_tail_read"] = without / alone if alone else None
     out["throughput_ratio"] = (
         out["a_flood_with_b"]["flood_requests_per_s"]["median"] / out["a_flood_alone"]["flood_requests_per_s"]["median"]
     )
@@ -131,7 +133,7 @@ def markdown(out: dict[str, Any]) -> str:
     rows = [
         f"| {name} | {cell(out[name].get('b_p50_ms'), 'ms')} | {cell(out[name].get('b_p99_ms'), 'ms')} | "
         f"{cell(out[name].get('flood_requests_per_s'), 'req/s')} |"
-        for name in ("b_alone", "a_flood_alone", "a_flood_with_b", "a_flood_with_b_narrow_read_ahead")
+        for name in ("b_alone", "a_flood_alone", "a_flood_with_b", "a_flood_with_b_no_tail_read")
     ]
     return "\n".join(
         [
@@ -145,11 +147,11 @@ def markdown(out: dict[str, Any]) -> str:
             "|---|---|---|---|",
             *rows,
             "",
-            f"`a_flood_with_b`: the default read-ahead (DLQ_READ_AHEAD=50,000, DLQ_READ_AHEAD_BYTES=64 MiB); "
-            f"`a_flood_with_b_narrow_read_ahead`: DLQ_READ_AHEAD={out['narrow_read_ahead']:,}.",
+            "`a_flood_with_b`: the default settings (the tail read on: DLQ_TAIL_READ_LAG=2,000); "
+            "`a_flood_with_b_no_tail_read`: DLQ_TAIL_READ_LAG=0.",
             "",
             f"B's p99 with the flood / alone: {out['b_p99_ratio']:.1f}x "
-            f"({out['b_p99_ratio_narrow_read_ahead']:.1f}x with the narrow read-ahead); "
+            f"({out['b_p99_ratio_no_tail_read']:.1f}x without the tail read); "
             f"flood throughput with B / without: {out['throughput_ratio']:.2f}.",
             "",
         ]

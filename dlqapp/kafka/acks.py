@@ -16,6 +16,12 @@ and the offset ranges `also` beyond it (events that ended while an earlier one s
 or after one handed back). Under exactly_once each transaction is sealed with it
 (dlqapp.tables.progress), so a new owner skips the events whose outputs committed but whose
 offsets Faust had not committed yet.
+
+A record read ahead of its turn (dlqapp.kafka.tail_read: the end of a partition read while
+the consumer is far behind) gets a ticket `ahead` of the line (`track_ahead`), only for an
+offset the door has not reached. It is never acked itself: once it ended, its offset is
+among the line's `also`, and when the consumer's own event at that offset comes through the
+door, that event's ticket `follows` it and ends with it (its step is not run twice).
 """
 
 from __future__ import annotations
@@ -63,6 +69,10 @@ class _Line:
     """The offset after the last ticket of the run (the first one's while none ended)."""
     ahead: set[int] = field(default_factory=set)
     """Offsets of tickets that ended beyond the run."""
+    door: int = 0
+    """The offset after the last event that came through the door."""
+    claimed: dict[int, Ticket] = field(default_factory=dict)
+    """Tickets read ahead of their turn, by offset, whose event has not come through the door yet."""
     blocked: bool = False
     """A ticket was handed back: nothing of this line is acked any more."""
     stale: bool = False
@@ -72,9 +82,22 @@ class _Line:
 class Ticket:
     """One consumed event, from the door to its ack."""
 
-    __slots__ = ("event", "line", "offset", "state", "strikes", "topic_partition")
+    __slots__ = (
+        "ahead",
+        "committed",
+        "event",
+        "follower",
+        "follows",
+        "line",
+        "offset",
+        "state",
+        "strikes",
+        "topic_partition",
+    )
 
-    def __init__(self, event: Any, topic_partition: tuple[str, int], offset: int, *, line: _Line) -> None:
+    def __init__(
+        self, event: Any, topic_partition: tuple[str, int], offset: int, *, line: _Line, ahead: bool = False
+    ) -> None:
         self.event = event
         self.line = line
         """Its topic partition's line in the assignment it was delivered in."""
@@ -83,6 +106,14 @@ class Ticket:
         self.state = TicketState.RUNNING
         self.strikes = 0
         """How many transactions this record broke already (dlqapp.tables.progress)."""
+        self.ahead = ahead
+        """Read ahead of its turn (module doc): never acked, never handed back to the consumer."""
+        self.committed: asyncio.Future[None] | None = None
+        """An ahead ticket's: what resolves at the commit of its step's outputs, once it ended."""
+        self.follower: Ticket | None = None
+        """An ahead ticket's: the consumer's ticket at the same offset, once it came through the door."""
+        self.follows: Ticket | None = None
+        """The ahead ticket this one ends with (its event was handled ahead of its turn)."""
 
     @property
     def partition(self) -> int:
@@ -102,7 +133,8 @@ class Acks:
         self._lines: dict[tuple[str, int], _Line] = {}
 
     def track(self, event: Any) -> Ticket:
-        """The door: `event` was handed to an agent (call in delivery order)."""
+        """The door: `event` was handed to an agent (call in delivery order). When it was read
+        ahead of its turn, the ticket `follows` that read's and must not be handled again."""
         message = event.message
         topic_partition = (message.topic, message.partition)
         line = self._lines.get(topic_partition)
@@ -111,11 +143,38 @@ class Acks:
             line = self._lines[topic_partition] = _Line(next=message.offset)
         ticket = Ticket(event, topic_partition, message.offset, line=line)
         line.tickets.append(ticket)
+        line.door = max(line.door, message.offset + 1)
+        ahead = line.claimed.pop(message.offset, None)
+        if ahead is not None:
+            ticket.follows = ahead
+            if ahead.state is TicketState.HANDED_BACK:
+                self.hand_back(ticket)
+            elif ahead.state is TicketState.RUNNING:
+                ahead.follower = ticket
+            else:
+                self.ended(ticket, ahead.committed)
+        return ticket
+
+    def expected(self, topic_partition: tuple[str, int]) -> int | None:
+        """The offset the door expects next on `topic_partition` (None: none came through it yet)."""
+        line = self._lines.get(topic_partition)
+        return None if line is None else line.door
+
+    def track_ahead(self, event: Any, topic_partition: tuple[str, int], offset: int) -> Ticket | None:
+        """A record read ahead of its turn (module doc); None when it may not be: the door has
+        reached it, no event of its partition came through the door yet, or the line is blocked."""
+        line = self._lines.get(topic_partition)
+        if line is None or line.blocked or offset < line.door or offset in line.claimed:
+            return None
+        ticket = line.claimed[offset] = Ticket(event, topic_partition, offset, line=line, ahead=True)
         return ticket
 
     def ended(self, ticket: Ticket, committed: asyncio.Future[None] | None) -> None:
         """Its step ended: ack it once `committed` resolved (at once when None; never when it fails)."""
         if ticket.state is not TicketState.RUNNING:
+            return
+        if ticket.ahead:
+            self._ahead_ended(ticket, committed)
             return
         ticket.state = TicketState.ENDED
         if not ticket.line.stale:
@@ -131,6 +190,12 @@ class Acks:
         if ticket.state is not TicketState.RUNNING:
             return
         ticket.state = TicketState.HANDED_BACK
+        if ticket.ahead:  # not the consumer's event: its own comes through the door, or goes back
+            if ticket.line.claimed.get(ticket.offset) is ticket:
+                del ticket.line.claimed[ticket.offset]
+            if ticket.follower is not None:
+                self.hand_back(ticket.follower)
+            return
         self._hand_back(ticket.event)
         line = ticket.line
         if not line.stale and not line.blocked:
@@ -163,6 +228,17 @@ class Acks:
         for line in self._lines.values():
             line.stale = True
         self._lines.clear()
+
+    def _ahead_ended(self, ticket: Ticket, committed: asyncio.Future[None] | None) -> None:
+        """An ahead ticket's step ended: its offset joins the line's `also`, and the consumer's
+        ticket at that offset, if it came already, ends with it."""
+        ticket.state = TicketState.ENDED
+        ticket.committed = committed
+        line = ticket.line
+        if not line.stale and ticket.offset >= line.next:
+            line.ahead.add(ticket.offset)
+        if ticket.follower is not None:
+            self.ended(ticket.follower, committed)
 
     def _on_commit(self, ticket: Ticket, committed: asyncio.Future[None]) -> None:
         if committed.cancelled() or committed.exception() is not None:

@@ -76,9 +76,20 @@ class GatedFeed:
         """Input arrives faster than it starts: waiting events pile up, or the window is half full."""
         return len(self._held) >= self.backlog_at or self._window.in_flight * 2 >= self._window_limit
 
-    async def put(self, ticket: Ticket, handler: Handler, tenant: str = "", cost: float = 1.0, size: int = 0) -> None:
+    async def put(
+        self,
+        ticket: Ticket,
+        handler: Handler,
+        tenant: str = "",
+        cost: float = 1.0,
+        size: int = 0,
+        *,
+        back_pressure: bool = True,
+    ) -> None:
         """Keep the ticket's event (with the caller's context) until the gate and its tenant's
         turn let it start; `cost` is its estimated tokens, `size` the memory it holds meanwhile.
+        Without `back_pressure` (a record read ahead of its turn, of a tenant with little
+        waiting) it never waits for the read-ahead to have room.
 
         An event taken while the window is being released belongs to the assignment being
         revoked: it is handed back at once."""
@@ -93,7 +104,7 @@ class GatedFeed:
         self._more.set()
         if len(self._held) == self.backlog_at and not self._gate.is_open:
             self._gate.reconsider()  # input piles up behind the closed gate: time to pause fetching
-        while self._full():
+        while back_pressure and self._full():
             self._room.clear()
             waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._room.wait())]
             if self._gate.is_open:

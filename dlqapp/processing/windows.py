@@ -39,9 +39,12 @@ class InFlightWindows:
         self._halted = False
 
     def admit(self, event: object) -> Ticket | None:
-        """The door: track `event` for its ack; None when its outputs are already committed
-        (exactly_once: below its topic's progress), acked without being handled again."""
+        """The door: track `event` for its ack; None when it is not to be handled: its outputs
+        are already committed (exactly_once: below its topic's progress), acked without being
+        handled again, or it was read ahead of its turn (it ends with that read's step)."""
         ticket = self.acks.track(event)
+        if ticket.follows is not None:
+            return None
         if self.progress is not None:
             topic, partition = ticket.topic_partition
             if self.progress.already_done(topic, partition, ticket.offset):
@@ -49,6 +52,19 @@ class InFlightWindows:
                 return None
             ticket.strikes = self.progress.strikes(topic, partition, ticket.offset)
         return ticket
+
+    def admit_ahead(self, event: object, topic: str, partition: int, offset: int) -> Ticket | None:
+        """A record read ahead of its turn (dlqapp.kafka.tail_read): its ticket, or None when it
+        may not run now (the door has reached it, or a previous owner's outputs hold it)."""
+        if self.progress is not None and (
+            self.progress.already_done(topic, partition, offset) or self.progress.strikes(topic, partition, offset)
+        ):
+            return None
+        return self.acks.track_ahead(event, (topic, partition), offset)
+
+    def expected(self, topic: str, partition: int) -> int | None:
+        """The offset the door expects next on the topic partition (None: none came through it yet)."""
+        return self.acks.expected((topic, partition))
 
     def new(
         self,

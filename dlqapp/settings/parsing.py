@@ -85,6 +85,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be 0 or a positive integer")
+    return value
+
+
 def _positive_duration(text: str) -> int:
     value = parse_duration_ms(text)
     if value < 1:

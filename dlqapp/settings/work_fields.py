@@ -9,6 +9,7 @@ from dlqapp.core.prices import PriceTable, read_prices_setting
 from dlqapp.flowcontrol.limits import RateLimits, parse_rate_limits
 from dlqapp.settings.parsing import (
     _choice,
+    _non_negative_int,
     _parse_bool,
     _parse_delays,
     _parse_rate,
@@ -130,6 +131,14 @@ class WorkFields:
         _positive_int,
         "Memory the requests read ahead (`DLQ_READ_AHEAD`) may hold together: their payloads plus about 3 KiB "
         "each; whichever of the two limits comes first stops reading ahead.",
+    )
+    tail_read_lag: int = setting(
+        "DLQ_TAIL_READ_LAG",
+        "2000",
+        _non_negative_int,
+        "Records an `input` partition's reading may fall behind its end before the worker reads its end too and "
+        "starts the requests of tenants with little waiting there, ahead of their turn: a tenant's request that "
+        "arrives behind another tenant's flood starts at once, not after the flood was read. 0: never.",
     )
     default_tenant: str = setting(
         "DLQ_DEFAULT_TENANT",

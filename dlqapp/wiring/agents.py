@@ -30,9 +30,11 @@ from dlqapp.core.errors import ErrorClass
 from dlqapp.core.record import Record
 from dlqapp.kafka.acks import Ticket
 from dlqapp.kafka.faust_agents import answer_asker, asked_value
-from dlqapp.kafka.records import record_of
+from dlqapp.kafka.records import TailEvent, record_of
+from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
+from dlqapp.processing.feed import GatedFeed
 from dlqapp.processing.flow import InFlightWindow
 from dlqapp.tables.topology import TierTopic
 from dlqapp.wiring.components import Components
@@ -50,6 +52,9 @@ HELD_REQUEST_BYTES = 3 * 1024
 """What a worker keeps of a fresh request it read ahead, besides its payload (the consumed
 message, its `Record`, the parsed request, its place in the fair queue): 3.4 KiB in all measured
 for 20,000 requests of 177 bytes (the bench's), counted against DLQ_READ_AHEAD_BYTES."""
+AHEAD_WHILE_WAITING = 64
+"""A record the tail read got starts ahead of its turn only while fewer requests of its tenant
+wait than this: a tenant that floods waits its turn, one with little waiting does not."""
 FATAL_EXIT_CODE = 70
 FATAL_GRACE_S = 15.0
 
@@ -73,6 +78,8 @@ class WorkerLifecycle:
     async def release(self, reopen: bool) -> None:
         """Hand back what the windows hold: a rebalance (`reopen`: they take events again at
         the next assignment) or a shutdown."""
+        if self.components.tail_read is not None:
+            self.components.tail_read.revoked()
         try:
             released = await self.components.windows.release()
             if not self.components.steps.exactly_once:  # exactly_once: sealed into the last commit
@@ -97,6 +104,8 @@ class WorkerLifecycle:
     def assigned(self) -> None:
         """A new assignment begins: the windows closed by a rebalance's release take events again."""
         self.components.windows.reopen()
+        if self.components.tail_read is not None:
+            self.components.tail_read.assigned()
 
     def halt(self) -> None:
         """The worker failed and is about to restart or stop: no new step (no new model call)."""
@@ -183,7 +192,7 @@ class _Handlers:
             record, ErrorClass.POISON, f"handler failed: {type(exc).__name__}: {exc}"[:1000]
         )
 
-    def record(self, event: EventT) -> Record:
+    def record(self, event: EventT | TailEvent) -> Record:
         """The door: `event` read once into a `Record` (dlqapp.kafka.records)."""
         return record_of(event, self.components.clock)
 
@@ -226,6 +235,10 @@ class _Handlers:
             gate.pause_fetching_when(feed.backlogged)
             pump = asyncio.create_task(feed.run())
             pump.add_done_callback(self._stop_if_failed)
+            tail_read = self.components.tail_read
+            if tail_read is not None:
+                ahead = asyncio.create_task(tail_read.run(functools.partial(self.run_ahead, feed)))
+                ahead.add_done_callback(self._stop_if_failed)
             try:
                 async for event in manual_acks(stream).events():
                     ticket = self.admit(event)
@@ -237,8 +250,31 @@ class _Handlers:
                         await feed.put(ticket, handler, admitted.tenant, admitted.cost, size)
             finally:
                 pump.cancel()
+                if tail_read is not None:
+                    ahead.cancel()
 
         return input_requests
+
+    async def run_ahead(self, feed: GatedFeed, consumed: Any) -> None:
+        """A record the tail read got (dlqapp.kafka.tail_read): started ahead of its turn when
+        it is a valid request owned here whose tenant has fewer than AHEAD_WHILE_WAITING requests
+        waiting; any other record is left to the door."""
+        event = TailEvent(consumed)
+        record = self.record(event)
+        pipeline = self.components.pipeline
+        admitted = pipeline.admit(record)
+        request = admitted.request
+        if request is None or not self.components.store.owns(record, request.request_id):
+            return
+        if feed.waiting_by_tenant().get(admitted.tenant, 0) >= AHEAD_WHILE_WAITING:
+            return
+        ticket = self.components.windows.admit_ahead(event, record.topic, record.partition, record.offset)
+        if ticket is None:
+            return
+        handler = functools.partial(pipeline.on_input, record, self.components.topology.input, admitted)
+        size = HELD_REQUEST_BYTES + len(record.payload or b"")
+        metrics.started_ahead.inc()
+        await feed.put(ticket, handler, admitted.tenant, admitted.cost, size, back_pressure=False)
 
     def due_agent(self) -> Callable[[StreamT], Awaitable[None]]:
         scheduler = self.components.scheduler

@@ -17,6 +17,7 @@ from dlqapp.flowcontrol.input_gate import InputGate
 from dlqapp.inference import InferenceBackend
 from dlqapp.kafka.acks import Acks
 from dlqapp.kafka.offset_watch import OffsetWatch
+from dlqapp.kafka.tail_read import Ends, TailConsumer, TailRead
 from dlqapp.kafka.transactions import ProducerFactory
 from dlqapp.observability.health import MinuteRates
 from dlqapp.observability.tracing import Tracing
@@ -75,6 +76,8 @@ class Components:
     """Prices, accounts and admits attempts (money and tenants, docs/costs.md)."""
     spend_view: SpendView
     """Every partition's spend and the budgets set at run time, followed from the stats changelog."""
+    tail_read: TailRead | None = None
+    """Reads the ends of `input` while the worker is far behind (None: ports give no consumer for it)."""
 
 
 @dataclass(frozen=True)
@@ -98,3 +101,9 @@ class Ports:
     """Where spans go (OpenTelemetry span exporters; none: tracing off)."""
     owned_partitions: Callable[[], Iterable[int]] | None = None
     """The table partitions this worker owns now (None: the group's assignment of `stats`)."""
+    tail_consumer: Callable[[], TailConsumer] | None = None
+    """Makes the consumer that reads the ends of `input` (dlqapp.kafka.tail_read; None: no tail read)."""
+    input_partitions: Callable[[], Iterable[int]] = lambda: ()
+    """The `input` partitions this worker owns now."""
+    input_ends: Ends = lambda partition: None
+    """The end of an `input` partition, as the worker's consumer last heard."""

@@ -32,6 +32,7 @@ from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.kafka.acks import Acks
 from dlqapp.kafka.faust_tables import active_partitions, keys_with_prefix, partition_db
 from dlqapp.kafka.offset_watch import OffsetWatch
+from dlqapp.kafka.tail_read import TailRead
 from dlqapp.kafka.transactions import Transactions
 from dlqapp.observability import metrics
 from dlqapp.observability.health import MinuteRates
@@ -187,6 +188,14 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         budgets_table=topology.stats,
     )
     crash_guard = CrashGuard(os.path.join(settings.data_dir, "in-progress.json"), settings.poison_after_crashes)
+    windows = InFlightWindows(
+        window_limit(settings),
+        settings.drain_timeout_ms / 1000,
+        steps=steps,
+        acks=acks,
+        progress=progress,
+        guard=crash_guard,
+    )
     sweeper = Sweeper(
         [
             SweptTable(topology.requests, request_last_change),
@@ -216,14 +225,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         recorder=recorder,
         operator=operator,
         crash_guard=crash_guard,
-        windows=InFlightWindows(
-            window_limit(settings),
-            settings.drain_timeout_ms / 1000,
-            steps=steps,
-            acks=acks,
-            progress=progress,
-            guard=crash_guard,
-        ),
+        windows=windows,
         sweeper=sweeper,
         alerts=alerts,
         replay_jobs=ReplayJobs(),
@@ -236,6 +238,21 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         tracing=tracing,
         spending=spending,
         spend_view=spend_view,
+        tail_read=tail_read_of(settings, ports, windows),
+    )
+
+
+def tail_read_of(settings: Settings, ports: Ports, windows: InFlightWindows) -> TailRead | None:
+    """The tail read of `input` (dlqapp.kafka.tail_read), when the ports can make its consumer."""
+    if ports.tail_consumer is None or settings.tail_read_lag <= 0:
+        return None
+    return TailRead(
+        ports.tail_consumer,
+        topic=settings.input,
+        lag=settings.tail_read_lag,
+        partitions=ports.input_partitions,
+        ends=ports.input_ends,
+        expected=lambda partition: windows.expected(settings.input, partition),
     )
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from faust.types import TP
 
 from dlqapp.inference import create_backend
 from dlqapp.kafka.faust_consumer_state import hand_back_unacked
@@ -28,7 +29,32 @@ def ports_of(app: DlqApp, settings: Settings, topology: Topology) -> Ports:
         hand_back=lambda event: hand_back_unacked(app, event),
         new_producer=transactional_producer(settings) if settings.exactly_once else None,
         span_exporters=span_exporters(settings),
+        tail_consumer=lambda: tail_consumer(settings),
+        input_partitions=lambda: {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == settings.input},
+        input_ends=lambda partition: input_end(app, settings, partition),
     )
+
+
+def tail_consumer(settings: Settings) -> AIOKafkaConsumer:
+    """The consumer that reads the ends of `input` (dlqapp.kafka.tail_read): no group, assigned
+    by hand; under exactly_once it reads committed records only, as the worker's own does."""
+    return AIOKafkaConsumer(
+        **settings.kafka_client(
+            client_id="dlqapp-tail-read",
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed" if settings.exactly_once else "read_uncommitted",
+        )
+    )
+
+
+def input_end(app: DlqApp, settings: Settings, partition: int) -> int | None:
+    """The end of an `input` partition as the worker's consumer last heard (None: not yet)."""
+    try:
+        end = app.consumer.highwater(TP(settings.input, partition))
+    except Exception:  # the consumer is not started, or the partition not fetched yet
+        return None
+    return end if isinstance(end, int) and end >= 0 else None
 
 
 def span_exporters(settings: Settings) -> tuple[Any, ...]:

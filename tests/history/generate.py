@@ -328,8 +328,22 @@ def generate(seed: int, size: str = "small") -> History:
         else:
             events.append(Event(at, kind, {"worker": "w1"} if kind in ("kill", "sigterm") else {}))
     settings = _budgets(random.Random(f"budgets-{seed}"), events, produce_s)
+    settings.update(_tail_read(random.Random(f"tail-read-{seed}")))
     events.sort(key=lambda e: e.at)
     return History(seed, f"random-{size}-{seed}", events, settings)
+
+
+def _tail_read(rng: random.Random) -> dict[str, str]:
+    """In half the histories: few backend slots and a tail read that starts as soon as the
+    door is a record or a few behind, so that requests run ahead of their turn beside every
+    fault and operator action (dlqapp.kafka.tail_read)."""
+    if rng.random() < 0.5:
+        return {}
+    return {
+        "DLQ_TAIL_READ_LAG": rng.choice(("1", "2", "5")),
+        "DLQ_CONCURRENCY": rng.choice(("2", "4")),
+        "DLQ_ADAPTIVE_CONCURRENCY": "false",
+    }
 
 
 def _budgets(rng: random.Random, events: list[Event], produce_s: float) -> dict[str, str]:

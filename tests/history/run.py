@@ -38,6 +38,7 @@ import subprocess
 import threading
 import time
 import urllib.parse
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,21 @@ class TrackedWorker:
         run["ready_ms"] = now_ms()
         return None
 
+    def note_started_ahead(self) -> None:
+        """Note how many requests the running process started ahead of their turn so far
+        (its `dlqapp_started_ahead_of_turn_total`: the tail read, dlqapp.kafka.tail_read)."""
+        if not self.runs or not self.running:
+            return
+        try:
+            with urllib.request.urlopen(self.worker.url + "/metrics", timeout=2) as response:
+                text = response.read().decode()
+        except OSError:
+            return
+        found = re.search(r"^dlqapp_started_ahead_of_turn_total (\S+)$", text, re.M)
+        if found:
+            run = self.runs[-1]
+            run["started_ahead"] = max(run.get("started_ahead", 0), int(float(found.group(1))))
+
     def _ended(self, how: str) -> None:
         if self.runs and self.runs[-1]["ended_ms"] is None:
             code = self.worker.process.returncode if self.worker.process is not None else None
@@ -382,8 +398,12 @@ class HistoryRun:
     def _watch(self) -> None:
         """A worker that ended by itself is recorded as crashed and started again, as an
         orchestrator would (at most REVIVALS times a worker), so the history goes on."""
+        ticks = 0
         while not self._stop_watching.wait(0.5):
+            ticks += 1
             for worker in list(self.workers.values()):
+                if ticks % 4 == 0:
+                    worker.note_started_ahead()
                 if worker.crashed():
                     self.crashes.append({"worker": worker.name, "at_ms": now_ms(), "run": len(worker.runs) - 1})
                     if worker.revived < REVIVALS:

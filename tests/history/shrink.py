@@ -51,6 +51,7 @@ class Outcome:
             "outcomes": sum(1 for o in self.collected["outcomes"] if not o["tombstone"]),
             "faults_injected": [f["kind"] for f in self.collected["faults"]],
             "operator_actions": [f"{o['action']}/{o['via']}" for o in self.collected["operator"]],
+            "started_ahead": sum(run.get("started_ahead", 0) for run in self.collected.get("worker_runs", [])),
             "violations": len(self.violations),
             "rules_broken": sorted(rule_names(self.violations)),
             "seconds": self.collected.get("timing", {}).get("total_s"),

@@ -119,3 +119,98 @@ def test_merge_joins_ranges_that_reach_next():
     assert _merge(Ended(10, ((12, 14), (20, 20))), Ended(12)) == Ended(15, ((20, 20),))
     assert _merge(Ended(10, ((11, 14),)), Ended(3)) == Ended(10, ((11, 14),))
     assert _merge(Ended(-1), Ended(3, ((5, 9),))) == Ended(3, ((5, 9),))
+
+
+# -- records read ahead of their turn (dlqapp.kafka.tail_read) ------------------------------------------
+
+
+def test_a_record_read_ahead_is_sealed_once_ended_and_acked_only_through_the_consumers_own_event():
+    async def run() -> None:
+        acked: list[int] = []
+        acks = Acks(lambda event: None)
+        first = acks.track(FakeEvent(10, acked))
+        assert acks.track_ahead(FakeEvent(9, acked), ("input", 0), 9) is None  # the door is past it
+        assert acks.track_ahead(FakeEvent(12, acked), ("input", 1), 12) is None  # nothing came through partition 1
+        ahead = acks.track_ahead(FakeEvent(12, acked), ("input", 0), 12)
+        assert ahead is not None and acks.track_ahead(FakeEvent(12, acked), ("input", 0), 12) is None
+        assert acks.progress(0) == {"input": Ended(10)}  # running: not sealed yet
+        commit = asyncio.get_running_loop().create_future()
+        acks.ended(ahead, commit)
+        assert acks.progress(0) == {"input": Ended(10, ((12, 12),))}  # in the transaction: sealed with it
+        acks.ended(first, None)
+        eleven = acks.track(FakeEvent(11, acked))
+        twelve = acks.track(FakeEvent(12, acked))
+        assert twelve.follows is ahead and eleven.follows is None
+        acks.ended(eleven, None)
+        assert acked == [10, 11] and acks.progress(0) == {"input": Ended(13)}
+        commit.set_result(None)
+        await asyncio.sleep(0)
+        assert acked == [10, 11, 12]  # the consumer's own event, once the ahead step committed
+
+    asyncio.run(run())
+
+
+def test_the_consumers_event_that_arrives_while_the_ahead_step_runs_ends_with_it_or_goes_back_with_it():
+    acked: list[int] = []
+    handed: list[int] = []
+    acks = Acks(lambda event: handed.append(event.offset))
+    acks.ended(acks.track(FakeEvent(1, acked)), None)
+    done, back = (acks.track_ahead(FakeEvent(o, acked), ("input", 0), o) for o in (2, 3))
+    assert done is not None and back is not None
+    two, three = acks.track(FakeEvent(2, acked)), acks.track(FakeEvent(3, acked))
+    assert two.follows is done and three.follows is back and acked == [1]
+    acks.ended(done, None)
+    assert acked == [1, 2]
+    acks.hand_back(back)  # the ahead step was released (a rebalance): the consumer's event goes back
+    assert handed == [3] and acks.progress(0) == {"input": Ended(3)}
+
+
+def test_a_released_ahead_ticket_leaves_its_offset_to_the_door():
+    acked: list[int] = []
+    acks = Acks(lambda event: None)
+    acks.track(FakeEvent(1, acked))
+    ahead = acks.track_ahead(FakeEvent(5, acked), ("input", 0), 5)
+    assert ahead is not None
+    acks.hand_back(ahead)  # never started (the window was closing)
+    five = acks.track(FakeEvent(5, acked))
+    assert five.follows is None  # handled by the door as any other
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.integers(2, 40))
+def test_with_records_read_ahead_every_event_is_acked_once_in_order_and_progress_is_what_ended(seed, count):
+    """Random histories: some records are read ahead of the door, steps end in any order, the
+    door comes through interleaved; acks stay contiguous, each event acked once, only after
+    it (or the read ahead of it) ended, and progress covers exactly what ended."""
+    rng = random.Random(seed)
+    acked: list[int] = []
+    acks = Acks(lambda event: None)
+    offsets = list(range(100, 100 + count))
+    ended: set[int] = set()
+    running = []
+    door = 0
+    acks.ended(acks.track(FakeEvent(99, acked)), None)
+    ended.add(99)
+    while door < len(offsets) or running:
+        roll = rng.random()
+        if roll < 0.3 and door < len(offsets):
+            event = FakeEvent(offsets[door], acked)
+            ticket = acks.track(event)
+            door += 1
+            if ticket.follows is None:
+                running.append(ticket)
+        elif roll < 0.5 and door < len(offsets):
+            offset = rng.choice(offsets[door:])
+            ahead = acks.track_ahead(FakeEvent(offset, acked), ("input", 0), offset)
+            if ahead is not None:
+                running.append(ahead)
+        elif running:
+            ticket = running.pop(rng.randrange(len(running)))
+            acks.ended(ticket, None)
+            ended.add(ticket.offset)
+        progress = acks.progress(0)["input"]
+        for offset in [99, *offsets]:
+            assert progress.covers(offset) == (offset in ended), (offset, progress, sorted(ended))
+        assert acked == list(range(99, 99 + len(acked)))  # contiguous, in order, each once
+        assert all(offset in ended for offset in acked)
+    assert acked == [99, *offsets]

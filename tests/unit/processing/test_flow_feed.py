@@ -86,6 +86,39 @@ def test_an_open_gate_pushes_back_at_the_open_limit_and_a_closing_gate_lifts_it(
     asyncio.run(run())
 
 
+def test_a_record_read_ahead_of_its_turn_never_waits_for_room_in_the_read_ahead():
+    """The tail read's requests (dlqapp.kafka.tail_read) are of tenants with little waiting:
+    they join the fair queue at once, even while another tenant's flood fills the read-ahead."""
+
+    async def run():
+        h = Harness()
+        acked = []
+        release = asyncio.Event()
+        window = h.window(1)
+        feed = GatedFeed(window, _gate(), open_limit=2, closed_limit=5)
+        pump = asyncio.create_task(feed.run())
+
+        async def slow():
+            await release.wait()
+
+        await feed.put(h.acks.track(FakeEvent(0, acked)), slow, "a")
+        await _until(lambda: feed.waiting == 0)
+        await feed.put(h.acks.track(FakeEvent(1, acked)), slow, "a")
+        flooded = asyncio.create_task(feed.put(h.acks.track(FakeEvent(2, acked)), slow, "a"))
+        await asyncio.sleep(0.02)
+        assert not flooded.done()  # the read-ahead is full: the flood waits
+        ahead = h.acks.track_ahead(FakeEvent(9, acked), ("input", 0), 9)
+        await asyncio.wait_for(feed.put(ahead, slow, "b", back_pressure=False), 1)
+        assert feed.waiting_by_tenant() == {"a": 2, "b": 1}
+        release.set()
+        await asyncio.wait_for(flooded, 1)
+        await _until(lambda: len(acked) == 3)
+        assert acked == [0, 1, 2]  # 9 is acked through the consumer's own event, when it comes
+        pump.cancel()
+
+    asyncio.run(run())
+
+
 def test_releasing_a_feed_gives_its_held_events_back_unacked():
     async def run():
         h = Harness()

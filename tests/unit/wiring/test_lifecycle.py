@@ -29,6 +29,7 @@ def lifecycle(counters: Counters) -> tuple[WorkerLifecycle, Any]:
         offsets=SimpleNamespace(reset=lambda: None),
         counters=counters,
         crash_guard=SimpleNamespace(close=lambda: closed.append(True)),
+        tail_read=None,
     )
     return WorkerLifecycle(components), closed  # type: ignore[arg-type]
 
