@@ -147,7 +147,7 @@ def markdown(out: dict[str, Any]) -> str:
             "|---|---|---|---|",
             *rows,
             "",
-            "`a_flood_with_b`: the default settings (the tail read on: DLQ_TAIL_READ_LAG=2,000); "
+            "`a_flood_with_b`: the default settings (the tail read on: DLQ_TAIL_READ_LAG=200); "
             "`a_flood_with_b_no_tail_read`: DLQ_TAIL_READ_LAG=0.",
             "",
             f"B's p99 with the flood / alone: {out['b_p99_ratio']:.1f}x "

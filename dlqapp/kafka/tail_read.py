@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol
 
@@ -37,6 +38,10 @@ CHECK_S = 0.1
 """How often the partitions' lag is looked at while no tail is read."""
 BATCH = 500
 """Records a tail read takes at most at once."""
+LOG_EVERY_S = 60.0
+"""At most one `tail_read_started` line this often (with the starts since the last one)."""
+RETRY_S = 5.0
+"""After a failure (the broker unreachable, a refusal), the tail read starts over this much later."""
 
 
 class TailConsumer(Protocol):
@@ -110,6 +115,8 @@ class TailRead:
         """Partition → the next offset its tail read reads."""
         self.claimed = 0
         """Records handed to `claim`, since the start."""
+        self._logged_at = float("-inf")
+        self._unlogged = 0
 
     @property
     def reading(self) -> dict[int, int]:
@@ -126,16 +133,45 @@ class TailRead:
         self._reading.clear()
 
     async def run(self, claim: Claim) -> None:
-        """The tail read's life (a task of the input agent's): look, read while behind, repeat."""
+        """The tail read's life (a task of the input agent's): look, read while behind, repeat.
+
+        It only lets requests start earlier: a failure stops it for RETRY_S, never the worker
+        (what it started is the ack rule's, what it did not read the door reads)."""
         if self.lag <= 0:
             return
         try:
             while True:
-                await self.step(claim)
+                try:
+                    await self.step(claim)
+                except Exception as exc:
+                    log_event(log, logging.WARNING, "tail_read_failed", error=repr(exc)[:500], retry_in_s=RETRY_S)
+                    await self._close()
+                    await asyncio.sleep(RETRY_S)
         finally:
-            if self._consumer is not None:
-                await self._consumer.stop()
-                self._consumer = None
+            await self._close()
+
+    def _log_start(self, start: dict[int, int]) -> None:
+        now = time.monotonic()
+        if now - self._logged_at < LOG_EVERY_S:
+            self._unlogged += 1
+            return
+        behind = sum(offset - (self._expected(partition) or 0) for partition, offset in start.items())
+        more, self._unlogged, self._logged_at = self._unlogged, 0, now
+        log_event(
+            log,
+            logging.INFO,
+            "tail_read_started",
+            topic=self.topic,
+            partitions=sorted(start),
+            behind=behind,
+            starts_since_last_line=more or None,
+        )
+
+    async def _close(self) -> None:
+        self._reading.clear()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
 
     async def step(self, claim: Claim) -> None:
         """Start and stop the partitions' tail reads, then read what their ends hold (or wait)."""
@@ -162,8 +198,7 @@ class TailRead:
             del self._reading[partition]
         self._reading.update(start)
         if start:
-            behind = sum(offset - (self._expected(partition) or 0) for partition, offset in start.items())
-            log_event(log, logging.INFO, "tail_read_started", topic=self.topic, partitions=sorted(start), behind=behind)
+            self._log_start(start)
         if self._consumer is None:
             self._consumer = self._new_consumer()
             await self._consumer.start()

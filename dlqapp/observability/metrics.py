@@ -115,6 +115,10 @@ concurrency_limit = Gauge(
     "Backend calls allowed in flight now: the adaptive limit, between DLQ_CONCURRENCY_FLOOR and DLQ_CONCURRENCY.",
 )
 calls_in_flight = Gauge("dlqapp_backend_calls_in_flight", "Backend calls in flight now.")
+tail_read_partitions = Gauge(
+    "dlqapp_tail_read_partitions",
+    "Input partitions whose end the worker reads now, its in-order reading being DLQ_TAIL_READ_LAG or more behind.",
+)
 rate_wait = Histogram(
     "dlqapp_rate_limit_wait_seconds",
     "Time a call waited for DLQ_RATE_LIMITS capacity, by model (`*`: a model the setting does not name).",

@@ -134,7 +134,7 @@ class WorkFields:
     )
     tail_read_lag: int = setting(
         "DLQ_TAIL_READ_LAG",
-        "2000",
+        "200",
         _non_negative_int,
         "Records an `input` partition's reading may fall behind its end before the worker reads its end too and "
         "starts the requests of tenants with little waiting there, ahead of their turn: a tenant's request that "

@@ -63,6 +63,8 @@ def register_metrics(app: DlqApp, components: Components) -> None:
     metrics.calls_in_flight.set_function(lambda: limiter.in_use)
     metrics.worker_ready.set_function(lambda: 1.0 if worker_readiness(app).ready else 0.0)
     metrics.worker_start_time.set_to_current_time()
+    tail_read = components.tail_read
+    metrics.tail_read_partitions.set_function(lambda: len(tail_read.reading) if tail_read is not None else 0)
     stats = components.topology.stats
     metrics.budget_held.set_function(lambda: max(0, components.counters.total_of(stats)["budget_held_now"]))
     metrics.register_state_collector(

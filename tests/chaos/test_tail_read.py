@@ -9,7 +9,6 @@ almost all of A's. Reduced sizes run in `make test`; `make chaos` (CHAOS_FULL=1)
 
 from __future__ import annotations
 
-import re
 import urllib.request
 
 import pytest
@@ -43,23 +42,11 @@ def _tenant_requests(worker: Worker, tenant: str, count: int) -> list[str]:
     return ids
 
 
-def _tail_read_partitions(worker: Worker) -> set[int]:
-    """The partitions whose tail read the worker's log says started."""
-    lines = re.findall(
-        r" tail_read_started .*partitions=\"?\[([0-9, ]*)\]", worker.log_path.read_text(errors="replace")
-    )
-    return {int(p) for line in lines for p in line.split(",") if p.strip()}
-
-
-def _started_ahead(worker: Worker) -> float:
+def _metric(worker: Worker, name: str) -> float:
     with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as response:
         text = response.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "dlqapp_started_ahead_of_turn_total"
-    )
+    families = text_string_to_metric_families(text)
+    return sum(sample.value for family in families for sample in family.samples if sample.name == name)
 
 
 def _flood_then_b(make_worker, tmp_path, guarantee: str) -> tuple[Worker, MockLLM, list[str], list[str]]:
@@ -68,8 +55,12 @@ def _flood_then_b(make_worker, tmp_path, guarantee: str) -> tuple[Worker, MockLL
     env = {**ENV, "DLQ_INFERENCE_URL": mock.api_url, "DLQ_PROCESSING_GUARANTEE": guarantee}
     worker = make_worker(env_extra=env).start()
     a_ids = _tenant_requests(worker, "a", FLOOD)
-    every = {0, 1, 2}  # DLQ_PARTITIONS of the tests
-    wait_until(lambda: _tail_read_partitions(worker) == every, 120, "the tail read of every partition behind A's flood")
+    wait_until(
+        lambda: _metric(worker, "dlqapp_tail_read_partitions") == 3,  # DLQ_PARTITIONS of the tests
+        120,
+        "the tail read of every partition behind A's flood",
+    )
+    assert " tail_read_started " in worker.log_path.read_text(errors="replace")
     b_ids = _tenant_requests(worker, "b", B_REQUESTS)
     return worker, mock, a_ids, b_ids
 
@@ -81,7 +72,7 @@ def test_a_tenant_written_behind_a_flood_starts_ahead_of_its_turn_and_nothing_is
         env = {"DLQ_PROCESSING_GUARANTEE": guarantee}
         ledger = settled_ledger(worker, a_ids + b_ids)
         assert_guarantee(ledger, ledger.summary(mock.url), env)
-        assert _started_ahead(worker) == len(b_ids)  # every B request, and no A request
+        assert _metric(worker, "dlqapp_started_ahead_of_turn_total") == len(b_ids)  # every B request, and no A request
         results = read_until_quiet(worker.bootstrap, [worker.topic("results")], 3, READ_COMMITTED, quiet_s=2.0)
         when = {r.key.decode(): r.timestamp for r in results if r.key}
         b_done = max(when[rid] for rid in b_ids)

@@ -334,15 +334,16 @@ def generate(seed: int, size: str = "small") -> History:
 
 
 def _tail_read(rng: random.Random) -> dict[str, str]:
-    """In half the histories: few backend slots and a tail read that starts as soon as the
-    door is a record or a few behind, so that requests run ahead of their turn beside every
-    fault and operator action (dlqapp.kafka.tail_read)."""
+    """In half the histories: few backend slots, the least read-ahead, and a tail read that
+    starts as soon as the door is a record or a few behind, so that requests run ahead of
+    their turn beside every fault and operator action (dlqapp.kafka.tail_read)."""
     if rng.random() < 0.5:
         return {}
     return {
         "DLQ_TAIL_READ_LAG": rng.choice(("1", "2", "5")),
         "DLQ_CONCURRENCY": rng.choice(("2", "4")),
         "DLQ_ADAPTIVE_CONCURRENCY": "false",
+        "DLQ_READ_AHEAD": "1",
     }
 
 

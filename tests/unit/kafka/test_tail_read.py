@@ -130,3 +130,35 @@ def test_a_lag_of_zero_never_reads():
         assert made == []
 
     asyncio.run(run())
+
+
+def test_a_failing_tail_read_starts_over_later_and_never_stops_the_worker(monkeypatch):
+    import dlqapp.kafka.tail_read as module
+
+    async def run() -> None:
+        made: list[FakeConsumer] = []
+
+        class Broken(FakeConsumer):
+            async def getmany(self, *partitions: TopicPartition, timeout_ms: int = 0, max_records: int | None = None):
+                raise RuntimeError("the broker went away")
+
+        def new() -> FakeConsumer:
+            made.append((Broken if not made else FakeConsumer)({0: [f"a{i}" for i in range(10)]}))
+            return made[-1]
+
+        got: list[str] = []
+
+        async def claim(record: Any) -> None:
+            got.append(record.value)
+
+        monkeypatch.setattr(module, "RETRY_S", 0.01)
+        tail = TailRead(new, topic="in", lag=1, partitions=lambda: [0], ends={0: 8}.get, expected={0: 0}.get)
+        tail.assigned()
+        task = asyncio.create_task(tail.run(claim))
+        while len(got) < 2:
+            await asyncio.sleep(0.005)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert made[0].stopped and made[1].stopped and got == ["a8", "a9"]
+
+    asyncio.run(run())
