@@ -711,7 +711,13 @@ def rule_k_planned_to_succeed(c: dict[str, Any]) -> list[Violation]:
     events = c["history"]["events"]
     on_purpose = {e["args"].get("id") for e in events if e["kind"] == "dead_letter_now"}
     found = []
-    for event in events:
+    flooded = [
+        {"kind": "request", "args": {"id": f"{e['args']['prefix']}{i}"}}
+        for e in events
+        if e["kind"] == "flood"
+        for i in range(e["args"]["count"])
+    ]
+    for event in [*events, *flooded]:
         rid, plan = event["args"].get("id"), event["args"].get("plan")
         if event["kind"] != "request" or rid in on_purpose:
             continue

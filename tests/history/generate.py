@@ -22,6 +22,9 @@ producer
   wants a key then).
 - `burst` `{prefix, count, form}`: `count` invalid records (`{"request_id": ...}` without
   messages) sent at full speed.
+- `flood` `{prefix, count, tenant}`: `count` valid requests of one tenant, keyed by their
+  ids, sent at full speed (with the tail read: the others' requests written behind it run
+  ahead of their turn).
 
 operator (`via`: `http` or `cli`)
 - `replay` `{id, via, payload, force}`: replay `id`'s dead letter (edited when `payload`),
@@ -51,7 +54,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-PRODUCER_KINDS = ("request", "duplicate", "invalid_copy", "near_limit", "oversize", "null", "burst")
+PRODUCER_KINDS = ("request", "duplicate", "invalid_copy", "near_limit", "oversize", "null", "burst", "flood")
 BUDGET_KINDS = ("budget_hold", "budget_release")
 OPERATOR_KINDS = ("replay", "replay_all", "discard", "run_now", "dead_letter_now", *BUDGET_KINDS)
 FAULT_KINDS = ("kill", "sigterm", "join", "leave", "broker_restart", "slow_broker")
@@ -328,17 +331,20 @@ def generate(seed: int, size: str = "small") -> History:
         else:
             events.append(Event(at, kind, {"worker": "w1"} if kind in ("kill", "sigterm") else {}))
     settings = _budgets(random.Random(f"budgets-{seed}"), events, produce_s)
-    settings.update(_tail_read(random.Random(f"tail-read-{seed}")))
+    settings.update(_tail_read(random.Random(f"tail-read-{seed}"), events, produce_s))
     events.sort(key=lambda e: e.at)
     return History(seed, f"random-{size}-{seed}", events, settings)
 
 
-def _tail_read(rng: random.Random) -> dict[str, str]:
-    """In half the histories: few backend slots, the least read-ahead, and a tail read that
-    starts as soon as the door is a record or a few behind, so that requests run ahead of
-    their turn beside every fault and operator action (dlqapp.kafka.tail_read)."""
+def _tail_read(rng: random.Random, events: list[Event], produce_s: float) -> dict[str, str]:
+    """In half the histories: few backend slots, the least read-ahead, a tail read that
+    starts as soon as the door is a record or a few behind, and a flood of one tenant early
+    on, so that the other requests run ahead of their turn beside every fault and operator
+    action (dlqapp.kafka.tail_read)."""
     if rng.random() < 0.5:
         return {}
+    at = round(rng.uniform(0, produce_s / 2), 2)
+    events.append(Event(at, "flood", {"prefix": "flood-", "count": rng.randint(150, 500), "tenant": "flood"}))
     return {
         "DLQ_TAIL_READ_LAG": rng.choice(("1", "2", "5")),
         "DLQ_CONCURRENCY": rng.choice(("2", "4")),

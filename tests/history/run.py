@@ -614,6 +614,15 @@ class HistoryRun:
         ]
         self._send(index, event, records)
 
+    def _on_flood(self, index: int, event: Event) -> None:
+        prefix, count, tenant = event.args["prefix"], event.args["count"], event.args.get("tenant")
+        records = []
+        for i in range(count):
+            rid = f"{prefix}{i}"
+            value = self.payloads[rid] = self._request_bytes(rid, tenant=tenant)
+            records.append({"id": rid, "key": rid.encode(), "value": value, "valid": True, "tenant": tenant})
+        self._send(index, event, records)
+
     # -- waiting for a state ------------------------------------------------------------
 
     def _get(self, path: str, timeout: float = 10) -> tuple[int | None, Any]:
