@@ -49,9 +49,8 @@ def _metric(worker: Worker, name: str) -> float:
     return sum(sample.value for family in families for sample in family.samples if sample.name == name)
 
 
-def _flood_then_b(make_worker, tmp_path, guarantee: str) -> tuple[Worker, MockLLM, list[str], list[str]]:
+def _flood_then_b(make_worker, mock: MockLLM, guarantee: str) -> tuple[Worker, list[str], list[str]]:
     """A worker under A's flood, its tail read started, then B's requests written behind it."""
-    mock = MockLLM(tmp_path, args=["--latency-ms", "20"]).start()
     env = {**ENV, "DLQ_INFERENCE_URL": mock.api_url, "DLQ_PROCESSING_GUARANTEE": guarantee}
     worker = make_worker(env_extra=env).start()
     a_ids = _tenant_requests(worker, "a", FLOOD)
@@ -62,13 +61,14 @@ def _flood_then_b(make_worker, tmp_path, guarantee: str) -> tuple[Worker, MockLL
     )
     assert " tail_read_started " in worker.log_path.read_text(errors="replace")
     b_ids = _tenant_requests(worker, "b", B_REQUESTS)
-    return worker, mock, a_ids, b_ids
+    return worker, a_ids, b_ids
 
 
 @pytest.mark.parametrize("guarantee", ["exactly_once", "at_least_once"])
 def test_a_tenant_written_behind_a_flood_starts_ahead_of_its_turn_and_nothing_is_lost(make_worker, tmp_path, guarantee):
-    worker, mock, a_ids, b_ids = _flood_then_b(make_worker, tmp_path, guarantee)
+    mock = MockLLM(tmp_path, args=["--latency-ms", "20"]).start()
     try:
+        worker, a_ids, b_ids = _flood_then_b(make_worker, mock, guarantee)
         env = {"DLQ_PROCESSING_GUARANTEE": guarantee}
         ledger = settled_ledger(worker, a_ids + b_ids)
         assert_guarantee(ledger, ledger.summary(mock.url), env)
@@ -85,8 +85,9 @@ def test_a_tenant_written_behind_a_flood_starts_ahead_of_its_turn_and_nothing_is
 
 
 def test_a_kill_while_requests_run_ahead_of_their_turn_loses_none_and_answers_none_twice(make_worker, tmp_path):
-    worker, mock, a_ids, b_ids = _flood_then_b(make_worker, tmp_path, "exactly_once")
+    mock = MockLLM(tmp_path, args=["--latency-ms", "20"]).start()
     try:
+        worker, a_ids, b_ids = _flood_then_b(make_worker, mock, "exactly_once")
         some_b = set(b_ids[: len(b_ids) // 4])
 
         def some_b_answered() -> bool:
