@@ -145,11 +145,9 @@ class Acks:
         line.tickets.append(ticket)
         line.door = max(line.door, message.offset + 1)
         ahead = line.claimed.pop(message.offset, None)
-        if ahead is not None:
+        if ahead is not None:  # running or ended: a handed-back one is no longer claimed
             ticket.follows = ahead
-            if ahead.state is TicketState.HANDED_BACK:
-                self.hand_back(ticket)
-            elif ahead.state is TicketState.RUNNING:
+            if ahead.state is TicketState.RUNNING:
                 ahead.follower = ticket
             else:
                 self.ended(ticket, ahead.committed)

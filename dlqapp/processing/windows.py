@@ -62,10 +62,6 @@ class InFlightWindows:
             return None
         return self.acks.track_ahead(event, (topic, partition), offset)
 
-    def expected(self, topic: str, partition: int) -> int | None:
-        """The offset the door expects next on the topic partition (None: none came through it yet)."""
-        return self.acks.expected((topic, partition))
-
     def new(
         self,
         on_poison: OnPoison,

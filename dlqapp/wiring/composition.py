@@ -238,11 +238,11 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         tracing=tracing,
         spending=spending,
         spend_view=spend_view,
-        tail_read=tail_read_of(settings, ports, windows),
+        tail_read=tail_read_of(settings, ports, acks),
     )
 
 
-def tail_read_of(settings: Settings, ports: Ports, windows: InFlightWindows) -> TailRead | None:
+def tail_read_of(settings: Settings, ports: Ports, acks: Acks) -> TailRead | None:
     """The tail read of `input` (dlqapp.kafka.tail_read), when the ports can make its consumer."""
     if ports.tail_consumer is None or settings.tail_read_lag <= 0:
         return None
@@ -252,7 +252,7 @@ def tail_read_of(settings: Settings, ports: Ports, windows: InFlightWindows) -> 
         lag=settings.tail_read_lag,
         partitions=ports.input_partitions,
         ends=ports.input_ends,
-        expected=lambda partition: windows.expected(settings.input, partition),
+        expected=lambda partition: acks.expected((settings.input, partition)),
     )
 
 
