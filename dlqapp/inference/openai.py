@@ -1,19 +1,20 @@
 """The `openai` backend: one call to an OpenAI-compatible `/chat/completions`, no retries.
 
 The retry tiers are the retries, so the client never retries by itself. Each call sends
-the request id as `X-Request-ID`; the connection pool is sized to DLQ_CONCURRENCY.
+the request id as `X-Request-ID`; the connections kept open between calls are as many as
+DLQ_CONCURRENCY (dlqapp.inference.http_pool).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
-
-import aiohttp
 
 from dlqapp.core.backend import CallLog, InferenceOutput
 from dlqapp.core.errors import ErrorClass, InferenceError
 from dlqapp.core.requests import Request
+from dlqapp.inference.http_pool import HttpConnectionError, HttpPool
 from dlqapp.inference.openai_errors import classify_response
 
 
@@ -50,52 +51,42 @@ class OpenAIBackend:
     ) -> None:
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.api_key = api_key
-        self.timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
-        self.pool_size = pool_size
+        self.timeout_s = timeout_ms / 1000
         self.default_model = default_model
-        self._session: aiohttp.ClientSession | None = None
+        self._http = HttpPool(self.url, max_idle=pool_size)
         self._calls = CallLog(call_log_size)
-
-    def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self.pool_size, limit_per_host=self.pool_size)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
-        return self._session
 
     def calls_for(self, request_id: str) -> int:
         return self._calls.count(request_id)
 
     async def complete(self, request: Request, attempt: int, model: str | None = None) -> InferenceOutput:
         model = model or request.model or self.default_model
-        headers = {"X-Request-ID": request.request_id, "Content-Type": "application/json"}
-        payload = json.dumps(chat_body(request, model), separators=(",", ":")).encode()
+        headers = [("Content-Type", "application/json"), ("X-Request-ID", request.request_id)]
         if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
+            headers.append(("Authorization", f"Bearer {self.api_key}"))
+        payload = json.dumps(chat_body(request, model), separators=(",", ":")).encode()
         self._calls.record(request.request_id)
         try:
-            async with self._client().post(self.url, data=payload, headers=headers) as response:
-                body = await self._json(response)
-                if response.status >= 400:
-                    raise InferenceError.of(classify_response(response.status, response.headers, body=body))
+            async with asyncio.timeout(self.timeout_s):
+                response = await self._http.post(payload, headers)
         except TimeoutError:
-            raise InferenceError(
-                ErrorClass.TIMEOUT, f"no answer from {self.url} within {self.timeout.total:g}s"
-            ) from None
-        except aiohttp.ClientConnectionError as exc:
+            raise InferenceError(ErrorClass.TIMEOUT, f"no answer from {self.url} within {self.timeout_s:g}s") from None
+        except HttpConnectionError as exc:
             raise InferenceError(ErrorClass.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}") from None
+        body = self._json(response.body)
+        if not 200 <= response.status < 300:  # redirects are not followed: a 3xx is a failure too
+            raise InferenceError.of(classify_response(response.status, response.headers, body=body))
         return parse_completion(body, model)
 
     @staticmethod
-    async def _json(response: aiohttp.ClientResponse) -> Any:
+    def _json(raw: bytes) -> Any:
         """The body as JSON, whatever its content type; a body that is not JSON becomes an error message."""
-        raw = await response.read()
         if not raw.strip():
-            return None  # as aiohttp's `json()` answers an empty body
+            return None
         try:
             return json.loads(raw)
         except ValueError:  # UnicodeDecodeError included
             return {"error": {"message": raw.decode("utf-8", "replace")[:300]}}
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._http.close()

@@ -1,0 +1,257 @@
+"""A lean HTTP/1.1 client for one URL: POST a body, read the whole answer, keep the connection.
+
+The openai backend needs one thing of HTTP, many times at once: a POST to one URL and its
+whole response. aiohttp's client spent about 430 µs of CPU per call at 1,024 calls in flight
+on this project's machine (timers, a writer task and a connector per call); this pool spends
+about 130 µs (docs/performance.md, *Per-request cost*). What it does:
+
+- **one request per connection at a time**, connections kept alive and reused last-in
+  first-out; an idle connection is closed after `IDLE_S` (below uvicorn's 5 s keep-alive,
+  which closes a gateway's side first otherwise) or when the server closes it;
+- responses parsed by httptools (llhttp, the parser of Node.js): `Content-Length`, chunked
+  and close-delimited bodies; a `gzip`/`deflate` body is decompressed (none is asked for);
+- `https` with the system's certificate store and host name checks (`ssl.create_default_context`);
+- **a call that does not end cleanly closes its connection** (a timeout, a cancellation, a
+  malformed or cut-off response), so a late answer can never be read as another call's;
+- never a retry: a POST to a model may have been paid for, so a failure is the caller's to
+  retry (the tiers); redirects are not followed (a 3xx is an answer like any other);
+- no proxies (as the aiohttp client before it, which did not read proxy variables).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+IDLE_S = 4.0
+"""An idle connection older than this is closed rather than reused."""
+FORBIDDEN_IN_HEADERS = ("\r", "\n", "\0")
+
+
+class HttpConnectionError(ConnectionError):
+    """No (complete) response: the connection could not be made, was cut, or spoke no HTTP."""
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """A whole HTTP response. Header names are lower-cased; a repeated header's values are
+    joined with `, ` (RFC 9110's combination)."""
+
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection: a request written, its response parsed as it arrives."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._aborted = False
+        self.idle_since = 0.0
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[Response] | None = None
+        self._headers: dict[str, str] = {}
+        self._body: list[bytes] = []
+        self._headers_done = False
+        self._framed = False
+        """The body's end is known from its framing (a length or chunks), not from EOF."""
+        self._keep_alive = False
+
+    # -- the call ------------------------------------------------------------------------
+
+    async def exchange(self, data: bytes) -> tuple[Response, bool]:
+        """Write a request; its response, and whether the connection may be used again."""
+        assert self.transport is not None and self._waiter is None
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        response = await self._waiter
+        return response, self._keep_alive and not self.closed
+
+    def close(self) -> None:
+        """Close at once (an unfinished call's answer must never be read by the next call)."""
+        self.closed = self._aborted = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(HttpConnectionError(f"malformed HTTP response: {exc}"))
+
+    def eof_received(self) -> bool:
+        return False  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        if self._headers_done and not self._framed and not self._aborted:  # a body the server's close ends
+            self.on_message_complete()
+            return
+        reason = f": {exc}" if exc else ""
+        self._waiter = None
+        waiter.set_exception(HttpConnectionError(f"the server closed the connection before the whole response{reason}"))
+
+    # -- httptools callbacks -------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._waiter is None:  # bytes nobody asked for: this connection cannot be trusted
+            self._fail(HttpConnectionError("a response arrived for no request"))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        self._headers[key] = f"{self._headers[key]}, {text}" if key in self._headers else text
+
+    def on_headers_complete(self) -> None:
+        self._headers_done = True
+        self._framed = "content-length" in self._headers or "chunked" in self._headers.get("transfer-encoding", "")
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        status = self._parser.get_status_code()
+        self._keep_alive = self._parser.should_keep_alive()  # read now: the parser resets for the next message
+        headers, body = self._headers, b"".join(self._body)
+        self._headers, self._body, self._headers_done, self._framed = {}, [], False, False
+        if 100 <= status < 200:
+            return  # an interim response (100 Continue, 103 Early Hints): the answer follows
+        waiter, self._waiter = self._waiter, None
+        if waiter is None or waiter.done():
+            return
+        try:
+            waiter.set_result(Response(status, headers, _decoded(body, headers.get("content-encoding", ""))))
+        except zlib.error as exc:
+            waiter.set_exception(HttpConnectionError(f"undecodable {headers['content-encoding']} body: {exc}"))
+
+    def _fail(self, error: HttpConnectionError) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+        self.close()
+
+
+def _decoded(body: bytes, encoding: str) -> bytes:
+    """The body without its content coding (none is asked for; a server may still use one)."""
+    encoding = encoding.strip().lower()
+    if encoding == "gzip":
+        return zlib.decompress(body, 16 + zlib.MAX_WBITS)
+    if encoding == "deflate":
+        try:
+            return zlib.decompress(body)
+        except zlib.error:
+            return zlib.decompress(body, -zlib.MAX_WBITS)  # raw deflate, as some servers send it
+    return body
+
+
+class HttpPool:
+    """Keep-alive connections to the origin of one URL, POSTing to that URL (module doc)."""
+
+    def __init__(self, url: str, *, max_idle: int, idle_s: float = IDLE_S) -> None:
+        """`max_idle`: connections kept open between calls (more may be open during a burst)."""
+        split = urlsplit(url)
+        if split.scheme not in ("http", "https") or not split.hostname:
+            raise ValueError(f"not an http(s) URL: {url!r}")
+        self.host = split.hostname
+        self.port = split.port or (443 if split.scheme == "https" else 80)
+        self.target = (split.path or "/") + (f"?{split.query}" if split.query else "")
+        self._host_header = split.netloc.rpartition("@")[2]
+        self._tls = split.scheme == "https"
+        self._ssl: ssl.SSLContext | None = None
+        self.max_idle = max_idle
+        self.idle_s = idle_s
+        self._idle: list[_Connection] = []
+        self._open: set[_Connection] = set()
+
+    async def post(self, body: bytes, headers: Iterable[tuple[str, str]]) -> Response:
+        """POST `body` with `headers` (beside Host and Content-Length); the whole response.
+
+        Raises `HttpConnectionError` when there is no whole response, `ValueError` for a
+        header that would break the request (a line break or NUL in it)."""
+        data = self._head(headers, len(body)) + body
+        connection = self._take() or await self._connect()
+        reusable = False
+        try:
+            response, reusable = await connection.exchange(data)
+            return response
+        finally:
+            if reusable:
+                self._give_back(connection)
+            else:
+                self._drop(connection)
+
+    async def close(self) -> None:
+        """Close every connection (a call still running gets a connection error)."""
+        for connection in list(self._open):
+            self._drop(connection)
+        self._idle.clear()
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    # -- connections ---------------------------------------------------------------------
+
+    def _take(self) -> _Connection | None:
+        now = time.monotonic()
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.closed and now - connection.idle_since < self.idle_s:
+                return connection
+            self._drop(connection)
+        return None
+
+    def _give_back(self, connection: _Connection) -> None:
+        if len(self._idle) >= self.max_idle:
+            self._drop(connection)
+            return
+        connection.idle_since = time.monotonic()
+        self._idle.append(connection)
+
+    def _drop(self, connection: _Connection) -> None:
+        connection.close()
+        self._open.discard(connection)
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        if self._tls and self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        try:
+            _, connection = await loop.create_connection(
+                _Connection,
+                self.host,
+                self.port,
+                ssl=self._ssl if self._tls else None,
+                server_hostname=self.host if self._tls else None,
+            )
+        except OSError as exc:  # refused, unreachable, no such host, a TLS handshake refused
+            raise HttpConnectionError(f"cannot connect to {self.host}:{self.port}: {exc}") from None
+        self._open.add(connection)
+        return connection
+
+    def _head(self, headers: Iterable[tuple[str, str]], length: int) -> bytes:
+        lines = [f"POST {self.target} HTTP/1.1", f"Host: {self._host_header}", f"Content-Length: {length}"]
+        for name, value in headers:
+            if any(c in name or c in value for c in FORBIDDEN_IN_HEADERS):
+                raise ValueError(f"header {name!r} holds a line break or NUL; it cannot be sent")
+            lines.append(f"{name}: {value}")
+        lines.append("\r\n")
+        return "\r\n".join(lines).encode("utf-8")
