@@ -34,6 +34,15 @@ def parse_completion(body: Any, model: str) -> InferenceOutput:
     return InferenceOutput(text=text, model=body.get("model") or model, usage=body.get("usage") or {})
 
 
+def _redirect_message(status: int, headers: dict[str, str], url: str) -> str:
+    """What a redirect answer says: redirects are not followed (a POST may not be sent twice)."""
+    where = headers.get("location", "nowhere given")
+    return (
+        f"HTTP {status}: {url} redirects to {where}, and redirects are not followed; "
+        "set DLQ_INFERENCE_URL to the URL it points to"
+    )
+
+
 class OpenAIBackend:
     """Calls an OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, a gateway, the mock)."""
 
@@ -73,8 +82,10 @@ class OpenAIBackend:
             raise InferenceError(ErrorClass.TIMEOUT, f"no answer from {self.url} within {self.timeout_s:g}s") from None
         except HttpConnectionError as exc:
             raise InferenceError(ErrorClass.CONNECTION_ERROR, f"{type(exc).__name__}: {exc}") from None
+        if 300 <= response.status < 400:
+            raise InferenceError(ErrorClass.UNKNOWN, _redirect_message(response.status, response.headers, self.url))
         body = self._json(response.body)
-        if not 200 <= response.status < 300:  # redirects are not followed: a 3xx is a failure too
+        if response.status >= 400 or response.status < 200:
             raise InferenceError.of(classify_response(response.status, response.headers, body=body))
         return parse_completion(body, model)
 

@@ -187,3 +187,29 @@ def test_the_mock_enforces_tokens_per_minute_by_the_usage_it_reports():
         assert failure.error_class is ErrorClass.RATE_LIMITED and failure.retry_after_ms > 0
 
     run(check)
+
+
+def test_a_redirect_is_not_followed_and_says_where_it_points():
+    from aiohttp import web
+
+    async def check() -> None:
+        async def moved(request: web.Request) -> web.Response:
+            raise web.HTTPTemporaryRedirect("/v2/chat/completions")
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", moved)
+        server = TestServer(app)
+        await server.start_server()
+        backend = OpenAIBackend(
+            str(server.make_url("/v1")), api_key="", timeout_ms=2000, pool_size=2, default_model="m"
+        )
+        try:
+            failure = await failure_of(backend, request())
+        finally:
+            await backend.close()
+            await server.close()
+        assert failure.error_class is ErrorClass.UNKNOWN
+        assert "HTTP 307" in failure.message and "redirects to /v2/chat/completions" in failure.message
+        assert "DLQ_INFERENCE_URL" in failure.message
+
+    asyncio.run(check())
