@@ -69,6 +69,7 @@ def markdown(r: dict[str, Any]) -> str:
         ("throughput", _md_throughput),
         ("overhead", _md_overhead),
         ("llm_scale", _md_llm_scale),
+        ("http_client", _md_http_client),
         ("latency", _md_latency),
         ("lateness", _md_lateness),
         ("timer", _md_timer),
@@ -218,6 +219,20 @@ def _md_llm_scale(s: dict[str, Any]) -> list[str]:
         v = rss[name]
         lines.append(f"| {name} | {v['idle_rss_mib']:.0f} | {v['rss_mib']:.0f} | {v['kib_per_call']:.1f} |")
     return lines
+
+
+def _md_http_client(h: dict[str, Any]) -> list[str]:
+    lines = [
+        f"## http_client: the backend's HTTP client alone, mock LLM at {h['latency_ms']} ± {h['jitter_ms']} ms, "
+        f"{h['in_flight']:,} in flight, {h['calls']:,} calls per run",
+        "",
+        "| Client | CPU µs per call | Calls/s |",
+        "|---|---|---|",
+    ]
+    for name in ("aiohttp", "dlqapp"):
+        v = h[name]
+        lines.append(f"| {name} | {_cell(v['cpu_us_per_call'], 0)} | {_cell(v['calls_per_s'], 0)} |")
+    return [*lines, "", f"dlqapp / aiohttp, CPU per call: **{h['cpu_dlqapp_to_aiohttp']:.2f}×**"]
 
 
 def _md_latency(latency: dict[str, Any]) -> list[str]:

@@ -13,7 +13,8 @@ fixed 100 ms latency) and measures:
    0 ms, 64 in flight: what the pipeline itself costs; also with 10% transient failures)
    and `llm_scale` (mock at 2000 ± 500 ms, 1024 in flight, ceiling 512/s), each with the
    CPU seconds per 1,000 requests of each process and of the mock (/proc/<pid>/stat),
-   and resident memory with 4,096 calls in flight;
+   and resident memory with 4,096 calls in flight; the backend's HTTP client alone
+   (`http_client`: aiohttp's beside dlqapp's own, CPU µs per call at the llm_scale load);
 2. retry lateness per tier, idle and under an input flood;
 3. timer scale: the timer's tick cost on a store of 1k, 100k and 1M parked retries, and a
    real worker grown to 1k, 100k and 1M parked retries: resident memory per parked retry
@@ -76,6 +77,7 @@ SECTIONS: dict[str, Callable[[Bench], dict[str, Any]]] = {
     "throughput": throughput.throughput,
     "overhead": cost.overhead,
     "llm_scale": cost.llm_scale,
+    "http_client": cost.http_client,
     "latency": throughput.paced_latency,
     "lateness": lateness.lateness,
     "timer": timer.timer_tick,

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench.drivers import SystemDied, produce_in_batches, requests_for, wait_results
@@ -279,4 +282,41 @@ def rss_in_flight(bench: Bench, in_flight: int) -> dict[str, Any]:
             print(f"  {name} with {in_flight} calls in flight: {json.dumps(out[name])}", flush=True)
     finally:
         mock.stop()
+    return out
+
+
+# -- the backend's HTTP client alone ---------------------------------------------------
+
+HTTP_CLIENTS = ("aiohttp", "dlqapp")
+
+
+def http_client(bench: Bench) -> dict[str, Any]:
+    """The backend's HTTP client alone: aiohttp's (dlqapp's until 2026-12-06) beside dlqapp's
+    own (dlqapp.inference.http_pool), each in its own process in turn in every run, against
+    the mock at the `llm_scale` latency and calls in flight: CPU µs per call."""
+    calls, runs, latency, in_flight = (200, 1, 0, 64) if bench.quick else (8_000, 3, LLM_LATENCY_MS, LLM_CONCURRENCY)
+    calls, runs = bench.requests or calls, bench.runs or runs
+    jitter = LLM_JITTER_MS if latency else 0
+    mock = MockLLM(bench.tmp, args=["--latency-ms", str(latency), "--jitter-ms", str(jitter), "--seed", "5"]).start()
+    script = str(Path(__file__).resolve().parent.parent / "http_clients.py")
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in HTTP_CLIENTS}
+    try:
+        for run in range(runs):
+            for name in HTTP_CLIENTS:
+                args = [sys.executable, script, name, mock.api_url + "/chat/completions", str(calls), str(in_flight)]
+                done = subprocess.run(args, capture_output=True, text=True, timeout=900, check=True)
+                rows[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                row = rows[name][-1]
+                print(f"  run {run + 1} {name}: {row['cpu_us_per_call']:.0f} CPU µs per call", flush=True)
+    finally:
+        mock.stop()
+    out: dict[str, Any] = {"calls": calls, "in_flight": in_flight, "latency_ms": latency, "jitter_ms": jitter}
+    for name, measured in rows.items():
+        out[name] = {
+            "runs": measured,
+            **{figure: spread([row[figure] for row in measured]) for figure in ("cpu_us_per_call", "calls_per_s")},
+        }
+    out["cpu_dlqapp_to_aiohttp"] = (
+        out["dlqapp"]["cpu_us_per_call"]["median"] / out["aiohttp"]["cpu_us_per_call"]["median"]
+    )
     return out

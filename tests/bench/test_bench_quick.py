@@ -63,6 +63,10 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
         and results["overhead"]["ratio_c_to_b"]["of_medians"] > 0
     )
     assert results["llm_scale"]["ceiling_per_s"] == 512 and results["llm_scale"]["ratio_dlqapp_to_ceiling"] > 0
+    clients = results["http_client"]
+    for client in ("aiohttp", "dlqapp"):
+        assert len(clients[client]["runs"]) == 1 and clients[client]["cpu_us_per_call"]["median"] > 0
+    assert clients["cpu_dlqapp_to_aiohttp"] > 0
     partitions = results["partitions"]
     assert set(partitions) == {"3", "12"} and all(
         p["rss_mib"]["median"] > 0 and p["start_to_ready_s"]["median"] > 0 for p in partitions.values()
@@ -73,5 +77,6 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
     report = (out / "latest.md").read_text()
     assert "dlqapp / A" in report and "1,000 parked" in report
     assert "## overhead" in report and "## llm_scale" in report and "calls in flight" in report
+    assert "## http_client" in report
     for plot in ("throughput.png", "per_request_cost.png", "lateness_cdf.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
