@@ -73,9 +73,18 @@ class _Connection(asyncio.Protocol):
         """Write a request; its response, and whether the connection may be used again."""
         assert self.transport is not None and self._waiter is None
         self._waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(data)
+        try:
+            self.transport.write(data)
+        except RuntimeError as exc:  # uvloop: the transport closed under us
+            self._waiter = None
+            raise HttpConnectionError(f"the connection closed before the request was sent: {exc}") from None
         response = await self._waiter
         return response, self._keep_alive and not self.closed
+
+    @property
+    def usable(self) -> bool:
+        """Open, and not on its way to closing (the server's close may not have reached us yet)."""
+        return not self.closed and self.transport is not None and not self.transport.is_closing()
 
     def close(self) -> None:
         """Close at once (an unfinished call's answer must never be read by the next call)."""
@@ -214,7 +223,7 @@ class HttpPool:
         now = time.monotonic()
         while self._idle:
             connection = self._idle.pop()
-            if not connection.closed and now - connection.idle_since < self.idle_s:
+            if connection.usable and now - connection.idle_since < self.idle_s:
                 return connection
             self._drop(connection)
         return None

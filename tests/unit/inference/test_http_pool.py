@@ -349,3 +349,21 @@ def test_https_checks_the_certificate_against_the_trusted_store(tmp_path, monkey
     run(lambda: serve(trusted=False))
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
     run(lambda: serve(trusted=True))
+
+
+def test_a_kept_connection_already_closing_is_not_taken():
+    """Closed at our end just now (its connection_lost not delivered yet): a new one is made."""
+
+    async def test() -> None:
+        async with Server(echo) as server:
+            pool = HttpPool(server.url, max_idle=4)
+            await pool.post(b"a", [])
+            kept = pool._idle[-1]
+            assert kept.transport is not None
+            kept.transport.close()
+            assert not kept.usable
+            assert (await pool.post(b"b", [])).body == b"echo:b"
+            await pool.close()
+        assert server.connections == 2
+
+    run(test)
