@@ -61,10 +61,11 @@ duplicates = Counter(
 )
 replays = Counter("dlqapp_replays_total", "Dead letters sent back to input by an operator.")
 discards = Counter("dlqapp_discards_total", "Dead letters discarded by an operator.")
-started_ahead = Counter(
+started_ahead = _Counter(
     "dlqapp_started_ahead_of_turn_total",
-    "Requests the tail read started ahead of their turn: read at the end of input while the worker was far behind "
-    "(another tenant's flood), DLQ_TAIL_READ_LAG.",
+    "Requests the tail read started ahead of their turn, by tenant: read at the end of input while the worker was far "
+    "behind (another tenant's flood), DLQ_TAIL_READ_LAG.",
+    ["tenant"],
 )
 offset_gaps = _Counter(
     "dlqapp_consumer_offset_gaps_total",

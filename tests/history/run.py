@@ -247,10 +247,10 @@ class TrackedWorker:
                 text = response.read().decode()
         except OSError:
             return
-        found = re.search(r"^dlqapp_started_ahead_of_turn_total (\S+)$", text, re.M)
-        if found:
+        found = re.findall(r"^dlqapp_started_ahead_of_turn_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+        if found:  # one line per tenant
             run = self.runs[-1]
-            run["started_ahead"] = max(run.get("started_ahead", 0), int(float(found.group(1))))
+            run["started_ahead"] = max(run.get("started_ahead", 0), int(sum(float(value) for value in found)))
 
     def _ended(self, how: str) -> None:
         if self.runs and self.runs[-1]["ended_ms"] is None:
