@@ -1,15 +1,18 @@
 """A lean HTTP/1.1 client for one URL: POST a body, read the whole answer, keep the connection.
 
 The openai backend needs one thing of HTTP, many times at once: a POST to one URL and its
-whole response. aiohttp's client spent about 430 µs of CPU per call at 1,024 calls in flight
-on this project's machine (timers, a writer task and a connector per call); this pool spends
-about 130 µs (docs/performance.md, *Per-request cost*). What it does:
+whole response. aiohttp's client spent 343 µs of CPU per call at 1,024 calls in flight on
+this project's machine, this pool 162 µs (`bench/run.py --only http_client`,
+docs/performance.md). What it does:
 
 - **one request per connection at a time**, connections kept alive and reused last-in
-  first-out; an idle connection is closed after `IDLE_S` (below uvicorn's 5 s keep-alive,
-  which closes a gateway's side first otherwise) or when the server closes it;
+  first-out; one idle for `IDLE_S` is not reused but closed (below uvicorn's 5 s
+  keep-alive, which closes a gateway's side first otherwise), as is one the server closed;
+  the calls in flight are bounded by the caller (the backend slots, DLQ_CONCURRENCY), not
+  here: a call never waits for a connection;
 - responses parsed by httptools (llhttp, the parser of Node.js): `Content-Length`, chunked
-  and close-delimited bodies; a `gzip`/`deflate` body is decompressed (none is asked for);
+  and close-delimited bodies (the last only when the server closes cleanly: a reset is a
+  cut answer); a `gzip`/`deflate` body is decompressed (none is asked for);
 - `https` with the system's certificate store and host name checks (`ssl.create_default_context`);
 - **a call that does not end cleanly closes its connection** (a timeout, a cancellation, a
   malformed or cut-off response), so a late answer can never be read as another call's;
@@ -72,6 +75,8 @@ class _Connection(asyncio.Protocol):
     async def exchange(self, data: bytes) -> tuple[Response, bool]:
         """Write a request; its response, and whether the connection may be used again."""
         assert self.transport is not None and self._waiter is None
+        if self.closed:  # lost already: a write would vanish and nothing would answer
+            raise HttpConnectionError("the connection closed before the request was sent")
         self._waiter = asyncio.get_running_loop().create_future()
         try:
             self.transport.write(data)
@@ -100,6 +105,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(HttpConnectionError("the server switched protocols (101): not an HTTP answer"))
         except httptools.HttpParserError as exc:
             self._fail(HttpConnectionError(f"malformed HTTP response: {exc}"))
 
@@ -111,12 +118,13 @@ class _Connection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is None or waiter.done():
             return
-        if self._headers_done and not self._framed and not self._aborted:  # a body the server's close ends
+        if exc is None and self._headers_done and not self._framed and not self._aborted:  # ended by a clean close
             self.on_message_complete()
             return
-        reason = f": {exc}" if exc else ""
         self._waiter = None
-        waiter.set_exception(HttpConnectionError(f"the server closed the connection before the whole response{reason}"))
+        who = "dlqapp closed" if self._aborted else "the server closed"
+        reason = f": {exc}" if exc else ""
+        waiter.set_exception(HttpConnectionError(f"{who} the connection before the whole response{reason}"))
 
     # -- httptools callbacks -------------------------------------------------------------
 
@@ -125,13 +133,16 @@ class _Connection(asyncio.Protocol):
             self._fail(HttpConnectionError("a response arrived for no request"))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._headers_done:
+            return  # a chunked body's trailer: not a header of the response
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         self._headers[key] = f"{self._headers[key]}, {text}" if key in self._headers else text
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
-        self._framed = "content-length" in self._headers or "chunked" in self._headers.get("transfer-encoding", "")
+        coding = self._headers.get("transfer-encoding", "").lower()
+        self._framed = "content-length" in self._headers or "chunked" in coding
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import random
+import socket
 import ssl
+import struct
 import subprocess
 import zlib
 from collections.abc import Awaitable, Callable
@@ -126,7 +128,8 @@ def test_any_framing_split_anywhere_reads_the_whole_body(seed):
             size = rng.randint(1, 9000)
             chunks.append(f"{size if size < len(rest) else len(rest):x}\r\n".encode() + rest[:size] + b"\r\n")
             rest = rest[size:]
-        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-Dup: a\r\nX-Dup: b\r\n\r\n"
+        coding = rng.choice([b"chunked", b"Chunked", b"CHUNKED"])
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: " + coding + b"\r\nX-Dup: a\r\nX-Dup: b\r\n\r\n"
         return head + b"".join(chunks) + b"0\r\n\r\n"
 
     async def handler(body: bytes, writer: asyncio.StreamWriter, number: int) -> bool:
@@ -365,5 +368,90 @@ def test_a_kept_connection_already_closing_is_not_taken():
             assert (await pool.post(b"b", [])).body == b"echo:b"
             await pool.close()
         assert server.connections == 2
+
+    run(test)
+
+
+def test_calls_running_when_the_pool_closes_end_with_a_connection_error_that_says_so():
+    async def handler(body: bytes, writer: asyncio.StreamWriter, number: int) -> bool:
+        await asyncio.sleep(5)
+        return await echo(body, writer, number)
+
+    async def test() -> None:
+        async with Server(handler) as server:
+            pool = HttpPool(server.url, max_idle=4)
+            calls = [asyncio.ensure_future(pool.post(b"x", [])) for _ in range(3)]
+            async with asyncio.timeout(5):
+                while len(server.requests) < 3:
+                    await asyncio.sleep(0.01)
+            await pool.close()
+            for call in calls:
+                with pytest.raises(HttpConnectionError, match="dlqapp closed the connection"):
+                    await call
+            assert pool.open_connections == 0
+
+    run(test)
+
+
+def _closing_server(data: bytes, *, reset: bool) -> Handler:
+    """Writes `data`, then closes cleanly, or with a reset (SO_LINGER 0)."""
+
+    async def handler(body: bytes, writer: asyncio.StreamWriter, number: int) -> bool:
+        writer.write(data)
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        if reset:
+            writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        return False
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    "data, reset, expected",
+    [
+        (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n20\r\n{"choices', False, "before the whole response"),
+        (b'HTTP/1.1 200 OK\r\nTransfer-Encoding: CHUNKED\r\n\r\n20\r\n{"choices', False, "before the whole response"),
+        (b'HTTP/1.1 200 OK\r\nContent-Length: 30\r\n\r\n{"choices', False, "before the whole response"),
+        (b'HTTP/1.1 200 OK\r\n\r\n{"choices', True, "reset by peer"),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n", False, "101"),
+    ],
+    ids=["chunked-capitalised", "chunked-upper", "short-of-its-length", "close-delimited-reset", "upgrade"],
+)
+def test_a_cut_answer_in_any_framing_is_a_connection_error_never_a_shorter_body(data, reset, expected):
+    async def test() -> None:
+        async with Server(_closing_server(data, reset=reset)) as server:
+            pool = HttpPool(server.url, max_idle=4)
+            with pytest.raises(HttpConnectionError, match=expected):
+                await pool.post(b"x", [])
+            assert pool.open_connections == 0
+
+    run(test)
+
+
+def test_a_close_delimited_answer_ended_cleanly_is_whole_and_trailers_are_not_headers():
+    async def test() -> None:
+        whole = b"HTTP/1.1 200 OK\r\n\r\n" + b'{"choices": []}'
+        async with Server(_closing_server(whole, reset=False)) as server:
+            pool = HttpPool(server.url, max_idle=4)
+            assert (await pool.post(b"x", [])).body == b'{"choices": []}'
+        trailer = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-Trailer: t\r\n\r\n"
+        async with Server(_closing_server(trailer, reset=False)) as server:
+            response = await HttpPool(server.url, max_idle=4).post(b"x", [])
+            assert response.body == b"ok" and "x-trailer" not in response.headers
+
+    run(test)
+
+
+def test_a_connection_lost_before_its_request_is_written_fails_at_once():
+    async def test() -> None:
+        async with Server(echo) as server:
+            pool = HttpPool(server.url, max_idle=4)
+            await pool.post(b"a", [])
+            kept = pool._idle[-1]
+            kept.connection_lost(None)  # as the loop delivers it
+            with pytest.raises(HttpConnectionError, match="before the request was sent"):
+                await kept.exchange(b"POST / HTTP/1.1\r\n\r\n")
+            await pool.close()
 
     run(test)
