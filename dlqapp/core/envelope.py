@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlqapp.core import compact_json
 from dlqapp.core.clock import now_ms
 from dlqapp.core.headers import (
     H_ATTEMPTS,
@@ -126,8 +127,8 @@ class Envelope:
             H_ORIGINAL_TIMESTAMP: self.original_timestamp,
             H_ERROR_CLASS: self.error_class,
             H_LAST_ERROR: self.last_error,
-            H_HISTORY: json.dumps(self.history, separators=(",", ":")),
-            H_SOURCE: json.dumps(self.source, separators=(",", ":")),
+            H_HISTORY: compact_json.dumps_str(self.history),
+            H_SOURCE: compact_json.dumps_str(self.source),
             H_SPENT: self.spent.encode() if self.spent != _NOTHING_SPENT else None,
             H_TENANT: self.tenant,
             H_BUDGET_HELD: "true" if self.held else None,
@@ -177,7 +178,7 @@ class Envelope:
     def to_bytes(self) -> bytes:
         """One blob for the parked-retry table: JSON headers, a newline, the payload."""
         meta = {k: v for k, v in self.headers()}
-        return json.dumps({k: v.decode() for k, v in meta.items()}).encode() + b"\n" + self.payload
+        return compact_json.dumps({k: v.decode() for k, v in meta.items()}) + b"\n" + self.payload
 
     @classmethod
     def from_bytes(cls, blob: bytes) -> Envelope:
@@ -242,4 +243,4 @@ class Result:
         if self.output_bytes is not None:
             doc["output_truncated"] = True
             doc["output_bytes"] = self.output_bytes
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return compact_json.dumps(doc)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from dlqapp.core import compact_json
 from dlqapp.core.envelope import HISTORY_LIMIT
 
 
@@ -101,7 +102,7 @@ class StoredState:
         return doc
 
     def encode(self) -> bytes:
-        return json.dumps(self.as_dict(), separators=(",", ":")).encode()
+        return compact_json.dumps(self.as_dict())
 
     @classmethod
     def decode(cls, blob: bytes | None) -> StoredState | None:

@@ -6,12 +6,11 @@ loses its attempt history first, then half its output at a time (`output_truncat
 
 from __future__ import annotations
 
-import json
 import logging
 
 from faust import TopicT
 
-from dlqapp.core import states
+from dlqapp.core import compact_json, states
 from dlqapp.core.clock import Clock
 from dlqapp.core.envelope import Envelope, Result
 from dlqapp.core.headers import H_SOURCE
@@ -68,7 +67,7 @@ class ResultPublisher:
             spent=envelope.spent,
             tenant=envelope.tenant,
         )
-        headers = {**envelope.lineage, H_SOURCE: json.dumps(envelope.source, separators=(",", ":"))}
+        headers = {**envelope.lineage, H_SOURCE: compact_json.dumps_str(envelope.source)}
         await self._send(result, as_header_pairs(headers))
         self.store.set_state(
             envelope.request_id,

@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
+from dlqapp.core import compact_json
 from dlqapp.kafka.faust_tables import active_partitions, read_partition
 
 FLUSH_INTERVAL_S = 0.25
@@ -145,7 +146,7 @@ class Counters:
         return self.total(active_partitions(table), lambda partition, key: read_partition(table, partition, key))
 
     def _blob(self, partition: int) -> bytes:
-        return json.dumps(self._counts[partition], separators=(",", ":")).encode()
+        return compact_json.dumps(self._counts[partition])
 
     def _load(self, partition: int) -> Counter[str]:
         counts = self._counts.get(partition)

@@ -21,6 +21,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from dlqapp.core import compact_json
 from dlqapp.kafka.acks import Ended
 
 PositionsOf = Callable[[int], dict[str, Ended]]
@@ -139,7 +140,7 @@ def _merge(recovered: Ended, ended: Ended) -> Ended:
 
 
 def _encode(ended: Ended) -> bytes:
-    return json.dumps({"next": ended.next, "also": [list(r) for r in ended.also]}, separators=(",", ":")).encode()
+    return compact_json.dumps({"next": ended.next, "also": [list(r) for r in ended.also]})
 
 
 def _decode(blob: bytes | None) -> Ended:

@@ -8,7 +8,6 @@ go through this one component.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from faust import TopicT
 from faust.types import TableT
 
-from dlqapp.core import states
+from dlqapp.core import compact_json, states
 from dlqapp.core.clock import Clock
 from dlqapp.core.headers import H_ORIGINAL_TIMESTAMP, H_SOURCE
 from dlqapp.core.partitioning import owner_partition
@@ -75,7 +74,7 @@ class RequestStore:
         and when it was first written."""
         headers = dict(record.headers)
         headers.setdefault(H_ORIGINAL_TIMESTAMP, str(record.timestamp_ms))
-        headers.setdefault(H_SOURCE, json.dumps(record.source, separators=(",", ":")))
+        headers.setdefault(H_SOURCE, compact_json.dumps_str(record.source))
         return headers
 
     def fits_forward(self, record: Record, request_id: str, limit: int) -> bool:
