@@ -72,18 +72,27 @@ class _Connection(asyncio.Protocol):
 
     # -- the call ------------------------------------------------------------------------
 
-    async def exchange(self, data: bytes) -> tuple[Response, bool]:
-        """Write a request; its response, and whether the connection may be used again."""
+    async def exchange(self, data: bytes, deadline: float | None = None) -> tuple[Response, bool]:
+        """Write a request; its response, and whether the connection may be used again.
+
+        Past `deadline` (the loop's clock) the call fails with TimeoutError and the
+        connection is closed: one timer per call, cheaper than a timeout scope."""
         assert self.transport is not None and self._waiter is None
         if self.closed:  # lost already: a write would vanish and nothing would answer
             raise HttpConnectionError("the connection closed before the request was sent")
-        self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
         try:
             self.transport.write(data)
         except RuntimeError as exc:  # uvloop: the transport closed under us
             self._waiter = None
             raise HttpConnectionError(f"the connection closed before the request was sent: {exc}") from None
-        response = await self._waiter
+        timer = None if deadline is None else loop.call_at(deadline, self._time_out)
+        try:
+            response = await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
         return response, self._keep_alive and not self.closed
 
     @property
@@ -162,7 +171,10 @@ class _Connection(asyncio.Protocol):
         except zlib.error as exc:
             waiter.set_exception(HttpConnectionError(f"undecodable {headers['content-encoding']} body: {exc}"))
 
-    def _fail(self, error: HttpConnectionError) -> None:
+    def _time_out(self) -> None:
+        self._fail(TimeoutError("no whole response within the timeout"))
+
+    def _fail(self, error: Exception) -> None:
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
@@ -201,16 +213,23 @@ class HttpPool:
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
 
-    async def post(self, body: bytes, headers: Iterable[tuple[str, str]]) -> Response:
+    async def post(
+        self, body: bytes, headers: Iterable[tuple[str, str]], *, timeout_s: float | None = None
+    ) -> Response:
         """POST `body` with `headers` (beside Host and Content-Length); the whole response.
 
-        Raises `HttpConnectionError` when there is no whole response, `ValueError` for a
-        header that would break the request (a line break or NUL in it)."""
+        Raises `HttpConnectionError` when there is no whole response, `TimeoutError` when
+        it is not whole within `timeout_s` (connecting included), `ValueError` for a header
+        that would break the request (a line break or NUL in it)."""
         data = self._head(headers, len(body)) + body
-        connection = self._take() or await self._connect()
+        deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
+        connection = self._take()
+        if connection is None:
+            async with asyncio.timeout_at(deadline):
+                connection = await self._connect()
         reusable = False
         try:
-            response, reusable = await connection.exchange(data)
+            response, reusable = await connection.exchange(data, deadline)
             return response
         finally:
             if reusable:

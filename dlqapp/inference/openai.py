@@ -7,10 +7,10 @@ DLQ_CONCURRENCY (dlqapp.inference.http_pool).
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
+from dlqapp.core import compact_json
 from dlqapp.core.backend import CallLog, InferenceOutput
 from dlqapp.core.errors import ErrorClass, InferenceError
 from dlqapp.core.requests import Request
@@ -73,11 +73,10 @@ class OpenAIBackend:
         headers = [("Content-Type", "application/json"), ("X-Request-ID", request.request_id)]
         if self.api_key:
             headers.append(("Authorization", f"Bearer {self.api_key}"))
-        payload = json.dumps(chat_body(request, model), separators=(",", ":")).encode()
+        payload = compact_json.dumps(chat_body(request, model))
         self._calls.record(request.request_id)
         try:
-            async with asyncio.timeout(self.timeout_s):
-                response = await self._http.post(payload, headers)
+            response = await self._http.post(payload, headers, timeout_s=self.timeout_s)
         except TimeoutError:
             raise InferenceError(ErrorClass.TIMEOUT, f"no answer from {self.url} within {self.timeout_s:g}s") from None
         except HttpConnectionError as exc:

@@ -191,18 +191,25 @@ def test_bytes_that_are_not_http_are_a_connection_error():
     run(test)
 
 
-def test_a_call_given_up_closes_its_connection_so_its_late_answer_is_never_anothers():
+@pytest.mark.parametrize("given_up_by", ["its timeout", "the caller"])
+def test_a_call_given_up_closes_its_connection_so_its_late_answer_is_never_anothers(given_up_by):
     async def handler(body: bytes, writer: asyncio.StreamWriter, number: int) -> bool:
         if body == b"slow":
             await asyncio.sleep(0.3)
         return await echo(body, writer, number)
 
+    async def slow_call(pool: HttpPool) -> None:
+        if given_up_by == "its timeout":
+            await pool.post(b"slow", [], timeout_s=0.05)
+        else:
+            async with asyncio.timeout(0.05):
+                await pool.post(b"slow", [])
+
     async def test() -> None:
         async with Server(handler) as server:
             pool = HttpPool(server.url, max_idle=4)
             with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.05):
-                    await pool.post(b"slow", [])
+                await slow_call(pool)
             assert pool.open_connections == 0
             assert (await pool.post(b"fast", [])).body == b"echo:fast"
             await asyncio.sleep(0.4)  # the slow answer would have arrived by now
@@ -453,5 +460,35 @@ def test_a_connection_lost_before_its_request_is_written_fails_at_once():
             with pytest.raises(HttpConnectionError, match="before the request was sent"):
                 await kept.exchange(b"POST / HTTP/1.1\r\n\r\n")
             await pool.close()
+
+    run(test)
+
+
+def test_a_connection_that_never_becomes_usable_times_out():
+    """An https server that accepts but never answers the TLS handshake: the call's timeout covers connecting."""
+    accepted: list[socket.socket] = []
+
+    async def test() -> None:
+        listener = socket.create_server(("127.0.0.1", 0))
+        listener.setblocking(False)
+        loop = asyncio.get_running_loop()
+        port = listener.getsockname()[1]
+
+        async def accept() -> None:
+            while True:
+                accepted.append((await loop.sock_accept(listener))[0])
+
+        acceptor = asyncio.create_task(accept())
+        pool = HttpPool(f"https://127.0.0.1:{port}/v1", max_idle=4)
+        try:
+            with pytest.raises(TimeoutError):
+                await pool.post(b"{}", [], timeout_s=0.2)
+            assert accepted  # it got as far as the handshake
+            assert pool.open_connections == 0
+        finally:
+            acceptor.cancel()
+            listener.close()
+            for connection in accepted:
+                connection.close()
 
     run(test)
