@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from rocksdict import Rdict, ReadOptions
 
@@ -48,6 +49,46 @@ class ScanStarts:
 
     def clear(self) -> None:
         self._starts.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class Quiet:
+    """A partition's store as its last scan found it: nothing due, nothing handed over."""
+
+    db: object
+    written: int
+    """The store's RocksDB sequence number then (any write moves it)."""
+    next_due: int | None
+    """Its earliest retry then (None: none)."""
+
+
+class QuietPartitions:
+    """Partitions whose last scan found nothing due, so a tick need not walk them again.
+
+    An idle worker's timer (50 ticks a second over every partition) cost more than anything
+    else the worker did. A partition stays quiet while its store has had no write (RocksDB's
+    sequence number: a park, a delete, a changelog restore) and its earliest retry is not
+    yet within the horizon; the scheduler notes one only when nothing is handed over."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, Quiet] = {}
+
+    def next_due(self, partition: int, db: Rdict, horizon: int) -> Quiet | None:
+        """What the last scan found, if the partition is still quiet at `horizon`; else None."""
+        known = self._known.get(partition)
+        if known is None or known.db is not db or known.written != db.latest_sequence_number():
+            return None
+        return known if known.next_due is None or known.next_due > horizon else None
+
+    def note(self, partition: int, db: Rdict, written: int, next_due: int | None) -> None:
+        """A scan that began at sequence number `written` found nothing due."""
+        self._known[partition] = Quiet(db, written, next_due)
+
+    def forget(self, partition: int) -> None:
+        self._known.pop(partition, None)
+
+    def clear(self) -> None:
+        self._known.clear()
 
 
 def scan_due(

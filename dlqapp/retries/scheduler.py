@@ -42,7 +42,7 @@ from dlqapp.retries.handover import HandOver, is_run_now
 from dlqapp.retries.keys import decode_parked_key
 from dlqapp.retries.lead import DueLead
 from dlqapp.retries.parked import ParkedRetries
-from dlqapp.retries.scan import REFIRE_AFTER_MS, SCAN_CHUNK, next_due_after, scan_due
+from dlqapp.retries.scan import REFIRE_AFTER_MS, SCAN_CHUNK, QuietPartitions, next_due_after, scan_due
 from dlqapp.tables.request_store import RequestStore
 
 log = logging.getLogger("dlqapp.retries.scheduler")
@@ -107,6 +107,7 @@ class RetryScheduler:
         self.running: set[bytes] = set()
         """Parked keys being attempted by the due agent or dead-lettered by an operator now:
         a second due message for one of them (the timer and "run now" at once) is ignored."""
+        self.quiet = QuietPartitions()
         self.next_due: int | None = None
         """When the earliest retry not yet handed over falls due (as of the last scan), so
         the timer can wake for it (`next_hand_over_at`) instead of a tick later."""
@@ -147,11 +148,15 @@ class RetryScheduler:
         horizon = now + self.lead.ms
         active = dict(self.parked.active_dbs())
         self.parked.scan_starts.keep_only(active)
-        upcoming = [due for db in active.values() if (due := next_due_after(db, horizon)) is not None]
+        upcoming: list[int] = []
+        due_now: list[tuple[int, list[bytes]]] = []
+        for partition, db in active.items():
+            keys, next_due = self._scan(partition, db, horizon)
+            if keys:
+                due_now.append((partition, keys))
+            if next_due is not None:
+                upcoming.append(next_due)
         self.next_due = min(upcoming, default=None)
-        due_now = [
-            (partition, keys) for partition, db in active.items() if (keys := self._due_keys(partition, db, horizon))
-        ]
         sends = []
         for partition, keys in due_now:
             self.gate.handed_over(keys)  # fresh input waits until the due agent has these
@@ -200,6 +205,20 @@ class RetryScheduler:
         handed_over_at = self.handed_over.get(key)
         return key in self.running or (handed_over_at is not None and self.clock() - handed_over_at <= REFIRE_AFTER_MS)
 
+    def _scan(self, partition: int, db: Rdict, horizon: int) -> tuple[list[bytes], int | None]:
+        """One partition's keys due by `horizon` (see `_due_keys`), and the earliest due time
+        after it; a quiet partition is not walked (`QuietPartitions`)."""
+        if not self.handed_over and (known := self.quiet.next_due(partition, db, horizon)) is not None:
+            return [], known.next_due
+        written = db.latest_sequence_number()
+        keys = self._due_keys(partition, db, horizon)
+        next_due = next_due_after(db, horizon)
+        if keys or self.handed_over:
+            self.quiet.forget(partition)
+        else:
+            self.quiet.note(partition, db, written, next_due)
+        return keys, next_due
+
     def _due_keys(self, partition: int, db: Rdict, horizon: int) -> list[bytes]:
         """Keys of one partition due by `horizon`, not yet fired, earliest first, at most `batch`."""
         starts = self.parked.scan_starts
@@ -213,6 +232,7 @@ class RetryScheduler:
         """After a rebalance: entries may have moved; fire whatever is still parked."""
         self.handed_over.clear()
         self.parked.scan_starts.clear()
+        self.quiet.clear()
         self.gate.forget()
 
     # -- 3. attempt -------------------------------------------------------------------

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from rocksdict import Options, Rdict
 
 from dlqapp.core.states import StoredState
-from dlqapp.retries.keys import due_upper_bound, parked_key
+from dlqapp.retries.keys import decode_parked_key, due_upper_bound, parked_key
 from dlqapp.retries.scan import REFIRE_AFTER_MS, ScanStarts, next_due_after, scan_due
 
 NOW = 1_700_000_000_000
@@ -176,6 +176,89 @@ def test_a_tick_queues_every_partitions_hand_overs_before_it_waits_for_the_broke
 
     try:
         assert sorted(asyncio.run(run())) == [0, 1, 2]
+    finally:
+        for db in dbs.values():
+            db.close()
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("park"), st.integers(0, 2), st.integers(-2_000, 5_000)),
+        st.tuples(st.just("attempt"), st.integers(0, 50), st.just(0)),
+        st.tuples(st.just("tick"), st.integers(0, 3), st.integers(0, 2_000)),
+        st.tuples(st.just("rebalance"), st.just(0), st.just(0)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=OPS)
+def test_a_tick_hands_over_every_due_retry_however_the_table_changed_since_the_last(tmp_path_factory, ops):
+    """Random histories of parks, attempts (deletes), ticks and rebalances against a tick
+    that skips partitions it found quiet: after every tick each retry due within the lead
+    has been handed over, none later, and the next due time is the earliest one left."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from dlqapp.retries.scheduler import RetryScheduler
+
+    root = tmp_path_factory.mktemp("quiet")
+    dbs = {p: Rdict(str(root / f"parked-{p}"), Options(raw_mode=True)) for p in range(3)}
+    clock = {"now": NOW}
+    sent: list[bytes] = []
+
+    class Broker:
+        async def send(self, key, value, partition, *, now=False):
+            sent.append(value)
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+    starts = ScanStarts()
+    parked = SimpleNamespace(active_dbs=lambda: iter(dbs.items()), scan_starts=starts)
+    gate = SimpleNamespace(handed_over=lambda keys: None, refresh=lambda: None, forget=lambda: None)
+    scheduler = RetryScheduler(
+        parked,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        dead_letters=None,  # type: ignore[arg-type]
+        in_flight=None,  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]
+        handover=Broker(),  # type: ignore[arg-type]
+        gate=gate,  # type: ignore[arg-type]
+        batch=1_000,
+        max_payload_bytes=1000,
+        clock=lambda: clock["now"],
+    )
+    present: dict[bytes, int] = {}  # parked key -> partition
+
+    async def history() -> None:
+        for n, (op, a, b) in enumerate(ops):
+            if op == "park":
+                key = parked_key(clock["now"] + b, f"r{n}")
+                dbs[a].put(key, b"x")
+                starts.lower_to(key)  # as ParkedRetries.store does
+                present[key] = a
+            elif op == "attempt" and scheduler.handed_over:
+                key = sorted(scheduler.handed_over)[a % len(scheduler.handed_over)]
+                dbs[present.pop(key)].delete(key)
+                scheduler.handed_over.pop(key)
+            elif op == "rebalance":
+                scheduler.forget_handed_over()
+            elif op == "tick":
+                for _ in range(a + 1):
+                    clock["now"] += b // (a + 1)
+                    sent.clear()
+                    await scheduler.hand_over_due()
+                    horizon = clock["now"] + scheduler.lead.ms
+                    due = {k for k in present if decode_parked_key(k)[0] <= horizon}
+                    assert due <= set(scheduler.handed_over), "a due retry was not handed over"
+                    assert all(decode_parked_key(k)[0] <= horizon for k in sent), "handed over too early"
+                    later = [d for k in present if (d := decode_parked_key(k)[0]) > horizon]
+                    assert scheduler.next_due == min(later, default=None)
+
+    try:
+        asyncio.run(history())
     finally:
         for db in dbs.values():
             db.close()
