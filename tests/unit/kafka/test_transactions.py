@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from dlqapp.kafka.step_barrier import StepBarrier
 from dlqapp.kafka.transaction_errors import NotOwned, TransactionFailed
 from dlqapp.kafka.transactions import PartitionTransaction, Transactions
 from tests.unit.fake_kafka import FakeProducer
@@ -209,5 +210,30 @@ def test_a_producer_that_cannot_start_names_the_transactional_id():
         transactions = Transactions("app", lambda tid: Refused(tid), timeout_s=5)
         with pytest.raises(TransactionFailed, match=r"app-2.*transactional ids app- \(prefixed\)"):
             await transactions.assign({2})
+
+    asyncio.run(run())
+
+
+def test_the_barrier_holds_steps_back_only_while_a_commit_waits_or_runs():
+    async def run() -> None:
+        barrier = StepBarrier()
+        await barrier.enter()
+        closing = asyncio.create_task(barrier.close())
+        await asyncio.sleep(0)
+        entering = asyncio.create_task(barrier.enter())
+        await asyncio.sleep(0)
+        assert not closing.done() and not entering.done() and barrier.inside == 1
+        await barrier.leave()
+        await asyncio.wait_for(closing, 1)  # the last step left: the commit may run
+        assert not entering.done()  # held back until the next transaction begins
+        await barrier.reopen()
+        await asyncio.wait_for(entering, 1)
+        assert barrier.inside == 1
+        closing = asyncio.create_task(barrier.close())
+        await asyncio.sleep(0)
+        closing.cancel()  # a commit given up while it waited lets steps in again
+        await asyncio.gather(closing, return_exceptions=True)
+        await asyncio.wait_for(barrier.enter(), 1)
+        assert barrier.inside == 2
 
     asyncio.run(run())
