@@ -91,7 +91,7 @@ def markdown(r: dict[str, Any]) -> str:
 
 
 def _md_throughput(t: dict[str, Any]) -> list[str]:
-    lines = ["| System | Requests/s (median) | Runs |", "|---|---|---|"]
+    lines = ["| System | Requests/s (median) | Requests/s per run |", "|---|---|---|"]
     for name in SYSTEMS:
         lines.append(f"| {name} | {t[name]['requests_per_s']:.1f} | {', '.join(f'{x:.1f}' for x in t[name]['runs'])} |")
     return [
@@ -109,7 +109,7 @@ def _cell(figure: dict[str, float], digits: int = 1) -> str:
 
 def _md_cost_rows(section: dict[str, Any], systems: tuple[str, ...]) -> list[str]:
     lines = [
-        "| System | Requests/s median (min–max) | Runs | CPU s per 1k requests | mock LLM CPU s per 1k |",
+        "| System | Requests/s median (min–max) | Requests/s per run | CPU s per 1k requests | mock LLM CPU s per 1k |",
         "|---|---|---|---|---|",
     ]
     for name in systems:
