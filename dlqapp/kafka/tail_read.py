@@ -38,6 +38,9 @@ CHECK_S = 0.1
 """How often the partitions' lag is looked at while no tail is read."""
 BATCH = 500
 """Records a tail read takes at most at once."""
+YIELD_EVERY = 20
+"""Records looked at between two turns of the event loop: reading a batch of a flood in one
+go held every other task (a due retry among them) for tens of milliseconds."""
 LOG_EVERY_S = 60.0
 """At most one `tail_read_started` line this often (with the starts since the last one)."""
 RETRY_S = 5.0
@@ -192,6 +195,8 @@ class TailRead:
                 self._reading[tp.partition] = record.offset + 1
                 self.claimed += 1
                 await claim(record)
+                if not self.claimed % YIELD_EVERY:
+                    await asyncio.sleep(0)
 
     async def _change(self, start: dict[int, int], stop: set[int]) -> None:
         for partition in stop:

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiokafka import TopicPartition
 
-from dlqapp.kafka.tail_read import TailRead, tail_reads
+from dlqapp.kafka.tail_read import YIELD_EVERY, TailRead, tail_reads
 
 
 def test_a_partition_is_read_at_its_end_once_the_door_is_lag_behind_and_until_the_door_gets_there():
@@ -27,8 +27,9 @@ def test_a_partition_is_read_at_its_end_once_the_door_is_lag_behind_and_until_th
 class FakeConsumer:
     """What the tail read uses of aiokafka's consumer, over an in-memory log per partition."""
 
-    def __init__(self, logs: dict[int, list[str]]) -> None:
+    def __init__(self, logs: dict[int, list[str]], per_call: int = 2) -> None:
         self.logs = logs
+        self.per_call = per_call
         self.assigned: list[TopicPartition] = []
         self.positions: dict[TopicPartition, int] = {}
         self.started = self.stopped = False
@@ -51,7 +52,7 @@ class FakeConsumer:
         out = {}
         for tp in self.assigned:
             at = self.positions[tp]
-            records = self.logs[tp.partition][at : at + 2]
+            records = self.logs[tp.partition][at : at + self.per_call]
             if records:
                 out[tp] = [
                     SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=at + i, value=v)
@@ -91,6 +92,38 @@ def test_the_tail_read_hands_over_each_record_past_the_end_once_and_stops_when_t
         ends[1], door[1] = 10, 1
         await tail.step(claim)  # revoked: nothing is read, however far behind
         assert tail.reading == {} and tail.claimed == 4
+
+    asyncio.run(run())
+
+
+def test_a_large_batch_lets_other_tasks_run_between_every_few_records():
+    """A batch of a flood read at the tail must not hold the event loop (a due retry waits on it)."""
+
+    async def run() -> None:
+        consumer = FakeConsumer({0: [f"a{i}" for i in range(1_000)]}, per_call=500)
+        tail = TailRead(
+            lambda: consumer, topic="in", lag=1, partitions=lambda: [0], ends={0: 500}.get, expected={0: 0}.get
+        )
+        turns = 0
+        seen_at: list[int] = []
+
+        async def ticker() -> None:
+            nonlocal turns
+            while True:
+                turns += 1
+                await asyncio.sleep(0)
+
+        async def claim(record: Any) -> None:
+            seen_at.append(turns)  # never suspends, like a record left to the door
+
+        ticking = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        tail.assigned()
+        await tail.step(claim)
+        ticking.cancel()
+        assert len(seen_at) == 500
+        longest = max(seen_at.count(turn) for turn in set(seen_at))
+        assert longest <= YIELD_EVERY  # the other task ran at least every YIELD_EVERY records
 
     asyncio.run(run())
 
