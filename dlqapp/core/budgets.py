@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,12 @@ def clean_tenant(value: Any) -> str | None:
 def tenant_of(metadata: Mapping[str, Any], headers: Mapping[str, str], default: str) -> str:
     """The request's tenant: `metadata.tenant`, else the `tenant` header, else `default`."""
     return clean_tenant(metadata.get("tenant")) or clean_tenant(headers.get(TENANT_HEADER)) or default
+
+
+def may_name_a_tenant(payload: bytes | None, header_names: Iterable[str]) -> bool:
+    """Whether a raw request could name a tenant: `tenant` in its bytes, or a `tenant` header.
+    When not, it is the default tenant's, known without reading it."""
+    return (payload is not None and b"tenant" in payload) or TENANT_HEADER in header_names
 
 
 # -- windows ---------------------------------------------------------------------------

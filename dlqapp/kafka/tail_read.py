@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 CHECK_S = 0.1
 """How often the partitions' lag is looked at while no tail is read."""
-BATCH = 500
+BATCH = 100
 """Records a tail read takes at most at once."""
 YIELD_EVERY = 20
 """Records looked at between two turns of the event loop: reading a batch of a flood in one

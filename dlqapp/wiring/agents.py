@@ -26,6 +26,7 @@ from typing import Any, cast
 from faust import EventT, Stream, StreamT
 from faust.types import AgentT
 
+from dlqapp.core.budgets import may_name_a_tenant
 from dlqapp.core.errors import ErrorClass
 from dlqapp.core.record import Record
 from dlqapp.kafka.acks import Ticket
@@ -259,6 +260,12 @@ class _Handlers:
         """A record the tail read got (dlqapp.kafka.tail_read): started ahead of its turn when
         it is a valid request owned here whose tenant has fewer than AHEAD_WHILE_WAITING requests
         waiting; any other record is left to the door."""
+        waiting = feed.waiting_by_tenant()
+        default = self.components.spending.default_tenant
+        if waiting.get(default, 0) >= AHEAD_WHILE_WAITING and not may_name_a_tenant(
+            consumed.value, (name for name, _ in consumed.headers or ())
+        ):
+            return  # the default tenant's, which has plenty waiting: not worth reading (a flood's tail)
         event = TailEvent(consumed)
         record = self.record(event)
         pipeline = self.components.pipeline
@@ -266,7 +273,7 @@ class _Handlers:
         request = admitted.request
         if request is None or not self.components.store.owns(record, request.request_id):
             return
-        if feed.waiting_by_tenant().get(admitted.tenant, 0) >= AHEAD_WHILE_WAITING:
+        if waiting.get(admitted.tenant, 0) >= AHEAD_WHILE_WAITING:
             return
         ticket = self.components.windows.admit_ahead(event, record.topic, record.partition, record.offset)
         if ticket is None:

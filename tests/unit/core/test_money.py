@@ -6,6 +6,8 @@ import datetime as dt
 import json
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dlqapp.core.budgets import (
     Budget,
@@ -14,6 +16,7 @@ from dlqapp.core.budgets import (
     first_over,
     hold_until,
     is_stale_spend,
+    may_name_a_tenant,
     next_roll_ms,
     spend_name,
     spend_names,
@@ -112,6 +115,20 @@ def test_tenant_from_metadata_then_header_then_default() -> None:
     assert tenant_of({"tenant": 5}, {}, "default") == "default"
     assert tenant_of({"tenant": "a|b c"}, {}, "d") == "a_b_c"
     assert len(tenant_of({"tenant": "x" * 500}, {}, "d")) == 64
+
+
+@given(
+    st.dictionaries(st.sampled_from(["tenant", "team", "job", "tenant_id"]), st.text(max_size=8) | st.integers()),
+    st.dictionaries(st.sampled_from(["tenant", "traceparent", "x"]), st.text(max_size=8)),
+    st.booleans(),
+)
+def test_a_request_that_cannot_name_a_tenant_is_the_default_tenants(metadata, headers, ascii_only) -> None:
+    """The tail read skips reading a default-tenant request by its bytes alone: never wrongly."""
+    payload = json.dumps({"request_id": "r", "messages": [], "metadata": metadata}, ensure_ascii=ascii_only).encode()
+    if not may_name_a_tenant(payload, headers):
+        assert tenant_of(json.loads(payload)["metadata"], headers, "default") == "default"
+    assert may_name_a_tenant(b'{"metadata":{"tenant":"a"}}', []) and may_name_a_tenant(b"{}", ["tenant"])
+    assert not may_name_a_tenant(None, []) and not may_name_a_tenant(b'{"metadata":{"team":"a"}}', ["x"])
 
 
 def test_windows_are_utc_days_and_months() -> None:
