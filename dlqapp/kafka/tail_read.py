@@ -36,11 +36,12 @@ log = logging.getLogger(__name__)
 
 CHECK_S = 0.1
 """How often the partitions' lag is looked at while no tail is read."""
-BATCH = 100
+BATCH = 500
 """Records a tail read takes at most at once."""
-YIELD_EVERY = 20
-"""Records looked at between two turns of the event loop: reading a batch of a flood in one
-go held every other task (a due retry among them) for tens of milliseconds."""
+TURN_S = 0.005
+"""The longest a batch is looked at before the event loop gets a turn: a batch of a flood
+looked at in one go held every other task (a due retry among them) for tens of
+milliseconds, and a turn every few records slowed the tail read behind the flood's door."""
 LOG_EVERY_S = 60.0
 """At most one `tail_read_started` line this often (with the starts since the last one)."""
 RETRY_S = 5.0
@@ -188,6 +189,7 @@ class TailRead:
             return
         assert self._consumer is not None
         batches = await self._consumer.getmany(timeout_ms=int(CHECK_S * 1000), max_records=BATCH)
+        turn_at = time.monotonic() + TURN_S
         for tp, records in batches.items():
             for record in records:
                 if self._reading.get(tp.partition) != record.offset:
@@ -195,8 +197,9 @@ class TailRead:
                 self._reading[tp.partition] = record.offset + 1
                 self.claimed += 1
                 await claim(record)
-                if not self.claimed % YIELD_EVERY:
+                if time.monotonic() >= turn_at:
                     await asyncio.sleep(0)
+                    turn_at = time.monotonic() + TURN_S
 
     async def _change(self, start: dict[int, int], stop: set[int]) -> None:
         for partition in stop:
