@@ -73,7 +73,7 @@ class QuietPartitions:
     def __init__(self) -> None:
         self._known: dict[int, Quiet] = {}
 
-    def next_due(self, partition: int, db: Rdict, horizon: int) -> Quiet | None:
+    def still_quiet(self, partition: int, db: Rdict, horizon: int) -> Quiet | None:
         """What the last scan found, if the partition is still quiet at `horizon`; else None."""
         known = self._known.get(partition)
         if known is None or known.db is not db or known.written != db.latest_sequence_number():

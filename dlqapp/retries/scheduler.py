@@ -208,7 +208,7 @@ class RetryScheduler:
     def _scan(self, partition: int, db: Rdict, horizon: int) -> tuple[list[bytes], int | None]:
         """One partition's keys due by `horizon` (see `_due_keys`), and the earliest due time
         after it; a quiet partition is not walked (`QuietPartitions`)."""
-        if not self.handed_over and (known := self.quiet.next_due(partition, db, horizon)) is not None:
+        if not self.handed_over and (known := self.quiet.still_quiet(partition, db, horizon)) is not None:
             return [], known.next_due
         written = db.latest_sequence_number()
         keys = self._due_keys(partition, db, horizon)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +14,7 @@ from rocksdict import Options, Rdict
 from dlqapp.core.states import StoredState
 from dlqapp.retries.keys import decode_parked_key, due_upper_bound, parked_key
 from dlqapp.retries.scan import REFIRE_AFTER_MS, ScanStarts, next_due_after, scan_due
+from dlqapp.retries.scheduler import RetryScheduler
 
 NOW = 1_700_000_000_000
 
@@ -26,6 +29,25 @@ def db(tmp_path):
 def stored(doc: dict) -> StoredState:
     """A request state as the requests table holds it."""
     return StoredState.decode(json.dumps({"request_id": "r", **doc}).encode())
+
+
+def timer_only_scheduler(dbs: dict, starts: ScanStarts, handover: object, *, batch: int, clock) -> Any:
+    """A RetryScheduler with only what its timer side touches: the partitions' stores, the
+    scan starts, the hand-over producer and the input gate (the rest is never reached)."""
+    parked = SimpleNamespace(active_dbs=lambda: iter(dbs.items()), scan_starts=starts)
+    gate = SimpleNamespace(handed_over=lambda keys: None, refresh=lambda: None, forget=lambda: None)
+    return RetryScheduler(
+        parked,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        dead_letters=None,  # type: ignore[arg-type]
+        in_flight=None,  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]
+        handover=handover,  # type: ignore[arg-type]
+        gate=gate,  # type: ignore[arg-type]
+        batch=batch,
+        max_payload_bytes=1000,
+        clock=clock,
+    )
 
 
 def test_fires_due_keys_earliest_first_and_never_future_ones(db):
@@ -138,9 +160,6 @@ def test_a_tick_queues_every_partitions_hand_overs_before_it_waits_for_the_broke
     """One wait per tick: a broker that answers only once every partition's hints are queued
     must not hold the later partitions back (it did, one round trip per partition)."""
     import asyncio
-    from types import SimpleNamespace
-
-    from dlqapp.retries.scheduler import RetryScheduler
 
     dbs = {p: Rdict(str(tmp_path / f"parked-{p}"), Options(raw_mode=True)) for p in range(3)}
     for p, db in dbs.items():
@@ -157,20 +176,7 @@ def test_a_tick_queues_every_partitions_hand_overs_before_it_waits_for_the_broke
                     answered.set_result(None)  # answers once every hint is queued
                 return answered
 
-        parked = SimpleNamespace(active_dbs=lambda: iter(dbs.items()), scan_starts=ScanStarts())
-        gate = SimpleNamespace(handed_over=lambda keys: None, refresh=lambda: None)
-        scheduler = RetryScheduler(
-            parked,  # type: ignore[arg-type]
-            None,  # type: ignore[arg-type]
-            dead_letters=None,  # type: ignore[arg-type]
-            in_flight=None,  # type: ignore[arg-type]
-            store=None,  # type: ignore[arg-type]
-            handover=Broker(),  # type: ignore[arg-type]
-            gate=gate,  # type: ignore[arg-type]
-            batch=10,
-            max_payload_bytes=1000,
-            clock=lambda: NOW,
-        )
+        scheduler = timer_only_scheduler(dbs, ScanStarts(), Broker(), batch=10, clock=lambda: NOW)
         assert await asyncio.wait_for(scheduler.hand_over_due(), 2) == 3
         return queued
 
@@ -199,9 +205,6 @@ def test_a_tick_hands_over_every_due_retry_however_the_table_changed_since_the_l
     that skips partitions it found quiet: after every tick each retry due within the lead
     has been handed over, none later, and the next due time is the earliest one left."""
     import asyncio
-    from types import SimpleNamespace
-
-    from dlqapp.retries.scheduler import RetryScheduler
 
     root = tmp_path_factory.mktemp("quiet")
     dbs = {p: Rdict(str(root / f"parked-{p}"), Options(raw_mode=True)) for p in range(3)}
@@ -216,20 +219,7 @@ def test_a_tick_hands_over_every_due_retry_however_the_table_changed_since_the_l
             return done
 
     starts = ScanStarts()
-    parked = SimpleNamespace(active_dbs=lambda: iter(dbs.items()), scan_starts=starts)
-    gate = SimpleNamespace(handed_over=lambda keys: None, refresh=lambda: None, forget=lambda: None)
-    scheduler = RetryScheduler(
-        parked,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        dead_letters=None,  # type: ignore[arg-type]
-        in_flight=None,  # type: ignore[arg-type]
-        store=None,  # type: ignore[arg-type]
-        handover=Broker(),  # type: ignore[arg-type]
-        gate=gate,  # type: ignore[arg-type]
-        batch=1_000,
-        max_payload_bytes=1000,
-        clock=lambda: clock["now"],
-    )
+    scheduler = timer_only_scheduler(dbs, starts, Broker(), batch=1_000, clock=lambda: clock["now"])
     present: dict[bytes, int] = {}  # parked key -> partition
 
     async def history() -> None:
