@@ -220,3 +220,62 @@ def test_a_holder_cancelled_after_lending_its_slot_leaves_the_count_right():
         assert limiter.in_use == 0
 
     asyncio.run(run())
+
+
+def test_retries_handed_the_slots_of_a_wave_of_calls_start_before_the_wave_goes_on():
+    """A wave of calls ending in one pass of the event loop, each slot going to a due retry:
+    every retry starts before any call of the wave does its follow-up work (results,
+    parked retries), which would otherwise make the last retry late by the whole wave's."""
+
+    async def run():
+        limiter = SlotLimiter(8)
+        order = []
+        answers = asyncio.Event()
+
+        async def call(n):
+            async with limiter.slot(NORMAL):
+                await answers.wait()
+            order.append(f"follow-up {n}")
+
+        async def retry(n):
+            async with limiter.slot(DUE):
+                order.append(f"start {n}")
+
+        calls = [asyncio.create_task(call(n)) for n in range(8)]
+        await asyncio.sleep(0)
+        retries = [asyncio.create_task(retry(n)) for n in range(8)]
+        await asyncio.sleep(0)
+        assert limiter.in_use == 8 and limiter.high_waiting == 8
+        answers.set()  # the whole wave answers in one pass
+        await asyncio.gather(*calls, *retries)
+        starts = [i for i, event in enumerate(order) if event.startswith("start")]
+        follow_ups = [i for i, event in enumerate(order) if event.startswith("follow-up")]
+        assert len(starts) == 8 and max(starts) < min(follow_ups), order
+
+    asyncio.run(run())
+
+
+def test_a_call_whose_slot_goes_to_fresh_work_goes_on_at_once():
+    """Only a due retry is worth the extra turns: with fresh requests waiting, a call's
+    follow-up runs in the same turn as its release."""
+
+    async def run():
+        limiter = SlotLimiter(1)
+        order = []
+
+        async def call():
+            async with limiter.slot(NORMAL):
+                await asyncio.sleep(0)
+            order.append("follow-up")
+
+        async def fresh():
+            async with limiter.slot(NORMAL):
+                order.append("fresh")
+
+        first = asyncio.create_task(call())
+        await asyncio.sleep(0)
+        second = asyncio.create_task(fresh())
+        await asyncio.gather(first, second)
+        assert order == ["follow-up", "fresh"]
+
+    asyncio.run(run())
