@@ -127,6 +127,9 @@ def test_a_request_that_cannot_name_a_tenant_is_the_default_tenants(metadata, he
     payload = json.dumps({"request_id": "r", "messages": [], "metadata": metadata}, ensure_ascii=ascii_only).encode()
     if not may_name_a_tenant(payload, headers):
         assert tenant_of(json.loads(payload)["metadata"], headers, "default") == "default"
+
+
+def test_a_tenant_in_the_bytes_or_a_tenant_header_may_name_one() -> None:
     assert may_name_a_tenant(b'{"metadata":{"tenant":"a"}}', []) and may_name_a_tenant(b"{}", ["tenant"])
     assert not may_name_a_tenant(None, []) and not may_name_a_tenant(b'{"metadata":{"team":"a"}}', ["x"])
 
