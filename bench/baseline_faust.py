@@ -3,6 +3,8 @@
 One agent on `input`; every event starts a task (at most `--concurrency` at once) that
 calls the model and produces the answer to `results` on Faust's producer, then acks the
 event. No state, no dedup, no retries, no DLQ, acks in any order. On uvloop, like dlqapp.
+The model is called with aiohttp's client, or with `--http dlqapp` with dlqapp's own (so the
+floor can be read with the client dlqapp pays for).
 What it costs per request is what any Faust application pays for consuming and
 producing a record; dlqapp cannot be cheaper. Prints `ready` once it owns partitions.
 
@@ -20,7 +22,9 @@ import tempfile
 import aiohttp
 import faust
 import uvloop
-from chat_call import answer
+from chat_call import answer, answer_via_pool
+
+from dlqapp.inference.http_pool import HttpPool
 
 
 def build(args: argparse.Namespace, ready_fd: int) -> faust.App:
@@ -38,13 +42,21 @@ def build(args: argparse.Namespace, ready_fd: int) -> faust.App:
 
     @app.agent(source)
     async def pass_through(stream: faust.StreamT) -> None:
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency))
+        pool = HttpPool(args.llm, max_idle=args.concurrency) if args.http == "dlqapp" else None
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency)) if not pool else None
+
+        async def call(raw: bytes) -> bytes:
+            if pool is not None:
+                return await answer_via_pool(pool, raw)
+            assert session is not None
+            return await answer(session, args.llm, raw)
+
         slots = asyncio.Semaphore(args.concurrency)
         handling: set[asyncio.Future[None]] = set()  # a reference to each task until it is done
 
         async def handle(event: faust.EventT) -> None:
             try:
-                result = await answer(session, args.llm, event.value)
+                result = await call(event.value)
                 await (await app.producer.send(args.results, event.key, result, event.message.partition, None, None))
             finally:
                 slots.release()
@@ -70,6 +82,7 @@ if __name__ == "__main__":
     for name in ("bootstrap", "input", "results", "llm", "group"):
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--http", choices=("aiohttp", "dlqapp"), default="aiohttp", help="the model's HTTP client")
     parser.add_argument(
         "--count", type=int, default=0, help="ignored (runs until killed), for the same command line as baseline B"
     )

@@ -199,12 +199,28 @@ def _md_llm_scale(s: dict[str, Any]) -> list[str]:
     ]
     other = f"dlqapp_0pct_failures_{s.get('other_guarantee')}"
     lines += _md_cost_rows(
-        s, tuple(n for n in ("baseline_b_aiokafka", "dlqapp_0pct_failures", other, "dlqapp_before") if n in s)
+        s,
+        tuple(
+            n
+            for n in (
+                "baseline_b_aiokafka",
+                "baseline_c_faust",
+                "baseline_c_faust_dlqapp_http",
+                "dlqapp_0pct_failures",
+                other,
+                "dlqapp_before",
+            )
+            if n in s
+        ),
     )
     lines += [
         "",
         f"dlqapp / B = {_md_ratio(s['ratio_dlqapp_to_b'])}; dlqapp / ceiling = "
         f"**{s['ratio_dlqapp_to_ceiling']:.2f}×**, B / ceiling = {s['ratio_b_to_ceiling']:.2f}×",
+        *(
+            f"dlqapp / {name}, CPU per request: {_md_ratio(ratio)}"
+            for name, ratio in s.get("cpu_dlqapp_to_c", {}).items()
+        ),
         *_md_before(s),
         "",
     ]

@@ -164,16 +164,17 @@ class Bench:
         """Baseline B consuming fresh topics, once it has joined its group (input still empty)."""
         return self.start_baseline("baseline_async.py", mock, concurrency)
 
-    def start_baseline_c(self, mock: MockLLM, concurrency: int) -> Running:
-        """Baseline C (the cheapest Faust pass-through) consuming fresh topics, once it owns partitions."""
-        return self.start_baseline("baseline_faust.py", mock, concurrency)
+    def start_baseline_c(self, mock: MockLLM, concurrency: int, http: str = "aiohttp") -> Running:
+        """Baseline C (the cheapest Faust pass-through) consuming fresh topics, once it owns
+        partitions; `http`: the model's client, `aiohttp` or `dlqapp` (dlqapp's own)."""
+        return self.start_baseline("baseline_faust.py", mock, concurrency, "--http", http)
 
-    def start_baseline(self, script: str, mock: MockLLM, concurrency: int) -> Running:
-        """bench/<script> on fresh topics, once it prints `ready`."""
+    def start_baseline(self, script: str, mock: MockLLM, concurrency: int, *extra: str) -> Running:
+        """bench/<script> on fresh topics (`extra`: more of its arguments), once it prints `ready`."""
         prefix = unique("bench") + "."
         settings = make_topics(self.bootstrap, prefix)
         args = baseline_command(
-            script, self.bootstrap, settings, mock, prefix + "group", 10**12, "--concurrency", str(concurrency)
+            script, self.bootstrap, settings, mock, prefix + "group", 10**12, "--concurrency", str(concurrency), *extra
         )
         log = self.tmp / f"{prefix}{script}.log"
         with open(log, "ab") as stderr:

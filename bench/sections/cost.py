@@ -31,6 +31,9 @@ RSS_HOLD_MS = 600_000
 OTHER_MODE = f"dlqapp_0pct_failures_{OTHER_GUARANTEE}"
 """dlqapp at 0 % failures in the mode beside the default one."""
 
+C_OWN_HTTP = "baseline_c_faust_dlqapp_http"
+"""Baseline C calling the model with dlqapp's HTTP client instead of aiohttp's (`llm_scale`)."""
+
 BEFORE = "dlqapp_before"
 """dlqapp at 0 % failures from the BENCH_BEFORE tree, in the default mode."""
 
@@ -41,16 +44,11 @@ Lineup = dict[str, tuple[Callable[[], Running], MockLLM]]
 # -- measuring -------------------------------------------------------------------------
 
 
-def ratios(section: dict[str, Any], system: str, base: str) -> dict[str, Any]:
-    """`system` / `base` in requests/s: of the medians, and per run (each run measured both in turn)."""
-    per_run = [
-        a["requests_per_s"] / b["requests_per_s"]
-        for a, b in zip(section[system]["runs"], section[base]["runs"], strict=True)
-    ]
-    return {
-        "of_medians": section[system]["requests_per_s"]["median"] / section[base]["requests_per_s"]["median"],
-        "per_run": per_run,
-    }
+def ratios(section: dict[str, Any], system: str, base: str, figure: str = "requests_per_s") -> dict[str, Any]:
+    """`system` / `base` in `figure` (requests/s by default): of the medians, and per run
+    (each run measured both in turn)."""
+    per_run = [a[figure] / b[figure] for a, b in zip(section[system]["runs"], section[base]["runs"], strict=True)]
+    return {"of_medians": section[system][figure]["median"] / section[base][figure]["median"], "per_run": per_run}
 
 
 def cost_run(
@@ -209,8 +207,9 @@ def overhead(bench: Bench) -> dict[str, Any]:
 
 def llm_scale(bench: Bench) -> dict[str, Any]:
     """The source documents' load with real model latency: the mock answers in 2000 ± 500 ms,
-    1024 calls in flight (ceiling 512/s); dlqapp beside baseline B. Then resident memory
-    of each with 4,096 calls in flight (`rss`)."""
+    1024 calls in flight (ceiling 512/s); dlqapp beside baseline B and Faust's floor C, C
+    with aiohttp's client and with dlqapp's own (`C_OWN_HTTP`: what a Faust app making the
+    same calls pays at the least). Then resident memory with 4,096 calls in flight (`rss`)."""
     count, runs = (100, 1) if bench.quick else (12_000, 3)
     count, runs = bench.requests or count, bench.runs or runs
     mock = MockLLM(
@@ -222,6 +221,8 @@ def llm_scale(bench: Bench) -> dict[str, Any]:
             "llm_scale",
             {
                 "baseline_b_aiokafka": (lambda: bench.start_baseline_b(mock, LLM_CONCURRENCY), mock),
+                "baseline_c_faust": (lambda: bench.start_baseline_c(mock, LLM_CONCURRENCY), mock),
+                C_OWN_HTTP: (lambda: bench.start_baseline_c(mock, LLM_CONCURRENCY, http="dlqapp"), mock),
                 "dlqapp_0pct_failures": (lambda: bench.start_dlqapp(mock, LLM_CONCURRENCY), mock),
                 **other_mode(
                     bench,
@@ -239,6 +240,9 @@ def llm_scale(bench: Bench) -> dict[str, Any]:
     out.update(concurrency=LLM_CONCURRENCY, latency_ms=LLM_LATENCY_MS, jitter_ms=LLM_JITTER_MS, ceiling_per_s=ceiling)
     out["guarantee"], out["other_guarantee"] = BENCH_GUARANTEE, OTHER_GUARANTEE
     out["ratio_dlqapp_to_b"] = ratios(out, "dlqapp_0pct_failures", "baseline_b_aiokafka")
+    out["cpu_dlqapp_to_c"] = {
+        name: ratios(out, "dlqapp_0pct_failures", name, "cpu_s_per_1k") for name in ("baseline_c_faust", C_OWN_HTTP)
+    }
     out["ratio_dlqapp_to_ceiling"] = out["dlqapp_0pct_failures"]["requests_per_s"]["median"] / ceiling
     out["ratio_b_to_ceiling"] = out["baseline_b_aiokafka"]["requests_per_s"]["median"] / ceiling
     if not os.environ.get("BENCH_SKIP_RSS"):

@@ -47,7 +47,10 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
     assert cost["stats_p99_ms"]["median"] > 0 and cost["metrics_p99_ms"]["median"] > 0 and cost["rss_mib"]["median"] > 0
     for section, systems in (
         ("overhead", ("baseline_b_aiokafka", "baseline_c_faust", "dlqapp_0pct_failures", "dlqapp_10pct_failures")),
-        ("llm_scale", ("baseline_b_aiokafka", "dlqapp_0pct_failures")),
+        (
+            "llm_scale",
+            ("baseline_b_aiokafka", "baseline_c_faust", "baseline_c_faust_dlqapp_http", "dlqapp_0pct_failures"),
+        ),
     ):
         cost = results[section]
         for system in systems:
@@ -63,6 +66,8 @@ def test_quick_benchmark_writes_json_markdown_and_plots(kafka_bootstrap, tmp_pat
         and results["overhead"]["ratio_c_to_b"]["of_medians"] > 0
     )
     assert results["llm_scale"]["ceiling_per_s"] == 512 and results["llm_scale"]["ratio_dlqapp_to_ceiling"] > 0
+    assert set(results["llm_scale"]["cpu_dlqapp_to_c"]) == {"baseline_c_faust", "baseline_c_faust_dlqapp_http"}
+    assert all(r["of_medians"] > 0 for r in results["llm_scale"]["cpu_dlqapp_to_c"].values())
     clients = results["http_client"]
     for client in ("aiohttp", "dlqapp"):
         assert len(clients[client]["runs"]) == 1 and clients[client]["cpu_us_per_call"]["median"] > 0
