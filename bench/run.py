@@ -9,9 +9,10 @@ fixed 100 ms latency) and measures:
    synchronous consumer), baseline B (a raw aiokafka pass-through with the same
    concurrency) and dlqapp (openai backend against the mock, 0% and 10% failures);
    end-to-end p50/p99 under a paced load; the ratios dlqapp/A and dlqapp/B;
-   per-request cost beside B, measured in turn in each of 3 runs: `overhead` (mock at
-   0 ms, 64 in flight: what the pipeline itself costs; also with 10% transient failures)
-   and `llm_scale` (mock at 2000 ± 500 ms, 1024 in flight, ceiling 512/s), each with the
+   per-request cost beside B and Faust's floor C, measured in turn in each of 3 runs:
+   `overhead` (mock at 0 ms, 64 in flight: what the pipeline itself costs; also with 10%
+   transient failures) and `llm_scale` (mock at 2000 ± 500 ms, 1024 in flight, ceiling
+   512/s; C with aiohttp's client and with dlqapp's own), each with the
    CPU seconds per 1,000 requests of each process and of the mock (/proc/<pid>/stat),
    and resident memory with 4,096 calls in flight; the backend's HTTP client alone
    (`http_client`: aiohttp's beside dlqapp's own, CPU µs per call at the llm_scale load);
