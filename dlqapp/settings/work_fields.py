@@ -205,7 +205,11 @@ class WorkFields:
         "instead of being handled again.",
     )
     timer_interval_ms: int = setting(
-        "DLQ_TIMER_INTERVAL", "20ms", parse_duration_ms, "How often the retry timer scans for due retries."
+        "DLQ_TIMER_INTERVAL",
+        "20ms",
+        parse_duration_ms,
+        "How often the retry timer scans for due retries while any are near (with none to hand over sooner it "
+        "sleeps up to 250 ms, and a new retry wakes it).",
     )
     due_lead_max_ms: int = setting(
         "DLQ_DUE_LEAD_MAX",

@@ -107,21 +107,81 @@ def test_a_due_retry_takes_its_backend_slot_ahead_of_its_due_time_and_calls_at_i
     assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"]
 
 
-def test_with_a_lead_the_timer_just_ticks_and_without_one_it_wakes_for_the_next_retry():
+def test_the_timer_sleeps_until_its_next_hand_over_a_tick_at_least_and_a_quarter_second_at_most():
     from types import SimpleNamespace
 
-    from dlqapp.wiring.services import RetryTimer
+    from dlqapp.wiring.services import IDLE_TIMER_SLEEP_S, RetryTimer
 
     now = 1_000_000
-    scheduler = SimpleNamespace(next_due=now + 5, lead=DueLead(cap_ms=1000), clock=lambda: now)
-    scheduler.next_hand_over_at = scheduler.next_due - scheduler.lead.ms
+    scheduler = SimpleNamespace(
+        lead=DueLead(cap_ms=1000), clock=lambda: now, handed_over={}, parked=SimpleNamespace(on_park=None)
+    )
     timer = RetryTimer(app=None, scheduler=scheduler, interval_ms=20)
-    assert timer.next_sleep_s() == 0.02  # handed over long before it is due at any tick
-    scheduler.lead = DueLead(cap_ms=0)
-    scheduler.next_hand_over_at = scheduler.next_due
-    assert timer.next_sleep_s() == 0.005  # no lead: wake when it falls due
-    scheduler.next_hand_over_at = None
+    scheduler.next_hand_over_at = now - 995  # due in 5 ms: handed over at this tick, long before it is due
     assert timer.next_sleep_s() == 0.02
+    scheduler.next_hand_over_at = now + 100
+    assert timer.next_sleep_s() == 0.1  # nothing to do until then
+    scheduler.next_hand_over_at = now + 60_000
+    assert timer.next_sleep_s() == IDLE_TIMER_SLEEP_S == 0.25  # a park wakes it sooner
+    scheduler.next_hand_over_at = None  # nothing parked
+    assert timer.next_sleep_s() == 0.25
+    scheduler.handed_over = {b"k": now}  # handed over, not yet attempted: tick
+    assert timer.next_sleep_s() == 0.02
+    scheduler.handed_over = {}
+    timer.on_rebalancing = lambda: None  # (the scheduler here has nothing to forget)
+    timer._settling = True  # partitions moved: tick until a tick has run
+    assert timer.next_sleep_s() == 0.02
+    scheduler.lead = DueLead(cap_ms=0)
+    scheduler.next_hand_over_at = now + 5
+    timer._settling = False
+    assert timer.next_sleep_s() == 0.005  # no lead: wake when it falls due
+    scheduler.next_hand_over_at = now + 60_000
+    assert timer.next_sleep_s() == 0.02
+
+
+def test_a_park_wakes_the_idle_timer_at_once(tmp_path, monkeypatch):
+    """An idle timer sleeps long (here a minute); a retry parked meanwhile is handed over
+    without waiting for the sleep to end, and a park during a tick ends the next sleep."""
+    from types import SimpleNamespace
+
+    from dlqapp.core.envelope import Envelope
+    from dlqapp.wiring import services
+
+    monkeypatch.setattr(services, "IDLE_TIMER_SLEEP_S", 60.0)
+    w = worker(tmp_path)
+    ticks = []
+
+    async def hand_over_due():
+        ticks.append(w.scheduler.clock())
+        w.scheduler.next_due = None  # nothing left to hand over: the next sleep is long
+        return 0
+
+    async def recount():
+        return None
+
+    w.scheduler.hand_over_due = hand_over_due
+    w.parked.recount_if_reassigned = recount
+    app = SimpleNamespace(should_stop=False, rebalancing=False, in_recovery=False)
+    timer = services.RetryTimer(app=app, scheduler=w.scheduler, interval_ms=20)
+
+    async def wait_for_ticks(count: int) -> None:
+        while len(ticks) < count:
+            await asyncio.sleep(0.005)
+
+    async def scenario():
+        loop = asyncio.create_task(timer._run(timer))
+        try:
+            w.scheduler.next_due = None
+            await asyncio.sleep(0.1)  # five ticks' time: asleep for its minute
+            assert ticks == []
+            due = w.clock.now + 1000
+            w.parked.store(Envelope("r1", request("r1"), w.clock.now, {}, attempts=1, due_ms=due), w.parked.tiers[0])
+            await asyncio.wait_for(wait_for_ticks(1), 5)  # woken by the park
+        finally:
+            loop.cancel()
+
+    asyncio.run(scenario())
+    assert len(ticks) == 1
 
 
 def test_a_retry_handed_over_while_its_previous_attempt_finishes_waits_for_it_not_for_the_refire(tmp_path):
