@@ -84,17 +84,20 @@ class RetryTimer(_Loop):
     hand due retries (and those due within DLQ_DUE_LEAD_MAX's lead) to the due agent.
 
     With nothing to hand over for a while (nothing parked, or the next hand-over further off
-    than a tick) it sleeps until then, at most IDLE_TIMER_SLEEP_S, and a new park wakes it
-    at once: an idle worker's timer ticks 4 times a second, not 50."""
+    than a tick) it sleeps until then, at most IDLE_TIMER_SLEEP_S, and a park to be handed
+    over before it would wake wakes it at once: an idle worker's timer ticks 4 times a
+    second, not 50, and a burst of parks for later does not wake it once each."""
 
     def __init__(self, app: Any, scheduler: RetryScheduler, interval_ms: int, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self.scheduler = scheduler
         self.interval_s = interval_ms / 1000
         self._parked = asyncio.Event()
+        self._wakes_at: int | None = None
+        """When a long sleep ends (the scheduler's clock); None while not in one."""
         self._settling = False
         """After a rebalance, tick every interval until a tick has run (the partitions moved)."""
-        scheduler.parked.on_park = self._parked.set
+        scheduler.parked.on_park = self._on_park
 
     async def on_start(self) -> None:
         await self.scheduler.handover.start()
@@ -112,13 +115,22 @@ class RetryTimer(_Loop):
         await self.scheduler.parked.recount_if_reassigned()
 
     async def pause(self, seconds: float) -> None:
-        """Sleep, woken by a park when the sleep is longer than a tick (a park made during
-        the last tick's scan has set the event already, so the sleep ends at once)."""
+        """Sleep; a sleep longer than a tick ends early for a park to be handed over before
+        its end (one made since the last tick's scan began ends it at once: `_on_park`)."""
         if seconds <= self.interval_s:
             await self.sleep(seconds)
         else:
-            await self.wait(self._parked.wait(), timeout=seconds)
+            self._wakes_at = self.scheduler.clock() + int(seconds * 1000)
+            if not self._parked.is_set():
+                await self.wait(self._parked.wait(), timeout=seconds)
+        self._wakes_at = None
         self._parked.clear()
+
+    def _on_park(self, due_ms: int) -> None:
+        """A retry was parked: wake a long sleep that would end after its hand-over. Outside
+        a long sleep (a tick is running), note it so that the next long sleep does not start."""
+        if self._wakes_at is None or due_ms - self.scheduler.lead.ms < self._wakes_at:
+            self._parked.set()
 
     def next_sleep_s(self) -> float:
         """Until the next parked retry is to be handed over: at most a tick while retries are

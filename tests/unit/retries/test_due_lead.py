@@ -139,6 +139,27 @@ def test_the_timer_sleeps_until_its_next_hand_over_a_tick_at_least_and_a_quarter
     assert timer.next_sleep_s() == 0.02
 
 
+def test_a_park_wakes_a_long_sleep_only_when_it_is_to_be_handed_over_before_the_sleep_ends():
+    """A burst of parks for later must not wake the timer once per park (a scan each)."""
+    from types import SimpleNamespace
+
+    from dlqapp.wiring.services import RetryTimer
+
+    now = 1_000_000
+    scheduler = SimpleNamespace(lead=DueLead(cap_ms=1000), clock=lambda: now, parked=SimpleNamespace(on_park=None))
+    timer = RetryTimer(app=None, scheduler=scheduler, interval_ms=20)
+    assert scheduler.parked.on_park == timer._on_park
+    timer._wakes_at = now + 250  # asleep until then; the lead is 500 ms
+    timer._on_park(now + 1000)  # handed over at +500: after the sleep
+    assert not timer._parked.is_set()
+    timer._on_park(now + 700)  # handed over at +200: before it
+    assert timer._parked.is_set()
+    timer._parked.clear()
+    timer._wakes_at = None  # a tick is running: any park ends the next long sleep at once
+    timer._on_park(now + 60_000)
+    assert timer._parked.is_set()
+
+
 def test_a_park_wakes_the_idle_timer_at_once(tmp_path, monkeypatch):
     """An idle timer sleeps long (here a minute); a retry parked meanwhile is handed over
     without waiting for the sleep to end, and a park during a tick ends the next sleep."""
