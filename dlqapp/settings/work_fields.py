@@ -208,8 +208,8 @@ class WorkFields:
         "DLQ_TIMER_INTERVAL",
         "20ms",
         parse_duration_ms,
-        "How often the retry timer scans for due retries while any are near (with none to hand over sooner it "
-        "sleeps up to 250 ms, and a new retry wakes it).",
+        "How often the retry timer scans for due retries (with none parked it sleeps 250 ms, and a new retry "
+        "wakes it).",
     )
     due_lead_max_ms: int = setting(
         "DLQ_DUE_LEAD_MAX",

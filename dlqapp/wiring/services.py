@@ -83,8 +83,7 @@ class RetryTimer(_Loop):
     """Every DLQ_TIMER_INTERVAL, or sooner when the next parked retry is to be handed over,
     hand due retries (and those due within DLQ_DUE_LEAD_MAX's lead) to the due agent.
 
-    With nothing to hand over for a while (nothing parked, or the next hand-over further off
-    than a tick) it sleeps until then, at most IDLE_TIMER_SLEEP_S, and a park to be handed
+    With nothing parked or handed over it sleeps IDLE_TIMER_SLEEP_S, and a park to be handed
     over before it would wake wakes it at once: an idle worker's timer ticks 4 times a
     second, not 50, and a burst of parks for later does not wake it once each."""
 
@@ -133,24 +132,23 @@ class RetryTimer(_Loop):
             self._parked.set()
 
     def next_sleep_s(self) -> float:
-        """Until the next parked retry is to be handed over: at most a tick while retries are
-        handed over or with a lead under two ticks (below), else up to IDLE_TIMER_SLEEP_S.
+        """With nothing parked or handed over, IDLE_TIMER_SLEEP_S (a park wakes it: `_on_park`).
+        Else a tick, or less when the lead is under two ticks and the next retry is to be
+        handed over sooner.
 
         With a lead of at least two ticks (DueLead) a retry is handed over well before its due
-        time at any tick, so the timer never wakes more often than a tick: waking for every
-        retry as it came within the lead cost a scan of every partition per retry (about 1 %
-        of a core at 140 retries/s)."""
+        time at any tick, so the timer just ticks: waking for every retry as it came within
+        the lead cost a scan of every partition per retry (about 1 % of a core at 140
+        retries/s), and a timer asleep until the next hand-over would miss a lead grown
+        meanwhile (it grows with slow hand-overs, as under an input flood)."""
         scheduler = self.scheduler
         next_fire = scheduler.next_hand_over_at
-        if self._settling or scheduler.handed_over:
+        if next_fire is None and not scheduler.handed_over and not self._settling:
+            return max(self.interval_s, IDLE_TIMER_SLEEP_S)
+        if next_fire is None or scheduler.lead.ms >= 2 * self.interval_s * 1000:
             return self.interval_s
-        longest = max(self.interval_s, IDLE_TIMER_SLEEP_S)
-        if next_fire is None:
-            return longest
-        until_s = (next_fire - scheduler.clock()) / 1000
-        if scheduler.lead.ms >= 2 * self.interval_s * 1000:
-            return min(longest, max(self.interval_s, until_s))
-        return min(self.interval_s, max(MIN_TIMER_SLEEP_S, until_s))
+        until_due_s = (next_fire - scheduler.clock()) / 1000
+        return min(self.interval_s, max(MIN_TIMER_SLEEP_S, until_due_s))
 
 
 class RetentionSweep(_Loop):

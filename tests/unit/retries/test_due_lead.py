@@ -107,7 +107,7 @@ def test_a_due_retry_takes_its_backend_slot_ahead_of_its_due_time_and_calls_at_i
     assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"]
 
 
-def test_the_timer_sleeps_until_its_next_hand_over_a_tick_at_least_and_a_quarter_second_at_most():
+def test_the_timer_ticks_while_anything_is_parked_and_sleeps_a_quarter_second_when_nothing_is():
     from types import SimpleNamespace
 
     from dlqapp.wiring.services import IDLE_TIMER_SLEEP_S, RetryTimer
@@ -119,24 +119,23 @@ def test_the_timer_sleeps_until_its_next_hand_over_a_tick_at_least_and_a_quarter
     timer = RetryTimer(app=None, scheduler=scheduler, interval_ms=20)
     scheduler.next_hand_over_at = now - 995  # due in 5 ms: handed over at this tick, long before it is due
     assert timer.next_sleep_s() == 0.02
-    scheduler.next_hand_over_at = now + 100
-    assert timer.next_sleep_s() == 0.1  # nothing to do until then
-    scheduler.next_hand_over_at = now + 60_000
-    assert timer.next_sleep_s() == IDLE_TIMER_SLEEP_S == 0.25  # a park wakes it sooner
-    scheduler.next_hand_over_at = None  # nothing parked
-    assert timer.next_sleep_s() == 0.25
+    scheduler.next_hand_over_at = now + 60_000  # parked for later: ticks still (the lead may grow meanwhile)
+    assert timer.next_sleep_s() == 0.02
+    scheduler.next_hand_over_at = None  # nothing parked: a park wakes it
+    assert timer.next_sleep_s() == IDLE_TIMER_SLEEP_S == 0.25
     scheduler.handed_over = {b"k": now}  # handed over, not yet attempted: tick
     assert timer.next_sleep_s() == 0.02
     scheduler.handed_over = {}
-    timer.on_rebalancing = lambda: None  # (the scheduler here has nothing to forget)
     timer._settling = True  # partitions moved: tick until a tick has run
     assert timer.next_sleep_s() == 0.02
+    timer._settling = False
     scheduler.lead = DueLead(cap_ms=0)
     scheduler.next_hand_over_at = now + 5
-    timer._settling = False
     assert timer.next_sleep_s() == 0.005  # no lead: wake when it falls due
     scheduler.next_hand_over_at = now + 60_000
     assert timer.next_sleep_s() == 0.02
+    scheduler.next_hand_over_at = None
+    assert timer.next_sleep_s() == 0.25
 
 
 def test_a_park_wakes_a_long_sleep_only_when_it_is_to_be_handed_over_before_the_sleep_ends():
