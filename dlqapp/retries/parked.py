@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Literal, overload
 
 from faust.types import TableT
@@ -26,8 +26,6 @@ class ParkedRetries:
         self.scan_starts = ScanStarts()
         self.by_tier: Counter[int] = Counter()
         self._counted_partitions: frozenset[int] = frozenset()
-        self.on_park: Callable[[int], None] | None = None
-        """Called with the due time of each new park (the retry timer may wake for it)."""
 
     def store(self, envelope: Envelope, tier: Tier) -> None:
         """Park an envelope under its due time (idempotent; inside the owning partition's stream).
@@ -44,8 +42,6 @@ class ParkedRetries:
         self.by_tier[tier.index] += 1
         self.table[key] = envelope.to_bytes()
         self.scan_starts.lower_to(key)
-        if self.on_park is not None:
-            self.on_park(envelope.due_ms)
 
     def get(self, key: bytes) -> Envelope | None:
         blob = self.table.get(key)

@@ -205,11 +205,7 @@ class WorkFields:
         "instead of being handled again.",
     )
     timer_interval_ms: int = setting(
-        "DLQ_TIMER_INTERVAL",
-        "20ms",
-        parse_duration_ms,
-        "How often the retry timer scans for due retries (with none parked it sleeps 250 ms, and a new retry "
-        "wakes it).",
+        "DLQ_TIMER_INTERVAL", "20ms", parse_duration_ms, "How often the retry timer scans for due retries."
     )
     due_lead_max_ms: int = setting(
         "DLQ_DUE_LEAD_MAX",

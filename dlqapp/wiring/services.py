@@ -34,8 +34,6 @@ SWEEP_INTERVAL_S = 1.0
 ERROR_LOG_INTERVAL_S = 60.0
 JOURNAL_INTERVAL_S = 1.0
 MIN_TIMER_SLEEP_S = 0.001
-IDLE_TIMER_SLEEP_S = 0.25
-"""Longest the retry timer sleeps when it has nothing to hand over sooner (a park wakes it)."""
 
 
 class _Loop(Service):
@@ -54,10 +52,6 @@ class _Loop(Service):
         """How long to sleep before the next tick."""
         return self.interval_s
 
-    async def pause(self, seconds: float) -> None:
-        """Sleep before the next tick (returns early when the service stops)."""
-        await self.sleep(seconds)
-
     def on_rebalancing(self) -> None:
         """Called instead of `tick` while partitions move."""
 
@@ -65,7 +59,7 @@ class _Loop(Service):
     async def _run(self) -> None:
         last_logged = float("-inf")
         while not self.should_stop:
-            await self.pause(self.next_sleep_s())
+            await self.sleep(self.next_sleep_s())
             if self.app.should_stop:  # the tables may be closed already
                 return
             if self.app.rebalancing or self.app.in_recovery:
@@ -81,22 +75,12 @@ class _Loop(Service):
 
 class RetryTimer(_Loop):
     """Every DLQ_TIMER_INTERVAL, or sooner when the next parked retry is to be handed over,
-    hand due retries (and those due within DLQ_DUE_LEAD_MAX's lead) to the due agent.
-
-    With nothing parked or handed over it sleeps IDLE_TIMER_SLEEP_S, and a park to be handed
-    over before it would wake wakes it at once: an idle worker's timer ticks 4 times a
-    second, not 50, and a burst of parks for later does not wake it once each."""
+    hand due retries (and those due within DLQ_DUE_LEAD_MAX's lead) to the due agent."""
 
     def __init__(self, app: Any, scheduler: RetryScheduler, interval_ms: int, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self.scheduler = scheduler
         self.interval_s = interval_ms / 1000
-        self._parked = asyncio.Event()
-        self._wakes_at: int | None = None
-        """When a long sleep ends (the scheduler's clock); None while not in one."""
-        self._settling = False
-        """After a rebalance, tick every interval until a tick has run (the partitions moved)."""
-        scheduler.parked.on_park = self._on_park
 
     async def on_start(self) -> None:
         await self.scheduler.handover.start()
@@ -106,48 +90,21 @@ class RetryTimer(_Loop):
 
     def on_rebalancing(self) -> None:
         self.scheduler.forget_handed_over()
-        self._settling = True
 
     async def tick(self) -> None:
-        self._settling = False
         await self.scheduler.hand_over_due()
         await self.scheduler.parked.recount_if_reassigned()
 
-    async def pause(self, seconds: float) -> None:
-        """Sleep; a sleep longer than a tick ends early for a park to be handed over before
-        its end (one made since the last tick's scan began ends it at once: `_on_park`)."""
-        if seconds <= self.interval_s:
-            await self.sleep(seconds)
-        else:
-            self._wakes_at = self.scheduler.clock() + int(seconds * 1000)
-            if not self._parked.is_set():
-                await self.wait(self._parked.wait(), timeout=seconds)
-        self._wakes_at = None
-        self._parked.clear()
-
-    def _on_park(self, due_ms: int) -> None:
-        """A retry was parked: wake a long sleep that would end after its hand-over. Outside
-        a long sleep (a tick is running), note it so that the next long sleep does not start."""
-        if self._wakes_at is None or due_ms - self.scheduler.lead.ms < self._wakes_at:
-            self._parked.set()
-
     def next_sleep_s(self) -> float:
-        """With nothing parked or handed over, IDLE_TIMER_SLEEP_S (a park wakes it: `_on_park`).
-        Else a tick, or less when the lead is under two ticks and the next retry is to be
-        handed over sooner.
+        """Wake when the next parked retry is to be handed over, if that is before the next tick.
 
         With a lead of at least two ticks (DueLead) a retry is handed over well before its due
         time at any tick, so the timer just ticks: waking for every retry as it came within
-        the lead cost a scan of every partition per retry (about 1 % of a core at 140
-        retries/s), and a timer asleep until the next hand-over would miss a lead grown
-        meanwhile (it grows with slow hand-overs, as under an input flood)."""
-        scheduler = self.scheduler
-        next_fire = scheduler.next_hand_over_at
-        if next_fire is None and not scheduler.handed_over and not self._settling:
-            return max(self.interval_s, IDLE_TIMER_SLEEP_S)
-        if next_fire is None or scheduler.lead.ms >= 2 * self.interval_s * 1000:
+        the lead cost a scan of every partition per retry (about 1 % of a core at 140 retries/s)."""
+        next_fire = self.scheduler.next_hand_over_at
+        if next_fire is None or self.scheduler.lead.ms >= 2 * self.interval_s * 1000:
             return self.interval_s
-        until_due_s = (next_fire - scheduler.clock()) / 1000
+        until_due_s = (next_fire - self.scheduler.clock()) / 1000
         return min(self.interval_s, max(MIN_TIMER_SLEEP_S, until_due_s))
 
 

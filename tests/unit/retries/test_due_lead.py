@@ -107,101 +107,21 @@ def test_a_due_retry_takes_its_backend_slot_ahead_of_its_due_time_and_calls_at_i
     assert w.backend.calls_for("r7") == 2 and w.results.keys() == ["r7"]
 
 
-def test_the_timer_ticks_while_anything_is_parked_and_sleeps_a_quarter_second_when_nothing_is():
-    from types import SimpleNamespace
-
-    from dlqapp.wiring.services import IDLE_TIMER_SLEEP_S, RetryTimer
-
-    now = 1_000_000
-    scheduler = SimpleNamespace(
-        lead=DueLead(cap_ms=1000), clock=lambda: now, handed_over={}, parked=SimpleNamespace(on_park=None)
-    )
-    timer = RetryTimer(app=None, scheduler=scheduler, interval_ms=20)
-    scheduler.next_hand_over_at = now - 995  # due in 5 ms: handed over at this tick, long before it is due
-    assert timer.next_sleep_s() == 0.02
-    scheduler.next_hand_over_at = now + 60_000  # parked for later: ticks still (the lead may grow meanwhile)
-    assert timer.next_sleep_s() == 0.02
-    scheduler.next_hand_over_at = None  # nothing parked: a park wakes it
-    assert timer.next_sleep_s() == IDLE_TIMER_SLEEP_S == 0.25
-    scheduler.handed_over = {b"k": now}  # handed over, not yet attempted: tick
-    assert timer.next_sleep_s() == 0.02
-    scheduler.handed_over = {}
-    timer._settling = True  # partitions moved: tick until a tick has run
-    assert timer.next_sleep_s() == 0.02
-    timer._settling = False
-    scheduler.lead = DueLead(cap_ms=0)
-    scheduler.next_hand_over_at = now + 5
-    assert timer.next_sleep_s() == 0.005  # no lead: wake when it falls due
-    scheduler.next_hand_over_at = now + 60_000
-    assert timer.next_sleep_s() == 0.02
-    scheduler.next_hand_over_at = None
-    assert timer.next_sleep_s() == 0.25
-
-
-def test_a_park_wakes_a_long_sleep_only_when_it_is_to_be_handed_over_before_the_sleep_ends():
-    """A burst of parks for later must not wake the timer once per park (a scan each)."""
+def test_with_a_lead_the_timer_just_ticks_and_without_one_it_wakes_for_the_next_retry():
     from types import SimpleNamespace
 
     from dlqapp.wiring.services import RetryTimer
 
     now = 1_000_000
-    scheduler = SimpleNamespace(lead=DueLead(cap_ms=1000), clock=lambda: now, parked=SimpleNamespace(on_park=None))
+    scheduler = SimpleNamespace(next_due=now + 5, lead=DueLead(cap_ms=1000), clock=lambda: now)
+    scheduler.next_hand_over_at = scheduler.next_due - scheduler.lead.ms
     timer = RetryTimer(app=None, scheduler=scheduler, interval_ms=20)
-    assert scheduler.parked.on_park == timer._on_park
-    timer._wakes_at = now + 250  # asleep until then; the lead is 500 ms
-    timer._on_park(now + 1000)  # handed over at +500: after the sleep
-    assert not timer._parked.is_set()
-    timer._on_park(now + 700)  # handed over at +200: before it
-    assert timer._parked.is_set()
-    timer._parked.clear()
-    timer._wakes_at = None  # a tick is running: any park ends the next long sleep at once
-    timer._on_park(now + 60_000)
-    assert timer._parked.is_set()
-
-
-def test_a_park_wakes_the_idle_timer_at_once(tmp_path, monkeypatch):
-    """An idle timer sleeps long (here a minute); a retry parked meanwhile is handed over
-    without waiting for the sleep to end, and a park during a tick ends the next sleep."""
-    from types import SimpleNamespace
-
-    from dlqapp.core.envelope import Envelope
-    from dlqapp.wiring import services
-
-    monkeypatch.setattr(services, "IDLE_TIMER_SLEEP_S", 60.0)
-    w = worker(tmp_path)
-    ticks = []
-
-    async def hand_over_due():
-        ticks.append(w.scheduler.clock())
-        w.scheduler.next_due = None  # nothing left to hand over: the next sleep is long
-        return 0
-
-    async def recount():
-        return None
-
-    w.scheduler.hand_over_due = hand_over_due
-    w.parked.recount_if_reassigned = recount
-    app = SimpleNamespace(should_stop=False, rebalancing=False, in_recovery=False)
-    timer = services.RetryTimer(app=app, scheduler=w.scheduler, interval_ms=20)
-
-    async def wait_for_ticks(count: int) -> None:
-        while len(ticks) < count:
-            await asyncio.sleep(0.005)
-
-    async def scenario():
-        loop = asyncio.create_task(timer._run(timer))
-        try:
-            w.scheduler.next_due = None
-            await asyncio.sleep(0.1)  # five ticks' time: asleep for its minute
-            assert ticks == []
-            due = w.clock.now + 1000
-            w.parked.store(Envelope("r1", request("r1"), w.clock.now, {}, attempts=1, due_ms=due), w.parked.tiers[0])
-            await asyncio.wait_for(wait_for_ticks(1), 5)  # woken by the park
-        finally:
-            loop.cancel()
-
-    asyncio.run(scenario())
-    assert len(ticks) == 1
+    assert timer.next_sleep_s() == 0.02  # handed over long before it is due at any tick
+    scheduler.lead = DueLead(cap_ms=0)
+    scheduler.next_hand_over_at = scheduler.next_due
+    assert timer.next_sleep_s() == 0.005  # no lead: wake when it falls due
+    scheduler.next_hand_over_at = None
+    assert timer.next_sleep_s() == 0.02
 
 
 def test_a_retry_handed_over_while_its_previous_attempt_finishes_waits_for_it_not_for_the_refire(tmp_path):
