@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import sys
 import tempfile
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import faust
@@ -42,14 +44,12 @@ def build(args: argparse.Namespace, ready_fd: int) -> faust.App:
 
     @app.agent(source)
     async def pass_through(stream: faust.StreamT) -> None:
-        pool = HttpPool(args.llm, max_idle=args.concurrency) if args.http == "dlqapp" else None
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency)) if not pool else None
-
-        async def call(raw: bytes) -> bytes:
-            if pool is not None:
-                return await answer_via_pool(pool, raw)
-            assert session is not None
-            return await answer(session, args.llm, raw)
+        call: Callable[[bytes], Awaitable[bytes]]
+        if args.http == "dlqapp":
+            call = functools.partial(answer_via_pool, HttpPool(args.llm, max_idle=args.concurrency))
+        else:
+            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.concurrency))
+            call = functools.partial(answer, session, args.llm)
 
         slots = asyncio.Semaphore(args.concurrency)
         handling: set[asyncio.Future[None]] = set()  # a reference to each task until it is done
