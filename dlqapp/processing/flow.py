@@ -188,7 +188,9 @@ class InFlightWindow:
                 f"the worker died {self._guard.crashes(position)} times in a row while handling this message "
                 "(DLQ_POISON_AFTER_CRASHES)"
             )
-        self._guard.seen(position)
+        first = self._guard.seen(position)
+        if first is not None:  # its partition's first message: in the journal before it runs
+            await asyncio.wrap_future(first)
         try:
             if self._guard.needs_care(position):
                 async with self._guard.careful(position):

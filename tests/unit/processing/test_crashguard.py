@@ -1,6 +1,8 @@
 """The crash-loop guard across simulated deaths: a new CrashGuard on the same journal is a restart."""
 
 import asyncio
+import json
+import threading
 
 from dlqapp.processing.crashguard import CrashGuard
 
@@ -16,7 +18,9 @@ def die_while_handling(path, position, after=3):
     async def run():
         if guard.is_poison(position):
             return "poison"
-        guard.seen(position)
+        first = guard.seen(position)
+        if first is not None:
+            await asyncio.wrap_future(first)
         if guard.needs_care(position):
             async with guard.careful(position):
                 return "died"  # the process ends here: the context never exits in real life
@@ -29,6 +33,7 @@ def die_while_handling(path, position, after=3):
 
 async def _hold(guard, position, run):
     result = await run()
+    guard.flush()
     if result == "died" and guard.needs_care(position):
         guard._current = position  # still named: the death happened inside the block
         guard._write(clean=False)
@@ -97,6 +102,7 @@ def test_the_careful_margin_grows_only_for_quick_deaths(tmp_path):
         guard.open()
         guard.seen(P)
         guard.snapshot()
+        guard.flush()
         state = _json.loads(journal.read_text())
         if not quick:  # lived long after its first message (a kill -9 in the middle of a run)
             state["first_handled_at"] -= 60_000
@@ -117,9 +123,65 @@ def test_after_an_unclean_stop_only_what_was_being_handled_and_what_came_after_n
         guard.seen(("input", 1, offset))
     guard.finished(("input", 1, 10))
     guard.finished(("input", 1, 9000))
-    guard.snapshot()  # then the process dies
+    guard.snapshot()
+    guard.flush()  # then the process dies
     after = CrashGuard(str(journal), 3)
     after.open()
     assert after.needs_care(("input", 1, 500))  # it was running
     assert not after.needs_care(("input", 1, 10)) and not after.needs_care(("input", 1, 4000))
     assert after.needs_care(("input", 1, 9001))  # may have started after the last snapshot
+
+
+def _held_journal(guard, monkeypatch):
+    """Make the guard's journal writes wait until the returned event is set; returns
+    (held: set while a write waits, release, states written)."""
+    held, release, written = threading.Event(), threading.Event(), []
+    store = guard._store
+
+    def slow_store(state):
+        held.set()
+        release.wait(10)
+        written.append(state)
+        store(state)
+
+    monkeypatch.setattr(guard, "_store", slow_store)
+    return held, release, written
+
+
+def test_a_partitions_first_message_waits_for_its_journal_write_and_the_event_loop_does_not(tmp_path, monkeypatch):
+    journal = tmp_path / "in-progress.json"
+    guard = CrashGuard(str(journal), 3)
+    guard.open()
+    held, release, _ = _held_journal(guard, monkeypatch)
+
+    async def run():
+        first = guard.seen(P)
+        assert first is not None and guard.seen(INNOCENT) is None  # only a partition's first message waits
+        while not held.is_set():
+            await asyncio.sleep(0)
+        turns = 0
+        for _ in range(50):  # the loop goes on while the journal's thread is held
+            await asyncio.sleep(0)
+            turns += 1
+        assert turns == 50 and not first.done()
+        release.set()
+        await asyncio.wrap_future(first)
+        return json.loads(journal.read_text())
+
+    state = asyncio.run(run())
+    assert state["highs"] == {"input:1": 42} and state["clean"] is False
+
+
+def test_snapshots_do_not_pile_up_behind_a_slow_write_and_a_clean_stop_lands_last(tmp_path, monkeypatch):
+    journal = tmp_path / "in-progress.json"
+    guard = CrashGuard(str(journal), 3)
+    guard.open()
+    held, release, written = _held_journal(guard, monkeypatch)
+    guard.seen(P)
+    assert held.wait(5)  # the first message's write, held
+    guard.snapshot()  # returns at once, queued behind it
+    guard.snapshot()  # skipped: two are under way
+    threading.Timer(0.05, release.set).start()
+    guard.close()  # waits for the queued writes, then writes the clean stop
+    assert [state["clean"] for state in written] == [False, False, True]
+    assert json.loads(journal.read_text())["clean"] is True
