@@ -120,7 +120,11 @@ def parked_gauge(worker: Worker) -> int:
 
 
 class LoopLagSampler:
-    """Polls a worker's `dlqapp_event_loop_lag_seconds` twice a second while in use; keeps the worst."""
+    """Polls a worker's `dlqapp_event_loop_lag_seconds` twice a second while in use; keeps the worst.
+
+    It asks /metrics for that one gauge: the whole scrape (about 400 series at 12 partitions)
+    kept the worker's event loop busy for about 6 ms, twice a second, inside the lateness
+    it measures."""
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -139,7 +143,9 @@ class LoopLagSampler:
     def _run(self) -> None:
         while not self._stop.wait(0.5):
             try:
-                with urllib.request.urlopen(self.worker.url + "/metrics", timeout=5) as response:
+                with urllib.request.urlopen(
+                    self.worker.url + "/metrics?name[]=dlqapp_event_loop_lag_seconds", timeout=5
+                ) as response:
                     text = response.read().decode()
             except OSError:
                 continue

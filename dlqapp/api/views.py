@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import aiohttp.web
 from faust import web
+from multidict import MultiMapping
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from dlqapp.api.http import (
@@ -203,10 +204,13 @@ def register_views(app: Any, api: Api) -> None:
 
     @app.page("/metrics")
     async def prometheus_metrics(self: web.View, request: web.Request) -> web.Response:
-        """Prometheus text format: Faust's `faust_*` and dlqapp's `dlqapp_*` metrics."""
+        """Prometheus text format: Faust's `faust_*` and dlqapp's `dlqapp_*` metrics; only the
+        samples named by `name[]` when given (as Prometheus' own clients serve them)."""
+        names = cast(MultiMapping[str], request.query).getall("name[]", [])  # aiohttp's query under Faust's type
+        registry = REGISTRY.restricted_registry(names) if names else REGISTRY
         # faust's aiohttp driver serves aiohttp's Response as is; faust's Response type is another class
         return aiohttp.web.Response(  # type: ignore[return-value]
-            body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
+            body=generate_latest(registry), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
     @app.page("/ui/")

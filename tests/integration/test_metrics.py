@@ -20,8 +20,8 @@ from tests.support import http_json, unique, wait_until
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashboard.json"
 
 
-def scrape(worker) -> dict[tuple[str, tuple], float]:
-    with urllib.request.urlopen(worker.url + "/metrics", timeout=10) as response:
+def scrape(worker, query: str = "") -> dict[tuple[str, tuple], float]:
+    with urllib.request.urlopen(worker.url + "/metrics" + query, timeout=10) as response:
         text = response.read().decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
@@ -93,6 +93,9 @@ def test_metrics_count_a_known_run_and_json_logs_carry_the_fields(make_worker):
     assert value(m, "dlqapp_event_loop_lag_seconds") >= 0
     assert any(name == "dlqapp_consumer_lag" and dict(labels)["topic"] == worker.topic("input") for name, labels in m)
     assert any(name.startswith("faust_") for name, _ in m)
+    only = scrape(worker, "?name[]=dlqapp_event_loop_lag_seconds&name[]=dlqapp_requests_total")
+    assert {name for name, _ in only} == {"dlqapp_event_loop_lag_seconds", "dlqapp_requests_total"}
+    assert value(only, "dlqapp_requests_total", outcome="succeeded") == 18
 
     lines = [json.loads(line) for line in worker.log_path.read_text().splitlines() if line.startswith("{")]
     alerts = [line for line in lines if line.get("event") == "dead_letter"]
