@@ -23,14 +23,14 @@ takes longer (held by the breaker) did not kill the worker, and the rest go on.
 The journal is written by a thread of its own, in order, never on the event loop: a write
 of a few kilobytes took 1 ms, and up to 20 ms on a busy disk, and the first messages of
 every partition each wrote one, just when the first retries of a tier fell due. A message
-that must be named before it runs (the first of its partition, one handled carefully)
-awaits its write; the once-a-second snapshot does not.
+that must be named before it runs (one handled carefully, or any of a partition's while
+its first write is under way) awaits that write; the once-a-second snapshot does not. A
+write that fails is logged and never fails a message.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -87,6 +87,8 @@ class CrashGuard:
         self._lock = asyncio.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlqapp-journal")
         self._last_write: Future[None] | None = None
+        self._naming: dict[tuple[str, int], Future[None] | None] = {}
+        """Each partition's first journal write, until it is done."""
         self._queued = 0
         """Writes queued on the loop's thread; `_done` counts those done, on the journal's."""
         self._done = 0
@@ -137,8 +139,7 @@ class CrashGuard:
         """Wait until every journal write queued so far is done (or failed)."""
         last = self._last_write
         if last is not None:
-            with contextlib.suppress(Exception):  # a failed write is logged by `_written`
-                last.result()
+            last.result()
 
     def crashes(self, position: Position) -> int:
         """How many unclean stops in a row happened while this message was being handled."""
@@ -148,9 +149,9 @@ class CrashGuard:
         return bool(self._crashes) and self.crashes(position) >= self.after_crashes
 
     def seen(self, position: Position) -> Future[None] | None:
-        """A message was handed to a handler (feeds the once-a-second journal). The first of
-        its partition returns the journal write to wait for before it runs: a crash on a
-        partition's first message must be found too."""
+        """A message was handed to a handler (feeds the once-a-second journal). Returns the
+        journal write to wait for before it runs while its partition's first write is under
+        way: a crash on a partition's first messages must be found too."""
         topic, partition, offset = position
         tp = (topic, partition)
         self._running.setdefault(tp, set()).add(offset)
@@ -159,10 +160,15 @@ class CrashGuard:
             if self._first_handled_at is None:
                 self._first_handled_at = _now_ms()
             self._highs[tp] = offset
-            return self._write_soon()
+            naming = self._naming[tp] = self._write_soon()
+            return naming
         if offset > high:
             self._highs[tp] = offset
-        return None
+        naming = self._naming.get(tp)
+        if naming is not None and naming.done():
+            del self._naming[tp]
+            return None
+        return naming
 
     def finished(self, position: Position) -> None:
         """The message's handler is done (whatever its outcome)."""
@@ -224,19 +230,21 @@ class CrashGuard:
         """Queue a write of the journal as it stands now (None after `close`)."""
         if self._closed:
             return None
-        written = self._writer.submit(self._store, self._state(clean=False))
+        written = self._writer.submit(self._store_queued, self._state(clean=False))
         self._queued += 1
-        written.add_done_callback(self._written)
         self._last_write = written
         return written
 
-    def _written(self, written: Future[None]) -> None:
-        """(On the journal's thread.) Count the write; say so when it failed (the guard goes on
-        with the journal as it was)."""
-        self._done += 1
-        exc = written.exception()
-        if exc is not None:
+    def _store_queued(self, state: dict[str, Any]) -> None:
+        """(On the journal's thread.) A queued write; one that fails is logged, never raised: a
+        message must not fail because the journal could not be written, and the guard goes on
+        with the journal as it was."""
+        try:
+            self._store(state)
+        except OSError as exc:
             log_event(log, logging.WARNING, "crash_journal_not_written", error=repr(exc))
+        finally:
+            self._done += 1
 
     def _write(self, clean: bool) -> None:
         """Write the journal now, on the caller's thread (at start and at a clean stop)."""

@@ -156,7 +156,9 @@ def test_a_partitions_first_message_waits_for_its_journal_write_and_the_event_lo
 
     async def run():
         first = guard.seen(P)
-        assert first is not None and guard.seen(INNOCENT) is None  # only a partition's first message waits
+        assert first is not None and guard.seen(INNOCENT) is first  # the partition's next ones wait for it too
+        other = guard.seen(("input", 2, 7))  # another partition: a write of its own
+        assert other is not None and other is not first
         while not held.is_set():
             await asyncio.sleep(0)
         turns = 0
@@ -166,10 +168,13 @@ def test_a_partitions_first_message_waits_for_its_journal_write_and_the_event_lo
         assert turns == 50 and not first.done()
         release.set()
         await asyncio.wrap_future(first)
-        return json.loads(journal.read_text())
+        state = json.loads(journal.read_text())
+        await asyncio.wrap_future(other)
+        assert guard.seen(("input", 1, 44)) is None  # written: nothing to wait for
+        return state
 
     state = asyncio.run(run())
-    assert state["highs"] == {"input:1": 42} and state["clean"] is False
+    assert state["highs"] == {"input:1": 42} and state["clean"] is False  # 43 lies within the careful margin
 
 
 def test_snapshots_do_not_pile_up_behind_a_slow_write_and_a_clean_stop_lands_last(tmp_path, monkeypatch):
@@ -185,3 +190,22 @@ def test_snapshots_do_not_pile_up_behind_a_slow_write_and_a_clean_stop_lands_las
     guard.close()  # waits for the queued writes, then writes the clean stop
     assert [state["clean"] for state in written] == [False, False, True]
     assert json.loads(journal.read_text())["clean"] is True
+
+
+def test_a_journal_that_cannot_be_written_never_fails_a_message(tmp_path, monkeypatch, caplog):
+    guard = CrashGuard(str(tmp_path / "in-progress.json"), 3)
+    guard.open()
+
+    def full_disk(state):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(guard, "_store", full_disk)
+
+    async def run():
+        await asyncio.wrap_future(guard.seen(P))  # completes: the message goes on
+        async with guard.careful(INNOCENT):
+            return "handled"
+
+    assert asyncio.run(run()) == "handled"
+    guard.flush()
+    assert any("crash_journal_not_written" in r.getMessage() for r in caplog.records)
