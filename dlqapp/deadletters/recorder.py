@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 
 from faust.types import TableT
@@ -18,20 +17,13 @@ from dlqapp.core.record import Record
 from dlqapp.core.requests import fallback_key
 from dlqapp.deadletters.alerts import AlertBatcher
 from dlqapp.deadletters.entries import DeadLetterEntry, time_key
+from dlqapp.deadletters.log_file import DeadLetterLog
 from dlqapp.kafka.faust_tables import active_partitions, partition_db, scan_chunk
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.tables.counters import Counters
 
 log = logging.getLogger("dlqapp.deadletters.recorder")
-
-
-def rotate(path: str, backups: int) -> None:
-    """`path` becomes `path.1`, `path.1` becomes `path.2`, …; the oldest beyond `backups` goes."""
-    for n in range(backups - 1, 0, -1):
-        if os.path.exists(f"{path}.{n}"):
-            os.replace(f"{path}.{n}", f"{path}.{n + 1}")
-    os.replace(path, f"{path}.1")
 
 
 class OldestDeadLetter:
@@ -88,18 +80,14 @@ class DeadLetterRecorder:
         by_time: TableT,
         *,
         counters: Counters,
-        log_path: str,
+        log: DeadLetterLog,
         alerts: AlertBatcher | None = None,
         max_payload_bytes: int | None = None,
-        log_max_bytes: int = 64 * 1024 * 1024,
-        log_backups: int = 5,
     ) -> None:
         self.table = table
         self.by_time = by_time
         self.counters = counters
-        self.log_path = log_path
-        self.log_max_bytes = log_max_bytes
-        self.log_backups = log_backups
+        self.log = log
         self.max_payload_bytes = max_payload_bytes
         self.alerts = alerts
 
@@ -166,10 +154,4 @@ class DeadLetterRecorder:
         self.counters.add(f"dlq_model|{entry.model or '(none)'}", sign)
 
     def _append_to_log(self, entry: DeadLetterEntry) -> None:
-        line = json.dumps({k: v for k, v in entry.as_dict().items() if k != "headers"}, separators=(",", ":"))
-        os.makedirs(os.path.dirname(os.path.abspath(self.log_path)), exist_ok=True)
-        with open(self.log_path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-            size = f.tell()
-        if size >= self.log_max_bytes:
-            rotate(self.log_path, self.log_backups)
+        self.log.append(json.dumps({k: v for k, v in entry.as_dict().items() if k != "headers"}, separators=(",", ":")))

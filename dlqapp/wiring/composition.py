@@ -21,6 +21,7 @@ from dlqapp.core.budgets import is_stale_spend
 from dlqapp.core.in_flight import InFlight
 from dlqapp.core.outcomes import RetryPolicy
 from dlqapp.deadletters.alerts import AlertBatcher
+from dlqapp.deadletters.log_file import DeadLetterLog
 from dlqapp.deadletters.operator import Operator
 from dlqapp.deadletters.recorder import DeadLetterRecorder, OldestDeadLetter
 from dlqapp.deadletters.replay_jobs import ReplayJobs
@@ -168,11 +169,9 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         topology.dead_letters,
         topology.dead_letters_by_time,
         counters=counters,
-        log_path=settings.dead_letter_log,
+        log=DeadLetterLog(settings.dead_letter_log, settings.dlq_log_max_bytes, settings.dlq_log_backups),
         alerts=alerts,
         max_payload_bytes=settings.max_payload_bytes,
-        log_max_bytes=settings.dlq_log_max_bytes,
-        log_backups=settings.dlq_log_backups,
     )
     operator = Operator(
         store,

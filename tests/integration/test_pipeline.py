@@ -196,7 +196,10 @@ def test_the_dlq_agent_records_the_entry_the_json_line_and_the_alert(worker):
     assert entry["payload_bytes"] == len(payload) and len(entry["history"]) == 1
     assert entry["source"]["topic"] == worker.topic("input") and entry["dead_at"] >= entry["first_seen"]
     assert_valid("dead-letter", entry)
-    log_lines = (worker.data_dir / "dead-letters.jsonl").read_text().splitlines()
+    log = worker.data_dir / "dead-letters.jsonl"  # appended on a thread of its own: soon, not at once
+    log_lines = wait_until(
+        lambda: log.exists() and rid in (text := log.read_text()) and text.splitlines(), 10, "the line"
+    )
     assert [json.loads(line)["error_class"] for line in log_lines if rid in line] == ["content_filter"]
     for line in log_lines:
         assert_valid("dead-letter", json.loads(line))

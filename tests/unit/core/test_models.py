@@ -138,7 +138,7 @@ def test_state_changes_move_the_right_counters():
 def test_expirable_records_and_log_rotation(tmp_path):
     import json
 
-    from dlqapp.deadletters.recorder import rotate
+    from dlqapp.deadletters.log_file import rotate
     from dlqapp.tables.retention import ledger_last_change, request_last_change
 
     assert request_last_change(json.dumps({"state": "succeeded", "updated_at": 5}).encode()) == 5
