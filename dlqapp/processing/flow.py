@@ -188,10 +188,10 @@ class InFlightWindow:
                 f"the worker died {self._guard.crashes(position)} times in a row while handling this message "
                 "(DLQ_POISON_AFTER_CRASHES)"
             )
-        first = self._guard.seen(position)
-        if first is not None:  # its partition's first message: in the journal before it runs
-            await asyncio.wrap_future(first)
+        naming = self._guard.seen(position)
         try:
+            if naming is not None:  # its partition's first journal write is under way: named before it runs
+                await asyncio.wrap_future(naming)
             if self._guard.needs_care(position):
                 async with self._guard.careful(position):
                     return await handler()
