@@ -206,7 +206,8 @@ def register_views(app: Any, api: Api) -> None:
     async def prometheus_metrics(self: web.View, request: web.Request) -> web.Response:
         """Prometheus text format: Faust's `faust_*` and dlqapp's `dlqapp_*` metrics; only the
         samples named by `name[]` when given (as Prometheus' own clients serve them)."""
-        names = cast(MultiMapping[str], request.query).getall("name[]", [])  # aiohttp's query under Faust's type
+        query = cast(MultiMapping[str], request.query)  # aiohttp's query under Faust's type
+        names = [name for name in query.getall("name[]", []) if name]  # a blank one names nothing, as in Prometheus
         registry = REGISTRY.restricted_registry(names) if names else REGISTRY
         # faust's aiohttp driver serves aiohttp's Response as is; faust's Response type is another class
         return aiohttp.web.Response(  # type: ignore[return-value]

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 from dlqapp.observability.logs import log_event
 
 log = logging.getLogger("dlqapp.deadletters.log_file")
+
+
+FLUSH_WAIT_S = 2.0
+"""How long `flush` (a stop) waits for the lines queued: a stalled disk does not hold a stop."""
+
+
+def _nothing() -> None:
+    return None
 
 
 def rotate(path: str, backups: int) -> None:
@@ -25,23 +34,23 @@ class DeadLetterLog:
 
     The event loop never waits for the disk: a burst of dead letters wrote one file append
     each on it. A line that cannot be written is logged, never raised (the dead letter is
-    on its topic and in the table either way); lines queued at exit are still written."""
+    on its topic and in the table either way). A stop waits for the lines queued
+    (`flush`); a restart in place or a forced exit may leave the last ones unwritten."""
 
     def __init__(self, path: str, max_bytes: int = 64 * 1024 * 1024, backups: int = 5) -> None:
         self.path = path
         self.max_bytes = max_bytes
         self.backups = backups
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlqapp-dead-letter-log")
-        self._last: Future[None] | None = None
 
     def append(self, line: str) -> None:
         """Queue one line (without its newline)."""
-        self._last = self._writer.submit(self._append, line)
+        self._writer.submit(self._append, line)
 
-    def flush(self) -> None:
-        """Wait until every line queued so far is written (or failed)."""
-        if self._last is not None:
-            self._last.result()
+    def flush(self, timeout_s: float = FLUSH_WAIT_S) -> None:
+        """Wait until every line queued so far is written (or failed), at most `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            self._writer.submit(_nothing).result(timeout_s)  # one thread, in order: behind every line
 
     def _append(self, line: str) -> None:
         try:

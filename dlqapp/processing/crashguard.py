@@ -53,6 +53,16 @@ QUICK_DEATH_MS = 5000
 Position = tuple[str, int, int]
 
 
+async def wait_written(written: Future[None]) -> None:
+    """Wait for a queued journal write. A waiter cancelled meanwhile never cancels the write
+    itself (others may wait for it, and the journal must get it)."""
+    await asyncio.shield(asyncio.wrap_future(written))
+
+
+def _nothing() -> None:
+    return None
+
+
 class PoisonMessage(Exception):
     """The worker died while handling this message at its last unclean stops."""
 
@@ -86,12 +96,11 @@ class CrashGuard:
         self._first_handled_at: int | None = None
         self._lock = asyncio.Lock()
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlqapp-journal")
-        self._last_write: Future[None] | None = None
         self._naming: dict[tuple[str, int], Future[None] | None] = {}
         """Each partition's first journal write, until it is done."""
-        self._queued = 0
-        """Writes queued on the loop's thread; `_done` counts those done, on the journal's."""
-        self._done = 0
+        self._pending: list[Future[None]] = []
+        """Writes queued and not yet known to be done (kept on the loop's thread only)."""
+        self._stopped = False
 
     def open(self) -> None:
         """Read what the last run left, then mark this run as not (yet) stopped cleanly."""
@@ -133,13 +142,13 @@ class CrashGuard:
         self._closed = True
         self.flush()
         self._write(clean=True)
+        self._stopped = True
         self._writer.shutdown(wait=True)
 
     def flush(self) -> None:
         """Wait until every journal write queued so far is done (or failed)."""
-        last = self._last_write
-        if last is not None:
-            last.result()
+        if not self._stopped:
+            self._writer.submit(_nothing).result()  # one thread, in order: behind every write queued
 
     def crashes(self, position: Position) -> int:
         """How many unclean stops in a row happened while this message was being handled."""
@@ -181,7 +190,7 @@ class CrashGuard:
         """Persist what is being handled (called about once a second); skipped while two writes
         are still under way (the second carries nearly everything), so a stalled disk does not
         pile them up."""
-        if self._queued - self._done < MAX_QUEUED_SNAPSHOTS:
+        if sum(1 for written in self._pending if not written.done()) < MAX_QUEUED_SNAPSHOTS:
             self._write_soon()
 
     def needs_care(self, position: Position) -> bool:
@@ -201,14 +210,16 @@ class CrashGuard:
         """Run the block alone, named in the journal, for at most CAREFUL_TIMEOUT_S."""
         await self._lock.acquire()
         self._current = position
-        timer = asyncio.get_running_loop().call_later(CAREFUL_TIMEOUT_S, self._let_others_go, position)
+        timer: asyncio.TimerHandle | None = None
         try:
             named = self._write_soon()
             if named is not None:
-                await asyncio.wrap_future(named)  # named on disk before it runs
+                await wait_written(named)  # named on disk before it runs
+            timer = asyncio.get_running_loop().call_later(CAREFUL_TIMEOUT_S, self._let_others_go, position)
             yield
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             self._let_others_go(position)
 
     def _let_others_go(self, position: Position) -> None:
@@ -231,8 +242,7 @@ class CrashGuard:
         if self._closed:
             return None
         written = self._writer.submit(self._store_queued, self._state(clean=False))
-        self._queued += 1
-        self._last_write = written
+        self._pending = [*(w for w in self._pending if not w.done()), written]
         return written
 
     def _store_queued(self, state: dict[str, Any]) -> None:
@@ -243,8 +253,6 @@ class CrashGuard:
             self._store(state)
         except OSError as exc:
             log_event(log, logging.WARNING, "crash_journal_not_written", error=repr(exc))
-        finally:
-            self._done += 1
 
     def _write(self, clean: bool) -> None:
         """Write the journal now, on the caller's thread (at start and at a clean stop)."""

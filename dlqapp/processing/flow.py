@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 
 from dlqapp.core.errors import HandBack, StopWorker
 from dlqapp.kafka.acks import Acks, Ticket
-from dlqapp.processing.crashguard import CrashGuard, PoisonMessage
+from dlqapp.processing.crashguard import CrashGuard, PoisonMessage, wait_written
 from dlqapp.tables.progress import Progress
 from dlqapp.tables.steps import StreamSteps
 
@@ -191,7 +191,7 @@ class InFlightWindow:
         naming = self._guard.seen(position)
         try:
             if naming is not None:  # its partition's first journal write is under way: named before it runs
-                await asyncio.wrap_future(naming)
+                await wait_written(naming)
             if self._guard.needs_care(position):
                 async with self._guard.careful(position):
                     return await handler()

@@ -89,6 +89,7 @@ class WorkerLifecycle:
             self.components.offsets.reset()  # the next assignment starts from committed offsets
         if not reopen:
             self.components.crash_guard.close()
+            self.components.recorder.log.flush()
         if released:
             log_event(
                 log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown"

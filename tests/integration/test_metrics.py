@@ -96,6 +96,7 @@ def test_metrics_count_a_known_run_and_json_logs_carry_the_fields(make_worker):
     only = scrape(worker, "?name[]=dlqapp_event_loop_lag_seconds&name[]=dlqapp_requests_total")
     assert {name for name, _ in only} == {"dlqapp_event_loop_lag_seconds", "dlqapp_requests_total"}
     assert value(only, "dlqapp_requests_total", outcome="succeeded") == 18
+    assert any(name.startswith("faust_") for name, _ in scrape(worker, "?name[]="))  # a blank name: everything
 
     lines = [json.loads(line) for line in worker.log_path.read_text().splitlines() if line.startswith("{")]
     alerts = [line for line in lines if line.get("event") == "dead_letter"]

@@ -210,3 +210,60 @@ def test_a_journal_that_cannot_be_written_never_fails_a_message(tmp_path, monkey
     assert asyncio.run(run()) == "handled"
     guard.flush()
     assert any("crash_journal_not_written" in r.getMessage() for r in caplog.records)
+
+
+def test_a_cancelled_wait_never_cancels_the_write_others_wait_for(tmp_path, monkeypatch):
+    from dlqapp.processing.crashguard import wait_written
+
+    journal = tmp_path / "in-progress.json"
+    guard = CrashGuard(str(journal), 3)
+    guard.open()
+    held, release, written = _held_journal(guard, monkeypatch)
+
+    async def run():
+        guard.snapshot()  # held on the journal's thread
+        while not held.is_set():
+            await asyncio.sleep(0)
+        first = guard.seen(P)  # queued behind it
+        cancelled = asyncio.ensure_future(wait_written(first))
+        other = asyncio.ensure_future(wait_written(guard.seen(INNOCENT)))
+        await asyncio.sleep(0)
+        cancelled.cancel()  # a step released (rebalance) while it waited
+        release.set()
+        await other  # not cancelled with it
+        return cancelled.cancelled()
+
+    assert asyncio.run(run())
+    guard.flush()
+    assert written[-1]["highs"] == {"input:1": 42}  # the write happened all the same
+    guard.close()
+    assert json.loads(journal.read_text())["clean"] is True
+
+
+def test_the_careful_time_limit_starts_once_the_message_is_named(tmp_path, monkeypatch):
+    from dlqapp.processing import crashguard
+
+    monkeypatch.setattr(crashguard, "CAREFUL_TIMEOUT_S", 0.05)
+    guard = CrashGuard(str(tmp_path / "in-progress.json"), 3)
+    guard.open()
+    held, release, _ = _held_journal(guard, monkeypatch)
+    order = []
+
+    async def handle(offset):
+        async with guard.careful(("input", 1, offset)):
+            order.append(("start", offset))
+            await asyncio.sleep(0.01)
+            order.append(("end", offset))
+
+    async def run():
+        first = asyncio.ensure_future(handle(1))
+        while not held.is_set():
+            await asyncio.sleep(0)
+        second = asyncio.ensure_future(handle(2))
+        await asyncio.sleep(0.2)  # a disk slower than the careful time limit
+        release.set()
+        await asyncio.gather(first, second)
+
+    asyncio.run(run())
+    guard.flush()
+    assert order == [("start", 1), ("end", 1), ("start", 2), ("end", 2)]

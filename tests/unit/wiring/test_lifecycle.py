@@ -29,6 +29,7 @@ def lifecycle(counters: Counters) -> tuple[WorkerLifecycle, Any]:
         offsets=SimpleNamespace(reset=lambda: None),
         counters=counters,
         crash_guard=SimpleNamespace(close=lambda: closed.append(True)),
+        recorder=SimpleNamespace(log=SimpleNamespace(flush=lambda: closed.append("dead-letter log"))),
         tail_read=None,
     )
     return WorkerLifecycle(components), closed  # type: ignore[arg-type]
@@ -47,10 +48,10 @@ def test_a_rebalance_leaves_the_last_steps_counts_for_the_partitions_last_seal()
     assert counters.unwritten(1) is None and closed == []
 
 
-def test_a_stop_closes_the_crash_journal_and_keeps_the_counts_for_the_last_seal():
+def test_a_stop_closes_the_crash_journal_flushes_the_dead_letter_log_and_keeps_the_counts_for_the_last_seal():
     table, context = FakeTable("stats"), StepContext()
     counters = Counters(table, context, read=lambda partition, key: table.get(key))
     counted(counters, context, 0, "received")
     worker, closed = lifecycle(counters)
     asyncio.run(worker.release(reopen=False))
-    assert closed == [True] and counters.unwritten(0) is not None
+    assert closed == [True, "dead-letter log"] and counters.unwritten(0) is not None
