@@ -14,8 +14,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from aiokafka.errors import KafkaError
+
+from dlqapp.kafka.topic_consumer import TopicConsumer
 
 log = logging.getLogger("dlqapp.kafka.changelog_follower")
 
@@ -44,7 +46,8 @@ class ChangelogFollower:
     async def run(self, should_stop: Callable[[], bool]) -> None:
         """Follow the topic until `should_stop()`; reconnects after errors."""
         while not should_stop():
-            consumer = AIOKafkaConsumer(
+            consumer = TopicConsumer(
+                self.topic,
                 **self.options,
                 group_id=None,
                 enable_auto_commit=False,
@@ -62,10 +65,12 @@ class ChangelogFollower:
             finally:
                 await consumer.stop()
 
-    async def _follow(self, consumer: AIOKafkaConsumer, should_stop: Callable[[], bool]) -> None:
+    async def _follow(self, consumer: TopicConsumer, should_stop: Callable[[], bool]) -> None:
         partitions = consumer.partitions_for_topic(self.topic)
         while not partitions:
-            await consumer._client.force_metadata_update()  # the topic may be created moments from now
+            await (
+                consumer._client.force_metadata_update()
+            )  # the topic may be created moments from now (asked for alone)
             partitions = consumer.partitions_for_topic(self.topic)
             if not partitions:
                 await asyncio.sleep(RETRY_S)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from faust.types import TP
 
 from dlqapp.inference import create_backend
 from dlqapp.kafka.faust_consumer_state import hand_back_unacked
 from dlqapp.kafka.faust_producer import producer_send
+from dlqapp.kafka.topic_consumer import TopicConsumer
 from dlqapp.kafka.transactions import ProducerFactory
 from dlqapp.retries.handover import HandOver
 from dlqapp.settings import Settings
@@ -35,16 +36,17 @@ def ports_of(app: DlqApp, settings: Settings, topology: Topology) -> Ports:
     )
 
 
-def tail_consumer(settings: Settings) -> AIOKafkaConsumer:
+def tail_consumer(settings: Settings) -> TopicConsumer:
     """The consumer that reads the ends of `input` (dlqapp.kafka.tail_read): no group, assigned
     by hand; under exactly_once it reads committed records only, as the worker's own does."""
-    return AIOKafkaConsumer(
+    return TopicConsumer(
+        settings.input,
         **settings.kafka_client(
             client_id="dlqapp-tail-read",
             group_id=None,
             enable_auto_commit=False,
             isolation_level="read_committed" if settings.exactly_once else "read_uncommitted",
-        )
+        ),
     )
 
 
