@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 
+from dlqapp.observability.file_writer import FileWriter
 from dlqapp.observability.logs import log_event
 
 log = logging.getLogger("dlqapp.deadletters.log_file")
@@ -14,10 +13,6 @@ log = logging.getLogger("dlqapp.deadletters.log_file")
 
 FLUSH_WAIT_S = 2.0
 """How long `flush` (a stop) waits for the lines queued: a stalled disk does not hold a stop."""
-
-
-def _nothing() -> None:
-    return None
 
 
 def rotate(path: str, backups: int) -> None:
@@ -41,7 +36,7 @@ class DeadLetterLog:
         self.path = path
         self.max_bytes = max_bytes
         self.backups = backups
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlqapp-dead-letter-log")
+        self._writer = FileWriter("dlqapp-dead-letter-log")
 
     def append(self, line: str) -> None:
         """Queue one line (without its newline)."""
@@ -49,8 +44,7 @@ class DeadLetterLog:
 
     def flush(self, timeout_s: float = FLUSH_WAIT_S) -> None:
         """Wait until every line queued so far is written (or failed), at most `timeout_s`."""
-        with contextlib.suppress(TimeoutError):
-            self._writer.submit(_nothing).result(timeout_s)  # one thread, in order: behind every line
+        self._writer.flush(timeout_s)
 
     def _append(self, line: str) -> None:
         try:

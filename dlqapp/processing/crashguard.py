@@ -36,10 +36,11 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from typing import Any
 
+from dlqapp.observability.file_writer import FileWriter
 from dlqapp.observability.logs import log_event
 
 log = logging.getLogger("dlqapp.processing.crashguard")
@@ -57,10 +58,6 @@ async def wait_written(written: Future[None]) -> None:
     """Wait for a queued journal write. A waiter cancelled meanwhile never cancels the write
     itself (others may wait for it, and the journal must get it)."""
     await asyncio.shield(asyncio.wrap_future(written))
-
-
-def _nothing() -> None:
-    return None
 
 
 class PoisonMessage(Exception):
@@ -95,12 +92,11 @@ class CrashGuard:
         self._previous_highs: dict[str, int] = {}
         self._first_handled_at: int | None = None
         self._lock = asyncio.Lock()
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dlqapp-journal")
+        self._writer = FileWriter("dlqapp-journal")
         self._naming: dict[tuple[str, int], Future[None] | None] = {}
         """Each partition's first journal write, until it is done."""
         self._pending: list[Future[None]] = []
         """Writes queued and not yet known to be done (kept on the loop's thread only)."""
-        self._stopped = False
 
     def open(self) -> None:
         """Read what the last run left, then mark this run as not (yet) stopped cleanly."""
@@ -142,13 +138,11 @@ class CrashGuard:
         self._closed = True
         self.flush()
         self._write(clean=True)
-        self._stopped = True
-        self._writer.shutdown(wait=True)
+        self._writer.close()
 
     def flush(self) -> None:
         """Wait until every journal write queued so far is done (or failed)."""
-        if not self._stopped:
-            self._writer.submit(_nothing).result()  # one thread, in order: behind every write queued
+        self._writer.flush()
 
     def crashes(self, position: Position) -> int:
         """How many unclean stops in a row happened while this message was being handled."""

@@ -149,11 +149,16 @@ def _held_journal(guard, monkeypatch):
     return held, release, written
 
 
-def test_a_partitions_first_message_waits_for_its_journal_write_and_the_event_loop_does_not(tmp_path, monkeypatch):
+def _held_guard(tmp_path, monkeypatch):
+    """A started guard on a journal in `tmp_path` whose writes are held (`_held_journal`)."""
     journal = tmp_path / "in-progress.json"
     guard = CrashGuard(str(journal), 3)
     guard.open()
-    held, release, written = _held_journal(guard, monkeypatch)
+    return journal, guard, _held_journal(guard, monkeypatch)
+
+
+def test_a_partitions_first_message_waits_for_its_journal_write_and_the_event_loop_does_not(tmp_path, monkeypatch):
+    journal, guard, (held, release, written) = _held_guard(tmp_path, monkeypatch)
 
     async def run():
         first = guard.seen(P)
@@ -179,10 +184,7 @@ def test_a_partitions_first_message_waits_for_its_journal_write_and_the_event_lo
 
 
 def test_snapshots_do_not_pile_up_behind_a_slow_write_and_a_clean_stop_lands_last(tmp_path, monkeypatch):
-    journal = tmp_path / "in-progress.json"
-    guard = CrashGuard(str(journal), 3)
-    guard.open()
-    held, release, written = _held_journal(guard, monkeypatch)
+    journal, guard, (held, release, written) = _held_guard(tmp_path, monkeypatch)
     guard.seen(P)
     assert held.wait(5)  # the first message's write, held
     guard.snapshot()  # returns at once, queued behind it
@@ -215,10 +217,7 @@ def test_a_journal_that_cannot_be_written_never_fails_a_message(tmp_path, monkey
 def test_a_cancelled_wait_never_cancels_the_write_others_wait_for(tmp_path, monkeypatch):
     from dlqapp.processing.crashguard import wait_written
 
-    journal = tmp_path / "in-progress.json"
-    guard = CrashGuard(str(journal), 3)
-    guard.open()
-    held, release, written = _held_journal(guard, monkeypatch)
+    journal, guard, (held, release, written) = _held_guard(tmp_path, monkeypatch)
 
     async def run():
         guard.snapshot()  # held on the journal's thread
@@ -244,9 +243,7 @@ def test_the_careful_time_limit_starts_once_the_message_is_named(tmp_path, monke
     from dlqapp.processing import crashguard
 
     monkeypatch.setattr(crashguard, "CAREFUL_TIMEOUT_S", 0.05)
-    guard = CrashGuard(str(tmp_path / "in-progress.json"), 3)
-    guard.open()
-    held, release, _ = _held_journal(guard, monkeypatch)
+    _, guard, (held, release, _) = _held_guard(tmp_path, monkeypatch)
     order = []
 
     async def handle(offset):
