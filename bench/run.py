@@ -3,7 +3,8 @@
     python bench/run.py [--quick] [--out bench/results]
 
 Starts what it needs (a private Kafka unless KAFKA_BOOTSTRAP is set, dlqapp-mock-llm at a
-fixed 100 ms latency) and measures:
+fixed 100 ms latency), warms the broker up (`Bench.warm_up`: a worker of each mode handles
+2,000 requests, measured by nobody; not with --quick) and measures:
 
 1. throughput (requests/s, median of runs) of baseline A (the source documents'
    synchronous consumer), baseline B (a raw aiokafka pass-through with the same
@@ -157,6 +158,9 @@ def measure(bench: Bench, sections: list[str], quick: bool) -> dict[str, Any]:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "quick": quick,
     }
+    if not quick:
+        print("warm-up", flush=True)
+        bench.warm_up()
     for section in sections:
         print(section, flush=True)
         results[section] = SECTIONS[section](bench)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.drivers import BENCH_PARTITIONS, make_topics, requests_for, wait_results
+from bench.drivers import BENCH_PARTITIONS, make_topics, requests_for, requests_with_plan, wait_results
 from bench.harness import MockLLM, Record, Worker, produce, unique, unique_ids
 from dlqapp.settings import Settings
 
@@ -27,6 +27,8 @@ DLQ_PROCESSING_GUARANTEE says otherwise. The sections where the mode matters (`l
 `overhead`, `llm_scale`, `guarantee`) measure the other mode beside it in the same run."""
 OTHER_GUARANTEE = "at_least_once" if BENCH_GUARANTEE == "exactly_once" else "exactly_once"
 """The mode measured beside BENCH_GUARANTEE where the difference matters."""
+WARM_UP_REQUESTS = 2_000
+"""Requests a worker of each mode handles before anything is measured (`Bench.warm_up`)."""
 BENCH_BEFORE = os.environ.get("BENCH_BEFORE", "")
 """A source tree of an earlier dlqapp (`git worktree add /tmp/before <commit>`): `overhead` and
 `llm_scale` run its worker too (`dlqapp_before`, same settings, this tree's harness), so the
@@ -129,6 +131,26 @@ class Bench:
             "DLQ_SIMULATED_JITTER": "0ms",
         }
         return self.worker(**{**simulated, **env})
+
+    def warm_up(self) -> None:
+        """Run WARM_UP_REQUESTS through a worker of each mode, one in ten failing once, and
+        measure nothing: a broker's JVM compiles its hot paths (transactions, fetches from
+        the retry topics) in its first minutes, and the first scenario measured on a fresh
+        broker paid for it (idle retries 35-43 ms late at the p99 where later runs of the
+        same code were 6-19)."""
+        for mode in (BENCH_GUARANTEE, OTHER_GUARANTEE):
+            worker = self.simulated_worker(latency_ms=LATENCY_MS, DLQ_PROCESSING_GUARANTEE=mode)
+            worker.start()
+            try:
+                failing = unique_ids("warm-fail", WARM_UP_REQUESTS // 10)
+                plain = unique_ids("warm", WARM_UP_REQUESTS - len(failing))
+                produce(
+                    self.bootstrap, worker.topic("input"), requests_with_plan(failing, fail_times=1, error="unknown")
+                )
+                produce(self.bootstrap, worker.topic("input"), requests_for(plain))
+                wait_results(self.bootstrap, worker.topic("results"), failing + plain, timeout=300)
+            finally:
+                worker.kill()
 
     # -- one pass over requests already waiting ------------------------------------------
 
