@@ -45,13 +45,14 @@ class LibraryDetail(logging.Filter):
         return record.name.startswith(LOGGER_NAME) and not str(record.msg).startswith("[^")
 
 
-def apply_log_format(settings: Settings) -> None:
+def apply_log_format(settings: Settings, root: logging.Logger | None = None) -> None:
     """Quiet the libraries' INFO lines (LibraryDetail) and, with DLQ_LOG_FORMAT=json,
-    write every line as JSON.
+    write every line as JSON, on the handlers of `root` (default: the root logger).
 
-    Runs once the worker has set up logging (Faust's lines included).
+    Runs as soon as the worker has set up logging (dlqapp.wiring.worker), before its first
+    line, and again as the app starts.
     """
-    for handler in logging.getLogger().handlers:
+    for handler in (root or logging.getLogger()).handlers:
         if not any(isinstance(f, LibraryDetail) for f in handler.filters):
             handler.addFilter(LibraryDetail())
         if settings.log_format == "json":

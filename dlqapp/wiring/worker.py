@@ -4,6 +4,10 @@ A SIGTERM or Ctrl-C marks the stop as requested before Faust begins it: from the
 failure restarts the worker in place (dlqapp.wiring.restart), and a stop that overruns
 DLQ_DRAIN_TIMEOUT plus a few seconds ends the process anyway.
 
+Its log lines take dlqapp's format from the first one (DLQ_LOG_FORMAT, the libraries' INFO
+detail hidden): Faust's "[^Worker]: Starting..." came before the app could set it, as the
+one plain-text line of a JSON log.
+
 It shows no progress spinner: Faust's spins once per log record, so at Faust's default
 level (WARN, no `-l`) it set the root logger to DEBUG for the life of the worker, and every
 debug line of aiokafka, Faust and mode (one per partition per fetch) was built and handed
@@ -17,14 +21,19 @@ from typing import Any
 
 from faust.worker import Worker
 
+from dlqapp.observability.logs import apply_log_format
+
 
 class DlqWorker(Worker):
-    """Faust's worker, whose signal handlers first tell the app a stop was asked for, without
-    the progress spinner (module doc)."""
+    """Faust's worker, whose signal handlers first tell the app a stop was asked for, whose
+    lines take dlqapp's log format from the first, without the progress spinner (module doc)."""
 
     def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
         self.spinner = None  # never the spinner's handler, nor the root logger at DEBUG for it
         super().on_setup_root_logger(logger, level)
+        settings = getattr(getattr(self, "app", None), "dlq_settings", None)
+        if settings is not None:
+            apply_log_format(settings, logger)
 
     def _on_sigint(self) -> None:
         self._stop_requested()

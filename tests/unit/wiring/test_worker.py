@@ -1,9 +1,12 @@
-"""The worker process: Faust's progress spinner never puts the root logger at DEBUG."""
+"""The worker process: its log lines take dlqapp's format from the first, and Faust's
+progress spinner never puts the root logger at DEBUG."""
 
 from __future__ import annotations
 
 import io
+import json
 import logging
+from types import SimpleNamespace
 
 import pytest
 from faust.utils import terminal
@@ -12,9 +15,11 @@ from faust.worker import Worker
 from dlqapp.wiring.worker import DlqWorker
 
 
-def _root_set_up(worker_class: type[Worker], level: int) -> logging.Logger:
+def _root_set_up(worker_class: type[Worker], level: int, log_format: str | None = None) -> logging.Logger:
     """A root-like logger as Faust's worker sets it up at `level` (one handler, as mode adds)."""
     worker = object.__new__(worker_class)  # only its logging set-up is exercised
+    if log_format is not None:
+        worker.app = SimpleNamespace(dlq_settings=SimpleNamespace(log_format=log_format))
     worker.spinner = terminal.Spinner(file=io.StringIO())
     logger = logging.Logger(f"root-of-{worker_class.__name__}", level)
     logger.addHandler(logging.StreamHandler(io.StringIO()))
@@ -41,3 +46,25 @@ def test_info_level_is_left_as_faust_sets_it() -> None:
     logger = _root_set_up(DlqWorker, logging.INFO)
     assert logger.level == logging.INFO
     assert not logger.isEnabledFor(logging.DEBUG)
+
+
+def _line(logger: logging.Logger, name: str, message: str) -> str:
+    """What the logger's handler writes for one INFO record of logger `name`."""
+    handler = logger.handlers[0]
+    assert isinstance(handler, logging.StreamHandler)
+    handler.stream = io.StringIO()
+    logger.handle(logger.makeRecord(name, logging.INFO, __file__, 1, message, (), None))
+    return str(handler.stream.getvalue())
+
+
+def test_a_json_log_is_json_from_its_first_line_and_faust_start_lines_are_detail() -> None:
+    logger = _root_set_up(DlqWorker, logging.INFO, log_format="json")
+    assert _line(logger, "mode.worker", "[^DlqWorker]: Starting...") == ""  # before the app starts
+    written = _line(logger, "dlqapp.wiring.faust_app", "topics_ready checked=17")
+    assert json.loads(written)["event"] == "topics_ready checked=17"
+
+
+def test_a_text_log_hides_faust_start_lines_from_the_first() -> None:
+    logger = _root_set_up(DlqWorker, logging.INFO, log_format="text")
+    assert _line(logger, "mode.worker", "[^DlqWorker]: Starting...") == ""
+    assert _line(logger, "dlqapp.wiring.faust_app", "ready").strip().endswith("ready")
