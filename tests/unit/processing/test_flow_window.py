@@ -276,3 +276,36 @@ def test_a_halted_worker_starts_no_step_even_at_the_next_assignment_while_runnin
         assert handled == [1] and 3 in forgotten and not window.accepting
 
     asyncio.run(run())
+
+
+def test_the_windows_share_one_grace_period_at_a_release():
+    """A stop gives every window's running steps the same grace period (DLQ_DRAIN_TIMEOUT),
+    not one after another: each step here ends only once both windows are closed, which one
+    window after another would reach only after the first window's grace ran out (cancelling
+    its step, handed back unacked)."""
+    from dlqapp.processing.windows import InFlightWindows
+
+    async def run():
+        h = Harness()
+        acked: list[int] = []
+        windows = InFlightWindows(4, 2.0, steps=h.steps, acks=h.acks, progress=None, guard=None)
+        first, second = (windows.new(on_poison=lambda ticket, exc: None, on_stop=lambda exc: None) for _ in range(2))
+        both_closed, handled = asyncio.Event(), []
+
+        async def held(offset):
+            await both_closed.wait()
+            handled.append(offset)
+
+        async def close_watch():
+            while first.accepting or second.accepting:
+                await asyncio.sleep(0)
+            both_closed.set()
+
+        await h.submit(first, FakeEvent(1, acked, partition=0), lambda: held(1))
+        await h.submit(second, FakeEvent(2, acked, partition=1), lambda: held(2))
+        watch = asyncio.create_task(close_watch())
+        released = await windows.release()
+        await watch
+        assert released == 0 and sorted(handled) == [1, 2] and not h.forgotten
+
+    asyncio.run(run())
