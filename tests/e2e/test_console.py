@@ -275,9 +275,12 @@ def test_lookup_shows_the_attempt_timeline_scheduled_vs_actual(worker, mock, pag
 def test_health_panel_and_nothing_clipped(worker, mock, new_page, width):
     park(worker, mock, f"layout{width}-rag-ingestion-batch-2026-12-02-document-chunk", 1)  # a long id is shown whole
     page = new_page(width, 900)
+    errors: list[str] = []  # what the browser's console would show an operator (a failed load too)
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     page.goto(worker.url + "/ui/")
     page.wait_for_selector("#health-total .tile")
     page.wait_for_selector("#workers tbody tr")
+    assert errors == []
     assert int(page.inner_text("#health-total [data-metric=parked] .v")) == listed(worker)["total"]
     assert page.eval_on_selector_all("#chart polyline", "ls => ls.map(l => l.dataset.series)") == [
         "received",
