@@ -27,6 +27,7 @@ from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.observability import metrics
 from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.observability.logs import log_event
+from dlqapp.tables.step import StepContext
 
 log = logging.getLogger("dlqapp.processing.caller")
 
@@ -74,13 +75,17 @@ class BackendCaller:
         clock: Clock,
         lateness: LatenessWindow,
         gate: RateGate | None = None,
+        steps: StepContext | None = None,
     ) -> None:
+        """`steps`: where the calling step is found, to mark it waiting until its call starts
+        (a release hands a waiting step's event back at once, see InFlightWindow.release)."""
         self.backend = backend
         self.breaker = breaker
         self.limiter = limiter
         self.gate = gate or RateGate(RateLimits({}))
         self.clock = clock
         self.lateness = lateness
+        self.steps = steps
         self._timeout_s = timeout_ms / 1000
 
     async def call(
@@ -110,14 +115,18 @@ class BackendCaller:
         held = False
         while True:
             rank = number - 1 + int(held)
-            await self.breaker.wait_allowed(request.request_id, rank)
+            self._waiting(True)
             try:
-                made = await self._call_with_capacity(
-                    request, number, label, due_ms, priority, model, not_before, tenant
-                )
-            except BaseException:  # cancelled: the breaker must get its probe back
-                self.breaker.abandon(request.request_id)
-                raise
+                await self.breaker.wait_allowed(request.request_id, rank)
+                try:
+                    made = await self._call_with_capacity(
+                        request, number, label, due_ms, priority, model, not_before, tenant
+                    )
+                except BaseException:  # cancelled: the breaker must get its probe back
+                    self.breaker.abandon(request.request_id)
+                    raise
+            finally:
+                self._waiting(False)
             if isinstance(made, NotCalled):
                 self.breaker.abandon(request.request_id)
                 return made
@@ -132,6 +141,7 @@ class BackendCaller:
             log_event(
                 log, logging.DEBUG, "held_during_outage", request_id=request.request_id, topic=topic, attempt=number
             )
+        self._called()
         metrics.attempts.labels(label).inc()
         attempt = Attempt(
             attempt=number,
@@ -189,6 +199,7 @@ class BackendCaller:
         permit: Permit,
     ) -> _Made | NotCalled:
         """The call itself, holding a backend slot."""
+        self._waiting(False)  # a slot is taken shortly ahead of a due time: a release lets it run
         if not_before is not None:
             await self.limiter.hold_until(self.clock, not_before)  # the slot is held (lent) meanwhile
         started = self.clock()
@@ -200,6 +211,19 @@ class BackendCaller:
         output, failure = await self.call_backend(request, number, model)
         self.after_call(model or request.model, permit, output, failure, (self.clock() - started) / 1000)
         return _Made(started, output, failure)
+
+    def _waiting(self, waiting: bool) -> None:
+        """Mark the calling step as waiting to call (or no longer), when there is one."""
+        step = self.steps.current() if self.steps is not None else None
+        if step is not None:
+            step.waiting = waiting
+
+    def _called(self) -> None:
+        """Mark the calling step as having made an attempt (a held call is not one: a
+        backend-wide failure used nothing)."""
+        step = self.steps.current() if self.steps is not None else None
+        if step is not None:
+            step.called = True
 
     def _note_lateness(self, request: Request, number: int, label: str, due_ms: int, started: int) -> None:
         metrics.lateness.labels(label).observe(max(0, started - due_ms) / 1000)

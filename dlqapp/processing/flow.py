@@ -26,9 +26,13 @@ from dlqapp.core.errors import HandBack, StopWorker
 from dlqapp.kafka.acks import Acks, Ticket
 from dlqapp.processing.crashguard import CrashGuard, PoisonMessage, wait_written
 from dlqapp.tables.progress import Progress
+from dlqapp.tables.step import Step
 from dlqapp.tables.steps import StreamSteps
 
 log = logging.getLogger(__name__)
+
+RELEASE_POLL_S = 0.05
+"""How often a release looks for steps that have come to wait (and are handed back at once)."""
 
 STRIKES_TO_POISON = 2
 """A record that broke this many transactions (on any worker) is dead-lettered as `poison`
@@ -68,6 +72,7 @@ class InFlightWindow:
         self._on_done = on_done
         self._tasks: set[asyncio.Task[None]] = set()
         self._running: dict[asyncio.Task[None], Ticket] = {}
+        self._step_of: dict[asyncio.Task[None], Step] = {}
         self._accepting = asyncio.Event()
         self._accepting.set()
         self._generation = 0
@@ -130,6 +135,7 @@ class InFlightWindow:
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         self._running.pop(task, None)
+        self._step_of.pop(task, None)
 
     async def _run(self, ticket: Ticket, handler: Handler) -> None:
         try:
@@ -150,6 +156,9 @@ class InFlightWindow:
         try:
             try:
                 async with self._steps.step(ticket.partition, ticket.position, self._ended(ticket)) as step:
+                    task = asyncio.current_task()
+                    if task is not None:
+                        self._step_of[task] = step
                     answer = await self._handle(ticket, handler)
                 return step.committed, answer
             except (HandBack, StopWorker):
@@ -221,22 +230,37 @@ class InFlightWindow:
     async def release(self, grace_s: float) -> int:
         """Give back every event whose step has not ended (shutdown, rebalance). Returns how many.
 
-        Running steps get `grace_s` to finish; the rest (held by the breaker, waiting for a
-        slot, or in a long call) are cancelled and their events handed back unacked: their
-        offsets are never committed, so the next owner of the partition handles them again.
-        The window stays closed until `reopen` (the next assignment): every event taken
-        until then belongs to the assignment being revoked and is handed back too, never
-        started, so nothing runs for a partition this worker may no longer own."""
+        A step only waiting to call its backend (held by the breaker or waiting for a backend
+        slot; `Step.only_waiting`) is cancelled at once, whenever it comes to
+        wait. Running steps get `grace_s` to finish; the rest (in a long call) are cancelled.
+        A cancelled step's event is handed back unacked: its offset is never committed, so
+        the next owner of the partition handles it again. The window stays closed until
+        `reopen` (the next assignment): every event taken until then belongs to the
+        assignment being revoked and is handed back too, never started, so nothing runs
+        for a partition this worker may no longer own."""
         self.close()
         self._generation += 1
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=grace_s)
+        cancelled: set[asyncio.Task[None]] = set()
+        deadline = asyncio.get_running_loop().time() + grace_s
+        while self._tasks:
+            cancelled |= self._cancel_waiting()
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            await asyncio.wait(list(self._tasks), timeout=min(left, RELEASE_POLL_S))
         pending = list(self._tasks)
-        released = len(pending)
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        return released
+        return len(cancelled | set(pending))
+
+    def _cancel_waiting(self) -> set[asyncio.Task[None]]:
+        """Cancel the steps only waiting to call (see `release`)."""
+        waiting = {task for task, step in self._step_of.items() if step.only_waiting and not task.done()}
+        for task in waiting:
+            task.cancel()
+            del self._step_of[task]
+        return waiting
 
     def close(self) -> None:
         """Start no step from now on: the worker is about to restart or stop. Steps running go

@@ -194,8 +194,9 @@ class WorkFields:
         "DLQ_DRAIN_TIMEOUT",
         "5s",
         parse_duration_ms,
-        "On shutdown or a rebalance, how long calls in flight may finish; the rest (and requests held by the "
-        "breaker) are left unacked for the partition's next owner.",
+        "On shutdown or a rebalance, how long calls in flight may finish; the rest are left unacked for the "
+        "partition's next owner, and requests only waiting to be called (held by the breaker, waiting for a slot) "
+        "at once.",
     )
     poison_after_crashes: int = setting(
         "DLQ_POISON_AFTER_CRASHES",

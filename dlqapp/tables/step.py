@@ -61,6 +61,7 @@ class Step:
 
     __slots__ = (
         "after_sent",
+        "called",
         "committed",
         "counts",
         "futures",
@@ -70,6 +71,7 @@ class Step:
         "records",
         "sent",
         "transaction",
+        "waiting",
     )
 
     def __init__(self, partition: int, position: Position | None = None, on_end: OnEnd | None = None) -> None:
@@ -86,6 +88,18 @@ class Step:
         self.committed: asyncio.Future[None] | None = None
         """Under exactly_once, once the step ended: resolves when its transaction committed
         (None when it sent nothing). Shared: await it through `asyncio.shield`."""
+        self.waiting = False
+        """The handler waits for leave to call its backend (the breaker, the rate gate, a
+        backend slot) and has not called it in this wait."""
+        self.called = False
+        """The handler made a backend call that counts as an attempt (paid for, perhaps)."""
+
+    @property
+    def only_waiting(self) -> bool:
+        """Waiting (above), no attempt made and nothing sent: cancelling it now loses
+        nothing, pays for nothing twice and spoils no transaction; its event is handed back
+        and handled again by the partition's owner."""
+        return self.waiting and not self.called and not self.sent and not self.futures
 
     def wrote(self, table: StepTable, key: bytes, value: bytes | None) -> None:
         """`table` holds `key` = `value` (None: deleted) in this step's partition now."""

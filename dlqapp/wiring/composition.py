@@ -126,6 +126,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         clock=clock,
         lateness=LatenessWindow(),
         gate=rate_gate(settings, ports.input_share),
+        steps=topology.steps,
     )
     dead_letters = DeadLetterWriter(store, topology.dlq, in_flight=in_flight, clock=clock)
     pipeline = Pipeline(

@@ -101,6 +101,8 @@ def test_the_readme_demo_finishes_with_the_breaker_on(make_worker):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_worker_stops_promptly_while_the_breaker_holds_requests_and_loses_none(make_worker, tmp_path, sig):
+    """A held request has made no attempt: the stop hands it back at once, not after the
+    running steps' grace period (DLQ_DRAIN_TIMEOUT, long here so that waiting it out fails)."""
     mock = MockLLM(tmp_path, args=["--latency-ms", "5"]).start()
     try:
         env = {
@@ -110,6 +112,7 @@ def test_a_worker_stops_promptly_while_the_breaker_holds_requests_and_loses_none
             "DLQ_INFERENCE_TIMEOUT": "2s",
             "DLQ_BREAKER_OPEN": "60s",
             "DLQ_BREAKER_MAX_OPEN": "60s",
+            "DLQ_DRAIN_TIMEOUT": "90s",
         }
         worker = make_worker(env_extra=env).start()
         mock.outage(True)

@@ -309,3 +309,61 @@ def test_the_windows_share_one_grace_period_at_a_release():
         assert released == 0 and sorted(handled) == [1, 2] and not h.forgotten
 
     asyncio.run(run())
+
+
+def test_a_release_hands_back_at_once_a_step_only_waiting_to_call_while_running_steps_get_their_grace():
+    """A request held by an open breaker (or waiting for a backend slot) has made no
+    call and sent nothing: a stop hands it back at once, also when it comes to wait during
+    the grace period, instead of keeping the worker for the whole DLQ_DRAIN_TIMEOUT. A step
+    that has sent an output keeps its grace (cancelling it would spoil its transaction), and
+    so does one that made an attempt before it came to wait (a fallback waiting for a slot:
+    handed back, its paid first call would be made again)."""
+
+    async def run():
+        h = Harness()
+        acked: list[int] = []
+        window = h.window(10)
+        call_ends, never = asyncio.Event(), asyncio.Event()
+        cancelled: list[int] = []
+
+        def mark(*, sent: bool, called: bool) -> None:
+            step = h.context.current()
+            step.waiting, step.sent, step.called = True, sent, called
+
+        async def waits(offset, *, first=None, sent=False, called=False):
+            try:
+                if first is not None:
+                    await first.wait()  # running (a call) until the release has begun
+                mark(sent=sent, called=called)
+                await never.wait()
+            except asyncio.CancelledError:
+                cancelled.append(offset)
+                raise
+
+        async def calls():
+            await call_ends.wait()
+
+        released_begun = asyncio.Event()
+        await h.submit(window, FakeEvent(0, acked, partition=1), calls)
+        await h.submit(window, FakeEvent(1, acked), lambda: waits(1))
+        await h.submit(window, FakeEvent(2, acked), lambda: waits(2, first=released_begun))
+        await h.submit(window, FakeEvent(3, acked), lambda: waits(3, sent=True))
+        await h.submit(window, FakeEvent(4, acked), lambda: waits(4, called=True))
+        release = asyncio.create_task(window.release(grace_s=60))
+        while window.accepting:
+            await asyncio.sleep(0)
+        released_begun.set()
+
+        async def both_waiting_cancelled():
+            while sorted(cancelled) != [1, 2]:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(both_waiting_cancelled(), 30)  # a failure guard: the grace is 60 s
+        assert not release.done() and not {3, 4} & set(cancelled)  # the call and those steps go on
+        call_ends.set()
+        while window.in_flight > 2:
+            await asyncio.sleep(0.01)
+        assert acked == [0] and not release.done()  # steps 3 and 4: their grace, not cut short
+        release.cancel()
+
+    asyncio.run(run())
