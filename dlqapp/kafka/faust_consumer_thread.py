@@ -14,6 +14,7 @@ from typing import Any
 
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
 
+from dlqapp.kafka import idle_fetch
 from dlqapp.observability.logs import log_event
 
 _log = logging.getLogger("dlqapp.kafka.delivery")
@@ -89,7 +90,11 @@ class FetchWaitConsumerThread(AIOKafkaConsumerThread):
         aiokafka's `Fetcher.fetched_records` fills a poll from the partitions in the order
         their records were fetched and leaves a partition in line until it is drained, so a
         due hint fetched after a few thousand input records waited until the agents had been
-        handed all of them (200-350 ms at the start of an input flood, measured here)."""
+        handed all of them (200-350 ms at the start of an input flood, measured here).
+        The fetcher's wait grows while nothing comes (dlqapp.kafka.idle_fetch)."""
+        fetcher = getattr(consumer, "_fetcher", None)
+        if fetcher is not None and not hasattr(fetcher, "idle_fetch_wait"):
+            idle_fetch.install(fetcher, self.fetch_max_wait_ms)
         first = {tp for tp in active_partitions or () if tp.topic in self.first_topics}
         if not first or not self.consumer.flow_active or consumer._closed or consumer._fetcher._closed:
             return await super()._fetch_records(consumer, active_partitions, timeout=timeout, max_records=max_records)
