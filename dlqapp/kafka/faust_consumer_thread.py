@@ -73,6 +73,13 @@ class FetchWaitConsumerThread(AIOKafkaConsumerThread):
         log_event(_log, logging.INFO, "consumer_closing", reason="a rebalance reached the worker while it stops")
         stop_on_its_loop(self._consumer, self.thread_loop)
 
+    async def on_start(self) -> None:
+        """Faust's start (which creates and starts the consumer), then the fetcher's wait
+        grows while nothing comes (dlqapp.kafka.idle_fetch)."""
+        await super().on_start()
+        assert self._consumer is not None  # created by Faust's on_start
+        idle_fetch.install(self._consumer._fetcher, self.fetch_max_wait_ms)
+
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = self.fetch_max_wait_ms  # read by AIOKafkaConsumer.start() for its Fetcher
@@ -90,11 +97,7 @@ class FetchWaitConsumerThread(AIOKafkaConsumerThread):
         aiokafka's `Fetcher.fetched_records` fills a poll from the partitions in the order
         their records were fetched and leaves a partition in line until it is drained, so a
         due hint fetched after a few thousand input records waited until the agents had been
-        handed all of them (200-350 ms at the start of an input flood, measured here).
-        The fetcher's wait grows while nothing comes (dlqapp.kafka.idle_fetch)."""
-        fetcher = getattr(consumer, "_fetcher", None)
-        if fetcher is not None and not hasattr(fetcher, "idle_fetch_wait"):
-            idle_fetch.install(fetcher, self.fetch_max_wait_ms)
+        handed all of them (200-350 ms at the start of an input flood, measured here)."""
         first = {tp for tp in active_partitions or () if tp.topic in self.first_topics}
         if not first or not self.consumer.flow_active or consumer._closed or consumer._fetcher._closed:
             return await super()._fetch_records(consumer, active_partitions, timeout=timeout, max_records=max_records)

@@ -46,14 +46,10 @@ class IdleFetchWait:
             self.fetcher._fetch_max_wait_ms = self.idle_ms
 
 
-def install(fetcher: Any, busy_ms: int) -> IdleFetchWait | None:
+def install(fetcher: Any, busy_ms: int) -> IdleFetchWait:
     """Have aiokafka's `fetcher` wait longer while idle: its `_proc_fetch_request` (which
-    returns whether the fetch woke the consumer with records) tells an `IdleFetchWait`,
-    found as `fetcher.idle_fetch_wait` (None: a fetcher without that method, left alone)."""
-    fetch: Callable[..., Awaitable[bool]] | None = getattr(fetcher, "_proc_fetch_request", None)
-    if fetch is None:
-        fetcher.idle_fetch_wait = None
-        return None
+    returns whether the fetch woke the consumer with records) tells an `IdleFetchWait`."""
+    fetch: Callable[..., Awaitable[bool]] = fetcher._proc_fetch_request
     wait = IdleFetchWait(fetcher, busy_ms)
 
     async def proc_fetch_request(*args: Any, **kwargs: Any) -> bool:
@@ -62,5 +58,4 @@ def install(fetcher: Any, busy_ms: int) -> IdleFetchWait | None:
         return brought
 
     fetcher._proc_fetch_request = proc_fetch_request
-    fetcher.idle_fetch_wait = wait
     return wait

@@ -27,7 +27,7 @@ from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.observability import metrics
 from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.observability.logs import log_event
-from dlqapp.tables.step import StepContext
+from dlqapp.tables.step import Step, StepContext
 
 log = logging.getLogger("dlqapp.processing.caller")
 
@@ -212,17 +212,19 @@ class BackendCaller:
         self.after_call(model or request.model, permit, output, failure, (self.clock() - started) / 1000)
         return _Made(started, output, failure)
 
+    def _step(self) -> Step | None:
+        """The calling step, when there is one (and `steps` to find it)."""
+        return self.steps.current() if self.steps is not None else None
+
     def _waiting(self, waiting: bool) -> None:
-        """Mark the calling step as waiting to call (or no longer), when there is one."""
-        step = self.steps.current() if self.steps is not None else None
-        if step is not None:
+        """Mark the calling step as waiting to call (or no longer)."""
+        if (step := self._step()) is not None:
             step.waiting = waiting
 
     def _called(self) -> None:
         """Mark the calling step as having made an attempt (a held call is not one: a
         backend-wide failure used nothing)."""
-        step = self.steps.current() if self.steps is not None else None
-        if step is not None:
+        if (step := self._step()) is not None:
             step.called = True
 
     def _note_lateness(self, request: Request, number: int, label: str, due_ms: int, started: int) -> None:
