@@ -196,6 +196,8 @@ def test_a_budget_holds_requests_across_a_restart_and_two_workers_until_it_is_ra
     wait_until(lambda: first.get("/")[1]["ready"] and first.get("/")[1]["assigned_partitions"], 90, "a restart")
     wait_until(lambda: spent(first) == spent(second) > 0, 60, "the restarted worker to see the same spend")
     assert spent(first) <= budget * 1.05
+    # a request the second worker is calling right now still reads budget_held until its result
+    wait_until(lambda: first.get("/")[1]["in_flight"] == second.get("/")[1]["in_flight"] == 0, 30, "no call in flight")
     still = [rid for rid in held if (second.get(f"/requests/{rid}/")[1] or {}).get("state") == "budget_held"]
     assert still, "a budget holds requests across a restart"
     assert all(mock.calls(rid) == 0 for rid in still)
