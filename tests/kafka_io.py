@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 
 @dataclass
@@ -35,6 +36,7 @@ def produce(
     headers: list[tuple[str, bytes]] | None = None,
     timestamp_ms: int | None = None,
     client: dict[str, Any] | None = None,
+    partition: int | None = None,
 ) -> None:
     """Send (key, value) pairs and wait for every acknowledgement (`client`: more aiokafka
     options, e.g. a secured broker's, see tests/secure.py)."""
@@ -46,7 +48,9 @@ def produce(
         await producer.start()
         try:
             futures = [
-                await producer.send(topic, key=k, value=v, headers=headers, timestamp_ms=timestamp_ms)
+                await producer.send(
+                    topic, key=k, value=v, headers=headers, timestamp_ms=timestamp_ms, partition=partition
+                )
                 for k, v in messages
             ]
             await asyncio.gather(*futures)
@@ -54,6 +58,20 @@ def produce(
             await producer.stop()
 
     asyncio.run(run())
+
+
+def topics_named(bootstrap: str, prefix: str, client: dict[str, Any] | None = None) -> set[str]:
+    """The topics on the broker whose names start with `prefix` (`client`: as for `produce`)."""
+
+    async def run() -> set[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **(client or {}))
+        await admin.start()
+        try:
+            return {t for t in await admin.list_topics() if t.startswith(prefix)}
+        finally:
+            await admin.close()
+
+    return asyncio.run(run())
 
 
 def request_bytes(request_id: str, **extra: Any) -> bytes:

@@ -125,6 +125,7 @@ async def acls(self: Any, principal: str, as_json: bool) -> None:
             "name": g.name,
             "pattern": "prefixed" if g.prefixed else "literal",
             "operations": [op.name for op in g.operations],
+            "optional": g.optional,
         }
         for g in grants
     ]

@@ -243,7 +243,7 @@ def _note(
     if bits == OPERATIONS_UNKNOWN:
         return  # the broker did not say (no authorizer answers so): nothing to judge
     for grant in grants:
-        if grant.covers(resource, name):
+        if grant.covers(resource, name) and not grant.optional:
             absent = grant.operations if bits is None else missing([grant], resource, name=name, bits=bits)
             if absent:
                 lacking.setdefault(grant, set()).update(absent)

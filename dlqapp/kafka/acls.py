@@ -12,6 +12,9 @@ What each grant is for:
   checked). `results` is written, never read: no READ.
 - Topics named `<app id>-` (prefixed): Faust's changelogs, the leader topic and each
   worker's reply topic, whose names are generated: the same four operations.
+- Topics named `<app id>-reply-` (prefixed): DELETE, optional and not checked at start: a
+  worker deletes its reply topic when it stops (dlqapp.kafka.replies); without it the topic
+  is left, with a WARNING line at the stop.
 - The consumer group `<app id>`: READ (join, commit offsets).
 - Under DLQ_PROCESSING_GUARANTEE=exactly_once, transactional ids named `<app id>-`
   (prefixed; one per partition number): WRITE (transactions) and DESCRIBE.
@@ -60,6 +63,8 @@ class Grant:
     name: str
     prefixed: bool
     operations: tuple[Operation, ...]
+    optional: bool = False
+    """Printed by `acls`, not checked at start: the worker runs without it."""
 
     def covers(self, resource: str, name: str) -> bool:
         return resource == self.resource and (name.startswith(self.name) if self.prefixed else name == self.name)
@@ -74,10 +79,18 @@ def internal_prefix(settings: Settings) -> str:
     return f"{settings.app_id}-"
 
 
+def reply_prefix(settings: Settings) -> str:
+    """The workers' reply topics (Faust's `reply_to_prefix`)."""
+    return f"{settings.app_id}-reply-"
+
+
 def required(settings: Settings) -> list[Grant]:
     """Every grant this deployment needs (module doc), the internal prefix first."""
     prefix = internal_prefix(settings)
-    grants = [Grant("topic", prefix, True, TOPIC_OPS)]
+    grants = [
+        Grant("topic", prefix, True, TOPIC_OPS),
+        Grant("topic", reply_prefix(settings), True, (Operation.DELETE,), optional=True),
+    ]
     for topic in settings.all_topics():
         if topic.startswith(prefix):
             continue  # already covered by the prefixed grant
@@ -114,7 +127,8 @@ def operations_of(bits: int) -> set[Operation]:
 
 
 def missing(grants: list[Grant], resource: str, *, name: str, bits: int) -> list[Operation]:
-    """Operations `grants` need on one resource that `bits` (the broker's answer) lacks."""
+    """Operations `grants` need on one resource that `bits` (the broker's answer) lacks; an
+    optional grant's are not needed."""
     allowed = implied(operations_of(bits))
-    needed = {op for grant in grants if grant.covers(resource, name) for op in grant.operations}
+    needed = {op for grant in grants if grant.covers(resource, name) and not grant.optional for op in grant.operations}
     return sorted(needed - allowed)

@@ -3,15 +3,24 @@
 Checked against faust-streaming 0.15.3 (`Agent._slurp`, `Agent._reply`). dlqapp's operator
 agent reads its events with `stream.noack().events()` and acks them by its own rule
 (dlqapp.kafka.acks), so it answers an `ask()` itself, once the command's step committed,
-the way Faust answers what an agent yields.
+the way Faust answers what an agent yields (dlqapp.kafka.replies sends the answer).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from faust.agents.models import ReqRepRequest
 from mode.utils.text import want_str
+
+
+@dataclass(frozen=True)
+class ReplyTarget:
+    """Where the answer to an `ask()` goes: the asking worker's reply topic."""
+
+    topic: str
+    correlation_id: str | None
 
 
 def asked_value(event: Any) -> Any:
@@ -20,18 +29,18 @@ def asked_value(event: Any) -> Any:
     return value.value if isinstance(value, ReqRepRequest) else value
 
 
-async def answer_asker(agent: Any, event: Any, answer: Any) -> None:
-    """Send `answer` to whoever asked (`Agent._reply`); nothing when nobody did."""
+def reply_target(event: Any) -> ReplyTarget | None:
+    """Whom to answer (the request's `reply_to`, or Faust's headers); None when nobody asked."""
     value = event.value
-    reply_to: str | None = None
-    correlation_id: str | None = None
     if isinstance(value, ReqRepRequest):
-        reply_to, correlation_id = value.reply_to, value.correlation_id
-    elif event.headers:
-        reply_to_bytes = event.headers.get("Faust-Ag-ReplyTo")
-        if reply_to_bytes:
-            reply_to = want_str(reply_to_bytes)
-            correlation_bytes = event.headers.get("Faust-Ag-CorrelationId")
-            correlation_id = want_str(correlation_bytes) if correlation_bytes else None
-    if reply_to is not None:
-        await agent._reply(event.key, answer, reply_to, correlation_id)
+        return ReplyTarget(value.reply_to, value.correlation_id)
+    reply_to_bytes = event.headers.get("Faust-Ag-ReplyTo") if event.headers else None
+    if not reply_to_bytes:
+        return None
+    correlation_bytes = event.headers.get("Faust-Ag-CorrelationId")
+    return ReplyTarget(want_str(reply_to_bytes), want_str(correlation_bytes) if correlation_bytes else None)
+
+
+def reply_record(agent: Any, event: Any, answer: Any, target: ReplyTarget) -> Any:
+    """The record Faust's `Agent._reply` sends: the answer with the asker's correlation id."""
+    return agent._response_class(answer)(key=event.key, value=answer, correlation_id=target.correlation_id)

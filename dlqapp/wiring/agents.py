@@ -30,8 +30,9 @@ from dlqapp.core.budgets import may_name_a_tenant
 from dlqapp.core.errors import ErrorClass
 from dlqapp.core.record import Record
 from dlqapp.kafka.acks import Ticket
-from dlqapp.kafka.faust_agents import answer_asker, asked_value
+from dlqapp.kafka.faust_agents import asked_value
 from dlqapp.kafka.records import TailEvent, record_of
+from dlqapp.kafka.replies import Replies
 from dlqapp.observability import metrics
 from dlqapp.observability.logs import log_event
 from dlqapp.processing.crashguard import PoisonMessage
@@ -314,11 +315,11 @@ class _Handlers:
         return dlq
 
     def operator_agent(self) -> Callable[[StreamT], Awaitable[None]]:
-        operator, dead_letters = self.components.operator, self.components.dead_letters
+        operator, dead_letters, replies = self.components.operator, self.components.dead_letters, Replies(self.app)
 
         async def answer(ticket: Ticket, reply: object) -> None:
             if reply is not None and self.operator is not None:
-                await answer_asker(self.operator, ticket.event, reply)
+                await replies.answer(self.operator, ticket.event, reply)
 
         async def failed(ticket: Ticket, exc: BaseException) -> dict[str, Any]:
             """A command whose step failed: dead-lettered as poison, and the asker told."""

@@ -15,11 +15,11 @@ from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 from faust.types import ServiceT
 from mode.utils.objects import cached_property
-from mode.utils.times import want_seconds
 from yarl import URL
 
 from dlqapp.api.auth import access_policy, guard_middleware
 from dlqapp.kafka.access import KafkaAccessError
+from dlqapp.kafka.acls import reply_prefix
 from dlqapp.kafka.admin import ensure_topics
 from dlqapp.kafka.faust_consumer import dlq_consumer_class
 from dlqapp.kafka.faust_producer import (
@@ -32,12 +32,14 @@ from dlqapp.kafka.faust_producer import (
 )
 from dlqapp.kafka.faust_recovery import end_recoveries
 from dlqapp.kafka.reached import mark_reached, reached_before
-from dlqapp.kafka.topic_checks import MAX_MESSAGE_BYTES, InternalTopic, TopicMismatchError
+from dlqapp.kafka.replies import delete_reply_topic
+from dlqapp.kafka.topic_checks import TopicMismatchError
 from dlqapp.kafka.transactions import Transactions
 from dlqapp.observability.logs import apply_log_format, configure_logging, log_event
 from dlqapp.settings import Settings
 from dlqapp.tables.durability import ConfirmedTable
 from dlqapp.tables.steps import StreamSteps
+from dlqapp.wiring.faust_topics import internal_topics, written_topics
 from dlqapp.wiring.process import tune_garbage_collector, wipe_local_tables
 from dlqapp.wiring.restart import Restarts, StopWatch
 from dlqapp.wiring.worker import DlqWorker
@@ -116,7 +118,7 @@ class DlqApp(faust.App):
         if self.lifecycle is not None:
             self.lifecycle.started()
         started = time.monotonic()
-        internal = self.internal_topics()
+        internal = internal_topics(self)
         security = self.dlq_settings.kafka_security
         if security.uses_tls and not security.check_hostname:
             log_event(
@@ -155,32 +157,7 @@ class DlqApp(faust.App):
         # faust_producer.keep_in_metadata.
         client = producer_client(self.producer)
         if client is not None:
-            keep_in_metadata(client, self.written_topics())
-
-    def internal_topics(self) -> dict[str, InternalTopic]:
-        """The topics Faust declares itself, as Faust would declare them: the tables'
-        changelogs (compacted), the leader topic and this worker's reply topic."""
-        topics = {
-            table.changelog_topic_name: InternalTopic(
-                table.partitions or self.conf.topic_partitions,
-                {"cleanup.policy": "compact", MAX_MESSAGE_BYTES: str(self.dlq_settings.table_record_bytes)},
-            )
-            for table in self.tables.values()
-        }
-        topics[f"{self.conf.id}-__assignor-__leader"] = InternalTopic(1, {})
-        reply_ms = int(want_seconds(self.conf.reply_expires) * 1000)
-        topics[self.conf.reply_to] = InternalTopic(
-            1, {"cleanup.policy": "delete", "retention.ms": str(reply_ms)}, ephemeral=True
-        )
-        return topics
-
-    def written_topics(self) -> list[str]:
-        """Every topic this worker's producer writes to, but other workers' reply topics."""
-        return [
-            *self.dlq_settings.all_topics(),
-            *(table.changelog_topic_name for table in self.tables.values()),
-            self.conf.reply_to,
-        ]
+            keep_in_metadata(client, written_topics(self))
 
     async def on_stop(self) -> None:
         # Before Faust's consumer waits for every event to be acked: events held by the
@@ -189,6 +166,13 @@ class DlqApp(faust.App):
             await self.lifecycle.release(reopen=False)
         await self._close_transactions(self.transaction_partitions())
         await super().on_stop()
+
+    async def on_shutdown(self) -> None:
+        # Everything has stopped, the consumer of the reply topic too: a new one each start
+        # (dlqapp.kafka.replies).
+        await super().on_shutdown()
+        if self.topics_checked:
+            await delete_reply_topic(self.dlq_settings, self.conf.reply_to)
 
     async def _on_partitions_revoked(self, revoked: set) -> None:
         # Same for a rebalance (Faust's hook waits for acks, then commits): bounded by
@@ -336,7 +320,7 @@ def create_app(settings: Settings) -> DlqApp:
             "middlewares": [guard_middleware(access_policy(settings))],
         },
         reply_create_topic=True,
-        reply_to_prefix=f"{settings.app_id}-reply-",
+        reply_to_prefix=reply_prefix(settings),
         stream_wait_empty=True,
         table_standby_replicas=1,
         Table=ConfirmedTable,

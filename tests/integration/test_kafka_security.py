@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import subprocess
 import urllib.request
 from functools import partial
@@ -15,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.ledger import FULL, Ledger
-from tests.kafka_io import keys_seen, produce, read_topic, request_bytes
+from tests.kafka_io import keys_seen, produce, read_topic, request_bytes, topics_named
 from tests.secure import SecureKafka, secured_worker
-from tests.support import FAUST, Worker, http_json, unique_ids, wait_until
+from tests.support import FAUST, Worker, http_json, unique, unique_ids, wait_until
 
 FAST = {"DLQ_RETRY_DELAYS": "200ms,400ms,600ms", "DLQ_SIMULATED_SUCCESS_RATE": "1.0"}
 
@@ -111,7 +112,10 @@ def test_the_whole_pipeline_runs_on_sasl_ssl_with_only_the_acls_it_printed(secur
         )
 
     wait_until(counts_right, 30, lambda: f"the counts: {worker.get('/dlq/stats/')[1]}")
+    reply_prefix = f"{worker.app_id}-reply-"
+    assert len(topics_named(secure.bootstrap, reply_prefix, client=secure.admin_client())) == 1
     worker.stop()
+    assert topics_named(secure.bootstrap, reply_prefix, client=secure.admin_client()) == set()  # deleted at the stop
     worker.start()  # the tables come back from their changelogs, on the secured broker
     wait_until(counts_right, 60, lambda: f"the counts after a restart: {worker.get('/dlq/stats/')[1]}")
     assert worker.get(f"/requests/{retried[0]}/")[1]["state"] == "succeeded"
@@ -285,3 +289,21 @@ def test_kafka_local_writes_client_files_for_dlqapp_and_kafkas_tools(secure):
         "kafka.admin.ConfigCommand", "--describe", "--entity-type", "users", "--entity-name", "dlqapp"
     )
     assert config.returncode == 0 and "SCRAM-SHA-512" in config.stdout, config.stdout + config.stderr
+
+
+def test_without_delete_on_its_reply_topics_a_worker_runs_and_its_stop_names_the_grant(secure, tmp_path, workers):
+    """Delete on `<app id>-reply-` is printed by `acls` but optional: without it the worker
+    starts, and its stop leaves the reply topic with one WARNING line naming the grant."""
+    worker = secured_worker(secure, tmp_path, env_extra=FAST)
+    workers.append(worker)
+    secure.apply_acls(worker, skip="--operation Delete")
+    worker.start()
+    rid = unique("nodelete")
+    produce(secure.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid))], client=secure.admin_client())
+    assert outcomes(secure, worker, [rid]) == {rid: "results"}
+    worker.process.send_signal(signal.SIGTERM)
+    assert worker.process.wait(timeout=60) == 0, worker.log_tail()
+    log = worker.log_path.read_text(errors="replace")
+    left = topics_named(secure.bootstrap, f"{worker.app_id}-reply-", client=secure.admin_client())
+    assert len(left) == 1 and "reply_topic_left" in log, log[-3000:]
+    assert f"allow Delete on topics prefixed {worker.app_id}-reply-" in log

@@ -3,10 +3,12 @@ worker owns it, and actions on either worker run on the owner."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 
-from tests.kafka_io import produce, request_bytes
+from dlqapp.core.partitioning import owner_partition
+from tests.kafka_io import produce, request_bytes, topics_named
 from tests.support import Worker, http_json, in_state, page_with_total, unique, wait_until
 
 
@@ -57,11 +59,15 @@ def test_dlq_reads_on_either_worker_see_every_entry(make_worker):
     wait_until(lambda: second.get("/retries/")[1]["total"] == 0, 120, "no parked retry left")
 
 
-def test_a_worker_that_asked_another_for_operator_actions_stops_promptly(make_worker):
+def test_a_worker_that_asked_another_for_operator_actions_stops_promptly_and_leaves_no_topic(make_worker):
     """Every action through a worker that does not own the request is an `ask()` whose reply
     comes back on the asking worker's reply topic: those replies must never hold up its
-    shutdown (or a rebalance) waiting to be acked."""
+    shutdown (or a rebalance) waiting to be acked. A clean stop deletes that topic (each
+    start makes a new one), and an answer owed to a worker gone since is dropped: the
+    command still runs, and the topic is not brought back."""
     first, second = _two_workers(make_worker, {"DLQ_SIMULATED_SUCCESS_RATE": "1.0"})
+    reply_prefix = f"{first.app_id}-reply-"
+    assert len(topics_named(first.bootstrap, reply_prefix)) == 2  # one per worker
     ids = _failing_once(first, "ask", 8, "invalid_request")
     wait_until(lambda: second.get("/dlq/?limit=100")[1].get("total") == len(ids), 60, "every request in the DLQ")
     for rid in ids[:4]:
@@ -80,6 +86,29 @@ def test_a_worker_that_asked_another_for_operator_actions_stops_promptly(make_wo
         raise AssertionError(f"the worker did not stop within 60 s of SIGTERM:\n{second.log_tail()}") from None
     assert code == 0, second.log_tail()
     assert "wait_empty: Waiting for tasks" not in second.log_path.read_text(errors="replace")
+    assert "reply_topic_left" not in second.log_path.read_text(errors="replace"), second.log_tail()
+    (left,) = topics_named(first.bootstrap, reply_prefix)  # the first worker's own
+    gone = f"{reply_prefix}{unique('gone')}"  # as good as the stopped worker's: neither exists
+
+    # a discard asked by a worker that has stopped since: carried out, its answer dropped
+    (late,) = _failing_once(first, "late", 1, "invalid_request")
+    wait_until(lambda: first.get(f"/dlq/{late}/")[0] == 200, 60, "the late request in the DLQ")
+    command = {"action": "discard", "request_id": late, "actor": "test"}
+    ask_headers = [("Faust-Ag-ReplyTo", gone.encode()), ("Faust-Ag-CorrelationId", b"c-1")]
+    produce(
+        first.bootstrap,
+        first.topic("dlqapp-commands"),
+        [(late.encode(), json.dumps(command).encode())],
+        headers=ask_headers,
+        partition=owner_partition(late, 3),
+    )
+    wait_until(lambda: first.get(f"/dlq/{late}/")[0] == 404, 60, "the discard carried out")
+    wait_until(
+        lambda: f"answer_dropped reply_to={gone}" in first.log_path.read_text(errors="replace"),
+        30,
+        "the answer dropped",
+    )
+    assert topics_named(first.bootstrap, reply_prefix) == {left}
 
 
 def _two_workers(make_worker, env: dict[str, str]) -> tuple[Worker, Worker]:

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from dlqapp.kafka.access import explain
-from dlqapp.kafka.acls import Operation, kafka_acls_lines, missing, required
+from dlqapp.kafka.acls import TOPIC_OPS, Operation, kafka_acls_lines, missing, required
 from dlqapp.settings import Settings, SettingsError
 from dlqapp.settings.kafka_security import KafkaSecurity, Secret
 
@@ -202,9 +202,13 @@ def test_acls_are_least_privilege_and_follow_the_settings():
         "prod.results" in lines
     )  # never read
     assert "--add --allow-principal User:svc --operation Read --group billing" in lines
+    assert lines[1] == (
+        "--add --allow-principal User:svc --operation Delete --topic billing-reply- --resource-pattern-type prefixed"
+    )  # a stopping worker deletes its reply topic
     topics = [line.split("--topic ")[1] for line in lines if "--topic " in line]
     assert topics == [
         "billing- --resource-pattern-type prefixed",
+        "billing-reply- --resource-pattern-type prefixed",
         "prod.input",
         "prod.retry-5s",
         "prod.retry-1m",
@@ -256,6 +260,14 @@ def test_missing_operations_follow_kafkas_implications():
         Operation.DESCRIBE_CONFIGS,
     ]
     assert missing(grants, "group", name="dlqapp", bits=bits(Operation.DESCRIBE)) == [Operation.READ]
+    # Delete on the reply topics is printed, not required: without it a stop leaves the topic
+    reply = "dlqapp-reply-0b7f"
+    assert missing(grants, "topic", name=reply, bits=bits(*TOPIC_OPS)) == []
+    assert missing(grants, "topic", name=reply, bits=bits(Operation.READ)) == [
+        Operation.WRITE,
+        Operation.CREATE,
+        Operation.DESCRIBE_CONFIGS,
+    ]
 
 
 def test_connection_failures_that_retrying_cannot_cure_are_explained():
