@@ -92,9 +92,8 @@ class WorkerLifecycle:
             self.components.crash_guard.close()
             self.components.recorder.log.flush()
         if released:
-            log_event(
-                log, logging.INFO, "in_flight_released", events=released, reason="rebalance" if reopen else "shutdown"
-            )
+            reason = "rebalance" if reopen else "shutdown"
+            log_event(log, logging.INFO, "in_flight_released", events=released, reason=reason)
 
     def revoked(self) -> None:
         """The partitions are handed back and their last transactions sealed: the counts of
@@ -121,10 +120,10 @@ class WorkerLifecycle:
             log_event(log, logging.WARNING, "counts_not_written", error=repr(exc))
 
 
-def register_agents(app: DlqApp, components: Components) -> Agents:
-    """Register every agent on `app`; `parts` are the worker's components."""
+def register_agents(app: DlqApp, components: Components, replies: Replies) -> Agents:
+    """Register every agent on `app`, made of the worker's `components`; `replies` sends `ask()` answers."""
     app.attach(WorkerLifecycle(components), components.steps)
-    handlers = _Handlers(app, components)
+    handlers = _Handlers(app, components, replies)
     topology = components.topology
     app.agent(topology.input, name="input")(handlers.input_agent())
     app.agent(topology.due, name="due")(handlers.due_agent())
@@ -145,9 +144,10 @@ def manual_acks(stream: StreamT) -> StreamT:
 class _Handlers:
     """The agent bodies, and what happens when a step fails."""
 
-    def __init__(self, app: DlqApp, components: Components) -> None:
+    def __init__(self, app: DlqApp, components: Components, replies: Replies) -> None:
         self.app = app
         self.components = components
+        self.replies = replies
         self.operator: AgentT | None = None
         """The operator agent, which answers `ask()` (registered after its body is built)."""
 
@@ -315,11 +315,11 @@ class _Handlers:
         return dlq
 
     def operator_agent(self) -> Callable[[StreamT], Awaitable[None]]:
-        operator, dead_letters, replies = self.components.operator, self.components.dead_letters, Replies(self.app)
+        operator, dead_letters = self.components.operator, self.components.dead_letters
 
         async def answer(ticket: Ticket, reply: object) -> None:
             if reply is not None and self.operator is not None:
-                await replies.answer(self.operator, ticket.event, reply)
+                await self.replies.answer(self.operator, ticket.event, reply)
 
         async def failed(ticket: Ticket, exc: BaseException) -> dict[str, Any]:
             """A command whose step failed: dead-lettered as poison, and the asker told."""

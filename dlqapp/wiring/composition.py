@@ -310,6 +310,7 @@ def build_app(settings: Settings | None = None) -> DlqApp:
     from dlqapp.api.service import Api
     from dlqapp.api.views import register_views
     from dlqapp.cli import register_commands
+    from dlqapp.kafka.replies import Replies, answers_producer
     from dlqapp.wiring.agents import register_agents
 
     settings = settings or load_settings()
@@ -319,8 +320,10 @@ def build_app(settings: Settings | None = None) -> DlqApp:
     app = create_app(settings)
     topology = declare(app, settings)
     components = build_components(settings, topology, ports_of(app, settings, topology))
-    agents = register_agents(app, components)
+    replies = Replies(app, answers_producer(settings.kafka_client(client_id="dlqapp-answers")))
+    agents = register_agents(app, components, replies)
     register_services(app, components)
+    app.add_service(replies)
     register_views(app, Api(app, components, agents.operator))
     register_commands(app)
     register_metrics(app, components)

@@ -1,10 +1,12 @@
-"""Answers to `ask()`: sent while the asker's reply topic exists, bounded, dropped when it is
-gone, and another worker's reply topic is not kept in the producer's metadata topics."""
+"""Answers to `ask()`: to another worker only while its reply topic exists, with a producer of
+their own, bounded, and the topic then left out of that producer's metadata topics; to this
+worker's own topic with Faust's producer."""
 
 import asyncio
 import logging
 from types import SimpleNamespace
 
+from aiokafka.errors import KafkaTimeoutError
 from faust.agents.models import ReqRepRequest
 
 from dlqapp.kafka import replies
@@ -17,17 +19,17 @@ PEER = "dlqapp-reply-peer"
 class FakeClient:
     """aiokafka's client as far as answers go: the topics it tracks and one broker's metadata."""
 
-    def __init__(self, existing: set[str], answers: bool = True) -> None:
+    def __init__(self, existing: set[str], answers: bool) -> None:
         self.existing = existing
         self.answers = answers
-        self._topics = {"dlqapp-input", OWN}
-        self.metadata_requests: list[tuple[list[str], bool]] = []
+        self._topics: set[str] = set()
+        self.metadata_requests: list = []
 
     def get_random_node(self) -> int:
         return 1
 
     async def send(self, node_id: int, request) -> SimpleNamespace:
-        self.metadata_requests.append((request._topics, request._allow_auto_topic_creation))
+        self.metadata_requests.append(request)
         if not self.answers:
             await asyncio.Event().wait()  # a broker that never answers
         topics = [{"topic": t, "error_code": 0 if t in self.existing else 3} for t in request._topics]
@@ -37,28 +39,51 @@ class FakeClient:
         self._topics = set(topics)
 
 
-class FakeApp:
-    """Faust's app as far as answers go: its reply topic, its producer's client and `send`."""
+class FakeProducer:
+    """The answers producer: what it sent, and whether a send is ever delivered."""
 
-    def __init__(self, client: FakeClient, delivered: bool = True) -> None:
-        self.conf = SimpleNamespace(reply_to=OWN)
-        self.producer = SimpleNamespace(_producer=SimpleNamespace(client=client))
+    def __init__(self, client: FakeClient, delivery: str) -> None:
         self.client = client
-        self.delivered = delivered
-        self.sent: list[tuple[str, object]] = []
+        self.delivery = delivery
+        self.sent: list[tuple[str, bytes]] = []
+        self.started = self.stopped = False
 
-    async def send(self, topic: str, key=None, value=None) -> asyncio.Future:
+    async def start(self) -> None:
+        self.started = True
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+    async def send(self, topic: str, value: bytes) -> asyncio.Future:
         self.client._topics.add(topic)  # what aiokafka's send does for a topic it did not know
         self.sent.append((topic, value))
         delivery: asyncio.Future = asyncio.get_running_loop().create_future()
-        if self.delivered:
+        if self.delivery == "ok":
             delivery.set_result("metadata")
+        else:  # the producer's own request timeout, as aiokafka's expiry of the batch
+            delivery.set_exception(KafkaTimeoutError())
         return delivery
+
+
+class FakeApp:
+    """Faust's app as far as answers go: its reply topic and `send` (Faust's producer)."""
+
+    def __init__(self) -> None:
+        self.conf = SimpleNamespace(reply_to=OWN)
+        self.sent: list[tuple[str, object]] = []
+
+    async def send(self, topic: str, key=None, value=None) -> asyncio.Future:
+        self.sent.append((topic, value))
+        return asyncio.get_running_loop().create_future()  # Faust does not wait for delivery
 
 
 class FakeAgent:
     def _response_class(self, value):
-        return lambda **fields: SimpleNamespace(**fields)
+        return replies_record
+
+
+def replies_record(**fields):
+    return SimpleNamespace(**fields, dumps=lambda serializer: f"{fields['correlation_id']}:{serializer}".encode())
 
 
 def asked(reply_to: str) -> SimpleNamespace:
@@ -66,63 +91,63 @@ def asked(reply_to: str) -> SimpleNamespace:
     return SimpleNamespace(key=b"r-1", value=request, headers={})
 
 
-def answer(app: FakeApp, event) -> bool:
-    return asyncio.run(Replies(app).answer(FakeAgent(), event, {"status": "reprocessed"}))
+def answer(event, existing=frozenset({PEER}), delivery="ok", broker_answers=True):
+    """(answered, the app, the answers producer) after one answer to `event`, and the stop."""
+    app = FakeApp()
+    producer = FakeProducer(FakeClient(set(existing), broker_answers), delivery)
+
+    async def go() -> bool:
+        service = Replies(app, lambda: producer)
+        answered = await service.answer(FakeAgent(), event, {"status": "reprocessed"})
+        await service.on_stop()
+        return answered
+
+    return asyncio.run(go()), app, producer
 
 
-def test_an_answer_to_another_workers_topic_is_sent_once_the_topic_is_found_and_then_not_tracked():
-    client = FakeClient(existing={PEER})
-    app = FakeApp(client)
-    assert answer(app, asked(PEER)) is True
-    [(topic, record)] = app.sent
-    assert topic == PEER and record.correlation_id == "c-1" and record.value == {"status": "reprocessed"}
-    assert client.metadata_requests == [([PEER], False)]  # asked without creating it
-    assert PEER not in client._topics and client._topics == {"dlqapp-input", OWN}
+def test_an_answer_to_another_workers_topic_goes_once_the_topic_is_found_and_is_then_not_tracked():
+    answered, app, producer = answer(asked(PEER))
+    assert answered is True and app.sent == []  # not with Faust's producer
+    assert producer.sent == [(PEER, b"c-1:json")]
+    (request,) = producer.client.metadata_requests
+    wire = request.prepare({3: (4, 12)})  # as a Kafka 4 broker's versions have it built
+    assert list(wire.topics) == [PEER] and wire.allow_auto_topic_creation is False
+    assert PEER not in producer.client._topics and producer.stopped
 
 
 def test_an_answer_whose_asker_has_stopped_is_dropped_without_a_send_and_said(caplog):
-    client = FakeClient(existing=set())
-    app = FakeApp(client)
     with caplog.at_level(logging.INFO, "dlqapp.kafka.replies"):
-        assert answer(app, asked(PEER)) is False
-    assert app.sent == [] and PEER not in client._topics
+        answered, _, producer = answer(asked(PEER), existing=set())
+    assert answered is False and producer.sent == [] and PEER not in producer.client._topics
     assert "answer_dropped" in caplog.text and PEER in caplog.text
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
-def test_an_answer_to_this_workers_own_topic_is_sent_without_asking_and_stays_tracked():
-    client = FakeClient(existing=set())  # not even asked
-    app = FakeApp(client)
-    assert answer(app, asked(OWN)) is True
-    assert [t for t, _ in app.sent] == [OWN] and client.metadata_requests == [] and OWN in client._topics
-
-
-def test_an_answer_never_written_is_dropped_within_its_bound(monkeypatch, caplog):
-    monkeypatch.setattr(replies, "ANSWER_WITHIN_S", 0.05)
-    client = FakeClient(existing={PEER})
-    app = FakeApp(client, delivered=False)  # the topic was deleted after it was found
+def test_an_answer_never_delivered_ends_with_the_producers_expiry_and_leaves_nothing_tracked(caplog):
     with caplog.at_level(logging.INFO, "dlqapp.kafka.replies"):
-        assert answer(app, asked(PEER)) is False
-    assert "answer_dropped" in caplog.text and PEER not in client._topics
+        answered, _, producer = answer(asked(PEER), delivery="expires")
+    assert answered is False and "answer_dropped" in caplog.text and "KafkaTimeoutError" in caplog.text
+    assert PEER not in producer.client._topics
 
 
 def test_a_broker_that_does_not_say_whether_the_topic_exists_drops_the_answer_within_its_bound(monkeypatch):
     monkeypatch.setattr(replies, "ANSWER_WITHIN_S", 0.05)
-    client = FakeClient(existing={PEER}, answers=False)
-    app = FakeApp(client)
-    assert answer(app, asked(PEER)) is False and app.sent == []
+    answered, _, producer = answer(asked(PEER), broker_answers=False)
+    assert answered is False and producer.sent == []
+
+
+def test_an_answer_to_this_workers_own_topic_goes_with_fausts_producer_without_asking():
+    answered, app, producer = answer(asked(OWN))
+    assert answered is True and [t for t, _ in app.sent] == [OWN]
+    assert app.sent[0][1].correlation_id == "c-1" and not producer.started
 
 
 def test_nobody_asked_nothing_is_sent():
-    client = FakeClient(existing={PEER})
-    app = FakeApp(client)
-    event = SimpleNamespace(key=b"r-1", value={"action": "replay"}, headers={})
-    assert answer(app, event) is False and app.sent == []
+    answered, app, producer = answer(SimpleNamespace(key=b"r-1", value={"action": "replay"}, headers={}))
+    assert answered is False and app.sent == [] and producer.sent == []
 
 
 def test_an_ask_named_by_headers_is_answered_like_one_in_the_value():
-    client = FakeClient(existing={PEER})
-    app = FakeApp(client)
     headers = {"Faust-Ag-ReplyTo": PEER.encode(), "Faust-Ag-CorrelationId": b"c-1"}
-    event = SimpleNamespace(key=b"r-1", value={"action": "replay"}, headers=headers)
-    assert answer(app, event) is True and app.sent[0][0] == PEER and app.sent[0][1].correlation_id == "c-1"
+    answered, _, producer = answer(SimpleNamespace(key=b"r-1", value={"action": "replay"}, headers=headers))
+    assert answered is True and producer.sent == [(PEER, b"c-1:json")]
