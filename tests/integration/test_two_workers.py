@@ -67,7 +67,8 @@ def test_a_worker_that_asked_another_for_operator_actions_stops_promptly_and_lea
     command still runs, and the topic is not brought back."""
     first, second = _two_workers(make_worker, {"DLQ_SIMULATED_SUCCESS_RATE": "1.0"})
     reply_prefix = f"{first.app_id}-reply-"
-    assert len(topics_named(first.bootstrap, reply_prefix)) == 2  # one per worker
+    replies_before = topics_named(first.bootstrap, reply_prefix)
+    assert len(replies_before) == 2  # one per worker
     ids = _failing_once(first, "ask", 8, "invalid_request")
     wait_until(lambda: second.get("/dlq/?limit=100")[1].get("total") == len(ids), 60, "every request in the DLQ")
     for rid in ids[:4]:
@@ -88,7 +89,7 @@ def test_a_worker_that_asked_another_for_operator_actions_stops_promptly_and_lea
     assert "wait_empty: Waiting for tasks" not in second.log_path.read_text(errors="replace")
     assert "reply_topic_left" not in second.log_path.read_text(errors="replace"), second.log_tail()
     (left,) = topics_named(first.bootstrap, reply_prefix)  # the first worker's own
-    gone = f"{reply_prefix}{unique('gone')}"  # as good as the stopped worker's: neither exists
+    (gone,) = replies_before - {left}  # the second's, which the first has answered on
 
     # a discard asked by a worker that has stopped since: carried out, its answer dropped
     (late,) = _failing_once(first, "late", 1, "invalid_request")
