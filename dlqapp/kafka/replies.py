@@ -67,6 +67,7 @@ class Replies(Service):
         self.app = app
         self._new_producer = new_producer
         self._producer: Any = None
+        self._abandoned: asyncio.Future[Any] | None = None
 
     async def answer(self, agent: Any, event: Any, answer: Any) -> bool:
         """Send `answer` to whoever asked `event`; False when nobody did or it was dropped."""
@@ -101,7 +102,11 @@ class Replies(Service):
     async def _send_if_there(self, topic: str, record: Any) -> asyncio.Future[Any] | None:
         if self._producer is None:
             producer = self._new_producer()
-            await producer.start()
+            try:
+                await producer.start()
+            except BaseException:  # a broker away, or the answer's time is up: close what it opened
+                self._abandoned = asyncio.ensure_future(producer.stop())
+                raise
             self._producer = producer
         if not await topic_exists(self._producer.client, topic):
             return None

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from types import SimpleNamespace
 
-from aiokafka.errors import KafkaTimeoutError
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from faust.agents.models import ReqRepRequest
 
 from dlqapp.kafka import replies
@@ -49,6 +49,8 @@ class FakeProducer:
         self.started = self.stopped = False
 
     async def start(self) -> None:
+        if self.delivery == "no broker":
+            raise KafkaConnectionError("Unable to bootstrap")
         self.started = True
 
     async def stop(self) -> None:
@@ -134,6 +136,11 @@ def test_a_broker_that_does_not_say_whether_the_topic_exists_drops_the_answer_wi
     monkeypatch.setattr(replies, "ANSWER_WITHIN_S", 0.05)
     answered, _, producer = answer(asked(PEER), broker_answers=False)
     assert answered is False and producer.sent == []
+
+
+def test_an_answers_producer_that_cannot_start_drops_the_answer_and_is_closed():
+    answered, _, producer = answer(asked(PEER), delivery="no broker")
+    assert answered is False and producer.sent == [] and producer.stopped
 
 
 def test_an_answer_to_this_workers_own_topic_goes_with_fausts_producer_without_asking():
