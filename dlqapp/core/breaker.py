@@ -26,7 +26,8 @@ successes never opens the breaker (it is one outcome in the window); bad input, 
 length and content filters say the backend is up.
 
 Every caller has a *rank*: 0 for a request that has never failed, else how many times
-it has failed (counted attempts plus holds). Two rules keep the breaker from holding a
+it has failed (counted attempts plus holds; a dead letter an operator replayed has failed
+before, though its attempts start again). Two rules keep the breaker from holding a
 request forever when its failure is its own (a prompt that crashes the model) rather than
 the backend's:
 

@@ -107,6 +107,11 @@ class Envelope:
     held: bool = False
     """Parked over its budget, not for a retry (header `budget_held`)."""
 
+    @property
+    def replayed(self) -> bool:
+        """A dead letter an operator sent back (it has failed before, whatever its attempts say)."""
+        return (header_int(self.lineage, H_REPLAY_COUNT) or 0) > 0
+
     def record(self, attempt: Attempt) -> None:
         """Append an attempt to the history (bounded), add up what it spent, update the last error."""
         if attempt.usage is not None:

@@ -100,21 +100,24 @@ class BackendCaller:
         model: str | None = None,
         not_before: int | None = None,
         tenant: str = "",
+        replayed: bool = False,
     ) -> CallResult:
         """Attempt `number` of `request` through the breaker and the priority limiter.
 
         `topic` is where the attempt came from (for its history entry), `label` its metric
         label, `due_ms` the due time of a retry, `model` a model other than the request's (the
         fallback), `not_before` a time the call must not start before (its slot held meanwhile),
-        `tenant` whose call it is (backend slots are shared between tenants fairly).
+        `tenant` whose call it is (backend slots are shared between tenants fairly),
+        `replayed` a dead letter sent back by an operator (it has failed before).
 
         During an outage a fresh request's backend-wide failure is not an attempt: the
         request is held and tried again when the breaker lets it. A request that has
         failed before is never held (see dlqapp.core.breaker), so holds cannot last forever.
+        A replayed dead letter has failed before, though its attempts start again at 1.
         """
         held = False
         while True:
-            rank = number - 1 + int(held)
+            rank = number - 1 + int(held) + int(replayed)
             self._waiting(True)
             try:
                 await self.breaker.wait_allowed(request.request_id, rank)

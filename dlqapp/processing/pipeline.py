@@ -242,6 +242,7 @@ class Pipeline:
                 priority=priority,
                 not_before=not_before,
                 tenant=tenant,
+                replayed=envelope.replayed,
             )
             if isinstance(called, NotCalled):  # its deadline passed while it waited
                 await self.carry_out(called.outcome, envelope, request, record=None, span=span)
@@ -263,6 +264,7 @@ class Pipeline:
                     priority=priority,
                     model=outcome.model,
                     tenant=tenant,
+                    replayed=envelope.replayed,
                 )
                 if isinstance(called, NotCalled):
                     await self.carry_out(called.outcome, envelope, request, record=None, span=span)

@@ -5,6 +5,7 @@ import asyncio
 
 from dlqapp.core.backend import InferenceOutput
 from dlqapp.core.breaker import BreakerConfig, CircuitBreaker
+from dlqapp.core.errors import ErrorClass, InferenceError
 from dlqapp.core.requests import Request
 from dlqapp.flowcontrol.slots import SlotLimiter
 from dlqapp.observability.lateness import LatenessWindow
@@ -88,3 +89,49 @@ def test_a_held_call_is_not_an_attempt_so_its_step_may_still_be_handed_back_whil
         context.leave(token)
 
     asyncio.run(run())
+
+
+class FailingBackend:
+    """A backend that answers every call with a 500 of the request's own."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, request, attempt, model=None):
+        self.calls += 1
+        raise InferenceError(ErrorClass.SERVER_ERROR, "500 for this prompt")
+
+
+def caller_failing_every_call(consecutive: int) -> tuple[BackendCaller, CircuitBreaker, FailingBackend]:
+    backend = FailingBackend()
+    breaker = CircuitBreaker(BreakerConfig(consecutive=consecutive), lambda: 0)
+    caller = BackendCaller(
+        backend, breaker, SlotLimiter(4), timeout_ms=1000, clock=lambda: 0, lateness=LatenessWindow()
+    )
+    return caller, breaker, backend
+
+
+def test_replayed_dead_letters_failing_again_are_attempts_and_never_open_the_breaker():
+    """A dead letter an operator replays starts again at attempt 1, but it has failed before:
+    its failure is its own (dlqapp.core.breaker). Counted as fresh, 40 replays of requests
+    failing for their own reasons opened the breaker and kept re-opening it on their probes,
+    holding every other request for minutes."""
+
+    async def run(replayed: bool) -> tuple[str, list[bool], int]:
+        caller, breaker, backend = caller_failing_every_call(consecutive=3)
+        made: list[bool] = []
+        for n in range(3):
+            request = Request(f"r{n}", "m", [{"role": "user", "content": "hi"}], None, {}, {})
+            call = caller.call(
+                request, number=1, topic="input", label="input", due_ms=None, priority=0, replayed=replayed
+            )
+            try:
+                result = await asyncio.wait_for(call, 0.5)
+                made.append(result.failure is not None)
+            except TimeoutError:  # held by the breaker it opened
+                made.append(False)
+        return breaker.state, made, backend.calls
+
+    assert asyncio.run(run(replayed=True)) == ("closed", [True, True, True], 3)
+    state, made, _ = asyncio.run(run(replayed=False))  # fresh requests failing alike: an outage
+    assert state == "open" and made[-1] is False
