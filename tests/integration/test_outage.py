@@ -5,6 +5,7 @@ in `make chaos`."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -14,7 +15,7 @@ from tests.kafka_io import (
     read_topic,
     request_bytes,
 )
-from tests.support import MockLLM, unique, wait_until
+from tests.support import MockLLM, http_json, in_state, unique, wait_until
 
 OUTAGE_S = 60 if os.environ.get("CHAOS_FULL") == "1" else 20
 
@@ -61,3 +62,38 @@ def test_an_outage_longer_than_every_retry_delay_costs_no_dead_letters(make_work
         assert mock.stats()["by_status"].get("503", 0) > 0
     finally:
         mock.stop()
+
+
+def test_replayed_dead_letters_failing_for_their_own_reasons_never_open_the_breaker(make_worker):
+    """A replay starts again at attempt 1 but has failed before: its 5xx goes back through
+    the tiers to the DLQ, and the breaker, which five fresh 5xx in a row would open, stays
+    closed, so fresh requests beside the replays are not held."""
+    worker = make_worker(
+        env_extra={
+            "DLQ_SIMULATED_SUCCESS_RATE": "1.0",
+            "DLQ_RETRY_DELAYS": "1s",
+            "DLQ_BREAKER": "true",
+            "DLQ_BREAKER_CONSECUTIVE": "5",
+        }
+    ).start()
+    bad = [unique(f"own{i}") for i in range(10)]
+    invalid = {"metadata": {"simulate": {"fail_times": 1, "error": "invalid_request"}}}
+    produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid, **invalid)) for rid in bad])
+    wait_until(lambda: worker.get("/dlq/?limit=100")[1].get("total") == len(bad), 60, "every request in the DLQ")
+
+    crashing = {"metadata": {"simulate": {"fail_times": 99, "error": "server_error"}}}  # a prompt the model 500s on
+    for rid in bad:
+        edited = {**json.loads(request_bytes(rid)), **crashing}
+        status, body = http_json(f"{worker.url}/dlq/{rid}/reprocess/", "POST", {"payload": edited})
+        assert status == 200 and body["status"] == "reprocessed", body
+    fresh = [unique(f"fresh{i}") for i in range(10)]
+    produce(worker.bootstrap, worker.topic("input"), [(rid.encode(), request_bytes(rid)) for rid in fresh])
+
+    def back_in_the_dlq() -> bool:
+        entries = [worker.get(f"/dlq/{rid}/")[1] for rid in bad]
+        return all(isinstance(e, dict) and e.get("error_class") == "server_error" for e in entries)
+
+    wait_until(back_in_the_dlq, 90, "every replay back in the DLQ as server_error")
+    wait_until(in_state(worker, "succeeded", *fresh), 60, "the fresh requests to succeed")
+    breaker = next(iter(worker.get("/dlq/stats/")[1]["breaker"].values()))
+    assert breaker["state"] == "closed" and not breaker["moves"].get("closed->open"), breaker
