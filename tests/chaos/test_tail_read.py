@@ -21,7 +21,7 @@ from tests.support import MockLLM, Worker, unique, wait_until
 
 pytestmark = pytest.mark.timeout(1800 if FULL else 600)
 
-FLOOD = 6_000 if FULL else 2_000
+FLOOD = 6_000 if FULL else 3_000
 B_REQUESTS = 40 if FULL else 20
 ENV = {
     "DLQ_INFERENCE": "openai",
@@ -60,10 +60,19 @@ def _flood_then_b(make_worker, mock: MockLLM, guarantee: str) -> tuple[Worker, l
     env = {**ENV, "DLQ_INFERENCE_URL": mock.api_url, "DLQ_PROCESSING_GUARANTEE": guarantee}
     worker = make_worker(env_extra=env).start()
     a_ids = _tenant_requests(worker, "a", FLOOD)
+
+    def tail_read_lines() -> str:
+        return "\n".join(
+            line for line in worker.log_path.read_text(errors="replace").splitlines() if "tail_read" in line
+        )
+
     wait_until(
         lambda: _metric(worker, "dlqapp_tail_read_partitions") == 3,  # DLQ_PARTITIONS of the tests
         120,
-        "the tail read of every partition behind A's flood",
+        lambda: (
+            f"the tail read of every partition behind A's flood (reading "
+            f"{_metric(worker, 'dlqapp_tail_read_partitions'):g}; the worker's tail read lines:\n{tail_read_lines()})"
+        ),
     )
     assert " tail_read_started " in worker.log_path.read_text(errors="replace")
     b_ids = _tenant_requests(worker, "b", B_REQUESTS)
