@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from aiokafka.errors import KafkaError
-from aiokafka.protocol.metadata import MetadataRequest
 from faust.agents.replies import ReplyConsumer, ReqRepResponse
 from faust.models import maybe_model
 from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
@@ -116,25 +115,6 @@ def keep_in_metadata(client: Any, topics: Iterable[str]) -> None:
     for topic in topics:
         if client.cluster.partitions_for_topic(topic) is not None:
             client.add_topic(topic)
-
-
-async def topic_exists(client: Any, topic: str) -> bool:
-    """Whether `topic` exists, asked of one broker without creating it: aiokafka's own
-    metadata requests allow auto-creation, which on a cluster with
-    `auto.create.topics.enable` would create a topic deleted on purpose."""
-    request = MetadataRequest([topic], allow_auto_topic_creation=False)
-    response = await client.send(client.get_random_node(), request)
-    return any(t["topic"] == topic and t["error_code"] == 0 for t in response.to_object()["topics"])
-
-
-def forget_topic(client: Any, topic: str) -> None:
-    """Leave `topic` out of an aiokafka `client`'s metadata refreshes (the opposite of
-    `add_topic`, which a send to a topic it does not know calls). aiokafka has no public
-    reader of the topics it tracks (`AIOKafkaClient._topics`); `set_topics` with fewer
-    topics only replaces the set, with no refresh (with none, refreshes ask for all)."""
-    tracked = client._topics
-    if topic in tracked:
-        client.set_topics(tracked - {topic})
 
 
 def producer_client(producer: Any) -> Any:

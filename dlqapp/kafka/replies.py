@@ -29,7 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError, for_code
+from aiokafka.errors import KafkaError, UnknownTopicOrPartitionError, for_code
+from aiokafka.protocol.metadata import MetadataRequest
 from faust.exceptions import ProducerSendError
 from mode import Service
 
@@ -37,7 +38,6 @@ from dlqapp.kafka.access import KafkaAccessError
 from dlqapp.kafka.acls import reply_prefix
 from dlqapp.kafka.admin import connect_admin
 from dlqapp.kafka.faust_agents import reply_record, reply_target
-from dlqapp.kafka.faust_producer import forget_topic, topic_exists
 from dlqapp.observability.logs import log_event
 from dlqapp.settings import Settings
 
@@ -48,7 +48,6 @@ ANSWER_WITHIN_S = 5.0
 DELETE_WITHIN_S = 2.0
 """How long a stopping worker tries to delete its reply topic (a few milliseconds when the
 broker is there; the stop as a whole has DLQ_DRAIN_TIMEOUT plus 4 s)."""
-UNKNOWN_TOPIC = 3
 
 
 def answers_producer(client_options: dict[str, Any]) -> Callable[[], AIOKafkaProducer]:
@@ -118,6 +117,25 @@ class Replies(Service):
                 await asyncio.wait_for(self._producer.stop(), ANSWER_WITHIN_S)
 
 
+async def topic_exists(client: Any, topic: str) -> bool:
+    """Whether `topic` exists, asked of one broker without creating it: aiokafka's own
+    metadata requests allow auto-creation, which on a cluster with
+    `auto.create.topics.enable` would create a topic deleted on purpose."""
+    request = MetadataRequest([topic], allow_auto_topic_creation=False)
+    response = await client.send(client.get_random_node(), request)
+    return any(t["topic"] == topic and t["error_code"] == 0 for t in response.to_object()["topics"])
+
+
+def forget_topic(client: Any, topic: str) -> None:
+    """Leave `topic` out of an aiokafka `client`'s metadata refreshes (the opposite of
+    `add_topic`, which a send to a topic it does not know calls). aiokafka has no public
+    reader of the topics it tracks (`AIOKafkaClient._topics`); `set_topics` with fewer
+    topics only replaces the set, with no refresh (with none, refreshes ask for all)."""
+    tracked = client._topics
+    if topic in tracked:
+        client.set_topics(tracked - {topic})
+
+
 async def delete_reply_topic(settings: Settings, topic: str) -> bool:
     """Delete this worker's reply topic (a clean stop) within DELETE_WITHIN_S; True when it is
     gone. A refusal (no Delete ACL) or a broker away leaves it, said in one WARNING line."""
@@ -126,7 +144,7 @@ async def delete_reply_topic(settings: Settings, topic: str) -> bool:
     except (TimeoutError, KafkaError, KafkaAccessError, OSError) as exc:
         error = repr(exc)
     else:
-        if error_code in (0, UNKNOWN_TOPIC):
+        if error_code in (0, UnknownTopicOrPartitionError.errno):
             return True
         error = for_code(error_code).__name__
     log_event(
