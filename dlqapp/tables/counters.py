@@ -1,9 +1,14 @@
-"""Running counts for `/dlq/stats/` and `/metrics`, kept as events happen.
+"""Running counts for `/dlq/stats/`, `/metrics` and budgets, kept as events happen.
 
-Each partition has one counter blob in the `stats` table (key `p<partition>`), so the counts
-survive restarts and move with their partition; a read costs the same with a thousand or a
-million requests in the tables. Counts move only inside a stream step (`add`); a step's
-counts join its partition's when it ends (dlqapp.tables.steps), and the blob is written:
+Each partition's counts live in the `stats` table, so they survive restarts and move with
+their partition; a read costs the same with a thousand or a million requests in the tables.
+Most are in one blob per partition (key `p<partition>`). Spend counters (`spend|…`: one per
+tenant and model and UTC window) each have a key of their own (`p<partition>|<name>`), so a
+write carries the spend that moved, not that of every tenant the partition has seen this
+month: in one blob, 5,000 tenants made every commit rewrite tens of kilobytes.
+
+Counts move only inside a stream step (`add`); a step's counts join its partition's when it
+ends (dlqapp.tables.steps), and what changed is written:
 
 - under exactly_once, into the partition's transaction when it is sealed, so the counts
   commit with the outputs and states that moved them: after a `kill -9` they agree with
@@ -11,6 +16,10 @@ counts join its partition's when it ends (dlqapp.tables.steps), and the blob is 
 - under at_least_once, at the end of a step, at most every `FLUSH_INTERVAL_S` per partition
   while other steps of the partition are running (the last step of a burst always writes):
   a crash can lose only the increments of the last interval of a busy partition.
+
+The blob is written with every write of its partition (a spend always moves `cost_nusd` in
+it too), so a stored blob equal to the last one this worker wrote says nobody wrote the
+partition since (`on_revoked`).
 """
 
 from __future__ import annotations
@@ -19,12 +28,19 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from dlqapp.core import compact_json
-from dlqapp.kafka.faust_tables import active_partitions, read_partition
+from dlqapp.core.budgets import SPEND
+from dlqapp.kafka.faust_tables import active_partitions, keys_with_prefix, partition_db, read_partition
 
 FLUSH_INTERVAL_S = 0.25
+DETACHED = SPEND + "|"
+"""Counters whose names start with this are kept under keys of their own (module doc)."""
+
+Record = tuple[bytes, bytes | None]
+"""A stats table write: (key, value); None deletes the key."""
 
 
 class CurrentStep(Protocol):
@@ -37,6 +53,24 @@ def _key(partition: int) -> bytes:
     return f"p{partition}".encode()
 
 
+def _prefix(partition: int) -> bytes:
+    return f"p{partition}|".encode()
+
+
+@dataclass
+class _Partition:
+    """One partition's counts: the blob's, the detached ones, and what changed since written."""
+
+    core: Counter[str] = field(default_factory=Counter)
+    detached: Counter[str] = field(default_factory=Counter)
+    changed: set[str] = field(default_factory=set)
+    """Detached names changed (or forgotten) since written."""
+    dirty: bool = False
+
+    def get(self, name: str) -> int:
+        return (self.detached if name.startswith(DETACHED) else self.core).get(name, 0)
+
+
 class Counters:
     """Per-partition counters: `add` in a stream step; the steps write them (module doc)."""
 
@@ -47,22 +81,24 @@ class Counters:
         *,
         observe: Callable[[str, int], None] = lambda name, amount: None,
         read: Callable[[int, bytes], bytes | None] | None = None,
+        scan: Callable[[int, bytes], Iterable[Record]] | None = None,
         forget: Callable[[str], bool] | None = None,
     ) -> None:
         """`observe(name, amount)` sees every counted change (the health page's minute rates);
-        `read(partition, key)` reads the stored blob of a partition (default: its RocksDB);
-        `forget(name)`: a counter no longer needed (a past spend window), dropped from the
-        blob whenever a step counts a name the partition did not have yet."""
+        `read(partition, key)` reads a stored key of a partition (default: its RocksDB) and
+        `scan(partition, prefix)` its keys starting with `prefix`, with their values;
+        `forget(name)`: a counter no longer needed (a past spend window), dropped whenever a
+        step counts a name the partition did not have yet."""
         self.table = table
         self.steps = steps
         self.observe = observe
         self.read = read or (lambda partition, key: read_partition(table, partition, key))
+        self.scan = scan or (lambda partition, prefix: _scan(table, partition, prefix))
         self.forget = forget
-        self._counts: dict[int, Counter[str]] = {}
+        self._parts: dict[int, _Partition] = {}
         self._written_at: dict[int, float] = {}
-        self._dirty: set[int] = set()
         self._written: dict[int, bytes] = {}
-        self._stale: dict[int, tuple[Counter[str], bytes | None]] = {}
+        self._stale: dict[int, tuple[_Partition, bytes | None]] = {}
 
     def add(self, name: str, amount: int = 1) -> None:
         """Count `amount` more of `name` in the current step (its partition's once it ends)."""
@@ -71,95 +107,148 @@ class Counters:
 
     def merge(self, partition: int, counts: Counter[str]) -> None:
         """A step of `partition` ended (under exactly_once: inside its transaction): its counts join."""
-        if counts:
-            current = self._load(partition)
-            if self.forget is not None and any(name not in current for name in counts):
-                for name in [name for name in current if self.forget(name)]:
-                    del current[name]
-            current.update(counts)
-            self._dirty.add(partition)
+        if not counts:
+            return
+        part = self._load(partition)
+        for name, amount in counts.items():
+            if name.startswith(DETACHED):
+                if name not in part.detached and self.forget is not None:
+                    self._forget(part)
+                part.detached[name] += amount
+                part.changed.add(name)
+            else:
+                part.core[name] += amount
+        part.dirty = True
+
+    def _forget(self, part: _Partition) -> None:
+        assert self.forget is not None
+        for name in [name for name in part.detached if self.forget(name)]:
+            del part.detached[name]
+            part.changed.add(name)
 
     def flush_due(self, partition: int, open_steps: int) -> None:
-        """at_least_once, at the end of a step: write the partition's blob if it changed, unless it
+        """at_least_once, at the end of a step: write the partition's changes if any, unless it
         was written lately and another step of the partition is still running (it will)."""
-        if partition not in self._dirty:
+        part = self._parts.get(partition)
+        if part is None or not part.dirty:
             return
         now = time.monotonic()
         if now - self._written_at.get(partition, 0.0) >= FLUSH_INTERVAL_S or open_steps <= 1:
-            blob = self._blob(partition)
-            self.table[_key(partition)] = blob
+            records = self._records(partition, part)
+            for key, value in records:
+                self.table[key] = value
+            self.written(partition, [(self.table, key, value) for key, value in records])
+
+    def unwritten(self, partition: int) -> list[tuple[Any, bytes, bytes | None]]:
+        """(table, key, value) of each write the partition's counts need (none when unchanged)."""
+        part = self._parts.get(partition)
+        if part is None or not part.dirty:
+            return []
+        return [(self.table, key, value) for key, value in self._records(partition, part)]
+
+    def written(self, partition: int, records: list[tuple[Any, bytes, bytes | None]]) -> None:
+        """The partition's `unwritten` records were written (sealed into its transaction)."""
+        blob = next((value for _, key, value in records if key == _key(partition)), None)
+        if blob is not None:
             self._written[partition] = blob
-            self._written_at[partition] = now
-            self._dirty.discard(partition)
+        self.written_elsewhere(partition)
 
-    def unwritten(self, partition: int) -> tuple[Any, bytes, bytes] | None:
-        """(table, key, blob) of the partition's counts when they changed since last written."""
-        if partition not in self._dirty:
-            return None
-        return self.table, _key(partition), self._blob(partition)
-
-    def written(self, partition: int, blob: bytes) -> None:
-        """The partition's blob was written (sealed into its transaction)."""
-        self._written[partition] = blob
-        self._written_at[partition] = time.monotonic()
-        self._dirty.discard(partition)
-
-    def all_unwritten(self) -> Iterator[tuple[int, Any, bytes, bytes]]:
-        """(partition, table, key, blob) of every partition whose counts changed since written."""
-        for partition in sorted(self._dirty):
-            yield partition, self.table, _key(partition), self._blob(partition)
+    def all_unwritten(self) -> Iterator[tuple[int, Any, bytes, bytes | None]]:
+        """(partition, table, key, value) of every write that partitions' counts need."""
+        for partition in sorted(self._parts):
+            for table, key, value in self.unwritten(partition):
+                yield partition, table, key, value
 
     def written_elsewhere(self, partition: int) -> None:
-        """The blob went straight to the changelog (a rebalance, a shutdown). Not `_written`:
-        this worker's store gets it only when it recovers the changelog, so a partition that
-        stays must still compare with the last step's blob."""
+        """The records went out (or straight to the changelog: a rebalance, a shutdown). Only
+        `written` notes the blob: after straight to the changelog this worker's store gets it
+        when it recovers the changelog, so a partition that stays must compare with the last
+        step's blob."""
         self._written_at[partition] = time.monotonic()
-        self._dirty.discard(partition)
+        part = self._parts.get(partition)
+        if part is not None:
+            part.dirty = False
+            part.changed.clear()
 
     def on_revoked(self) -> None:
         """A rebalance: keep what was counted, to resume with it should the partition come
         back unchanged (its stored blob still the one this worker wrote last)."""
-        for partition, counts in self._counts.items():
-            self._stale[partition] = (counts, self._written.get(partition))
-        self._counts.clear()
-        self._dirty.clear()
+        for partition, part in self._parts.items():
+            self._stale[partition] = (part, self._written.get(partition))
+        self._parts.clear()
 
     def value(self, partition: int, name: str) -> int:
         """One counter of a partition this worker owns: what its steps counted, written or not."""
-        counts = self._counts.get(partition)
-        if counts is None:
-            return _decode(self.read(partition, _key(partition))).get(name, 0)
-        return counts.get(name, 0)
+        part = self._parts.get(partition)
+        if part is not None:
+            return part.get(name)
+        if name.startswith(DETACHED):
+            value = self.read(partition, _prefix(partition) + name.encode())
+            if value is not None:
+                return _int(value)  # else still in the blob, should it predate keys of their own
+        return _decode(self.read(partition, _key(partition))).get(name, 0)
+
+    def spend(self, partition: int) -> Counter[str]:
+        """The spend counters of a partition this worker owns, written or not."""
+        return Counter(self._load(partition).detached)
 
     def total(self, partitions: Iterable[int], read: Any) -> Counter[str]:
-        """The sum over `partitions`; `read(partition, key)` reads a stored blob outside a stream."""
+        """The sum of the blobs' counters over `partitions` (spend counters: SpendView);
+        `read(partition, key)` reads a stored blob outside a stream."""
         total: Counter[str] = Counter()
         for partition in partitions:
-            counts = self._counts.get(partition)
-            if counts is None:
-                counts = _decode(read(partition, _key(partition)))
-            total.update(counts)
+            part = self._parts.get(partition)
+            total.update(part.core if part is not None else _decode(read(partition, _key(partition))))
         return total
 
     def total_of(self, table: Any) -> Counter[str]:
         """The sum over the partitions of `table` this worker actively owns."""
         return self.total(active_partitions(table), lambda partition, key: read_partition(table, partition, key))
 
-    def _blob(self, partition: int) -> bytes:
-        return compact_json.dumps(self._counts[partition])
+    def _records(self, partition: int, part: _Partition) -> list[Record]:
+        records: list[Record] = [(_key(partition), compact_json.dumps(part.core))]
+        prefix = _prefix(partition)
+        for name in sorted(part.changed):
+            value = part.detached.get(name)
+            records.append((prefix + name.encode(), None if value is None else str(value).encode()))
+        return records
 
-    def _load(self, partition: int) -> Counter[str]:
-        counts = self._counts.get(partition)
-        if counts is None:
+    def _load(self, partition: int) -> _Partition:
+        part = self._parts.get(partition)
+        if part is None:
             stored = self.read(partition, _key(partition))
             kept, written = self._stale.pop(partition, (None, None))
             if kept is not None and stored == written:
-                counts = kept  # nobody else counted meanwhile: keep the increments not yet written
-                self._dirty.add(partition)
+                part = kept  # nobody else counted meanwhile: keep the increments not yet written
+                part.dirty = True
             else:
-                counts = _decode(stored)
-            self._counts[partition] = counts
-        return counts
+                part = self._stored(partition, stored)
+            self._parts[partition] = part
+        return part
+
+    def _stored(self, partition: int, blob: bytes | None) -> _Partition:
+        part = _Partition(core=_decode(blob))
+        older = [name for name in part.core if name.startswith(DETACHED)]  # kept in the blob before
+        for name in older:
+            part.detached[name] = part.core.pop(name)
+        prefix = _prefix(partition)
+        for key, value in self.scan(partition, prefix):
+            part.detached[key[len(prefix) :].decode()] = _int(value)
+        part.changed.update(older)  # moved to keys of their own at the next write
+        part.dirty = bool(older)
+        return part
+
+
+def _scan(table: Any, partition: int, prefix: bytes) -> list[Record]:
+    db = partition_db(table, partition)
+    return [(key, db.get(key)) for key in keys_with_prefix(db, prefix, 1 << 30)]
+
+
+def _int(value: bytes | None) -> int:
+    try:
+        return int(value) if value else 0
+    except ValueError:
+        return 0
 
 
 def _decode(blob: bytes | None) -> Counter[str]:

@@ -1,11 +1,13 @@
 """The cluster's spend and run-time budgets, as every worker sees them.
 
 Spend is counted where an attempt's stream step writes: the request's partition's running
-counts (dlqapp.tables.counters, names `spend|…`, nano-dollars), sealed into the partition's
-transaction with the outputs that spent it. A worker enforcing a budget needs every
-partition's spend, so it follows the `stats` changelog (dlqapp.kafka.changelog_follower):
-the newest committed counts blob of each partition. For the partitions it owns it reads its
-own counts instead, which include what its steps counted and have not yet committed.
+counts (dlqapp.tables.counters, names `spend|…`, nano-dollars, each under its own key
+`p<partition>|<name>`), sealed into the partition's transaction with the outputs that spent
+it. A worker enforcing a budget needs every partition's spend, so it follows the `stats`
+changelog (dlqapp.kafka.changelog_follower): the newest committed value of each. For the
+partitions it owns it reads its own counts instead, which include what its steps counted and
+have not yet committed. A partition's counts blob (`p<partition>`) held its spend too before
+spend had keys of its own: read for as long as it does.
 
 Budgets set at run time (`POST /budgets/`) are stats records too, keyed `budget|<key>`,
 written by the commands agent on the partition that owns the key, so every worker reads
@@ -41,6 +43,9 @@ class SpendView:
         self.local = local
         self.owned = owned
         self._remote: dict[int, dict[str, int]] = {}
+        """Partition → spend counter → nano-dollars, from the changelog."""
+        self._in_blob: dict[int, dict[str, int]] = {}
+        """Partition → the spend its counts blob still holds (written before spend had keys)."""
         self._set_budgets: dict[str, tuple[Budget, dict[str, Any]]] = {}
         self.ready = asyncio.Event()
         self.on_budget_change: list[Callable[[str], None]] = []
@@ -53,7 +58,14 @@ class SpendView:
         if key.startswith(BUDGET_KEY_PREFIX):
             self._on_budget(key[len(BUDGET_KEY_PREFIX) :].decode("utf-8", "replace"), value)
         elif key == f"p{partition}".encode():
-            self._remote[partition] = _spend_of(value)
+            self._in_blob[partition] = _spend_of(value)
+        elif key.startswith(f"p{partition}|".encode()):
+            name = key[len(f"p{partition}|") :].decode("utf-8", "replace")
+            spend = self._remote.setdefault(partition, {})
+            if value is None:
+                spend.pop(name, None)
+            else:
+                spend[name] = _int(value)
 
     def _on_budget(self, name: str, value: bytes | None) -> None:
         try:
@@ -80,13 +92,19 @@ class SpendView:
         """Nano-dollars counted under `name` over every partition."""
         owned = set(self.owned())
         total = sum(self.local(p, name) for p in owned)
-        return total + sum(spend.get(name, 0) for p, spend in self._remote.items() if p not in owned)
+        partitions = (self._remote.keys() | self._in_blob.keys()) - owned
+        return total + sum(self._remote_spent(p, name) for p in partitions)
+
+    def _remote_spent(self, partition: int, name: str) -> int:
+        spend = self._remote.get(partition, {})
+        return spend[name] if name in spend else self._in_blob.get(partition, {}).get(name, 0)
 
     def spent_with_prefix(self, prefix: str) -> dict[str, int]:
         """Every spend counter starting with `prefix`, summed over the partitions the changelog
         has shown (owned ones included as committed: for listings, not enforcement)."""
         total: dict[str, int] = {}
-        for spend in self._remote.values():
+        for partition in self._remote.keys() | self._in_blob.keys():
+            spend = {**self._in_blob.get(partition, {}), **self._remote.get(partition, {})}
             for name, value in spend.items():
                 if name.startswith(prefix):
                     total[name] = total.get(name, 0) + value
@@ -112,3 +130,10 @@ def _spend_of(blob: bytes | None) -> dict[str, int]:
     if not isinstance(doc, dict):
         return {}
     return {k: v for k, v in doc.items() if k.startswith(SPEND + "|") and isinstance(v, int)}
+
+
+def _int(value: bytes) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return 0

@@ -258,16 +258,14 @@ class StreamSteps:
         """The last records of a transaction: the partition's counts and progress, written
         to the local tables and sent into the transaction (no step is inside it now)."""
         partition = transaction.partition
-        records = list(self._seal_tables(partition))
         counts = self.counters.unwritten(partition)
-        if counts is not None:
-            records.append(counts)
+        records = [*self._seal_tables(partition), *counts]
         sent = []
         for table, key, value in records:
             table.put_local(partition, key, value)
             sent.append((table, await transaction.send(table.changelog_topic_name, key, value, partition, None)))
-        if counts is not None:
-            self.counters.written(partition, counts[2])
+        if counts:
+            self.counters.written(partition, counts)
         if sent:
             after_commit(transaction.committed(), lambda: _note_persisted(sent, partition))
 

@@ -260,7 +260,10 @@ class Worker:
     @property
     def counts(self) -> Counter[str]:
         """What the counters hold for the one partition (written or not)."""
-        return self.components.counters.total([0], lambda partition, key: None)
+        counters = self.components.counters
+        counts = counters.total([0], lambda partition, key: None)
+        counts.update(counters.spend(0))
+        return counts
 
 
 def worker(

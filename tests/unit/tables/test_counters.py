@@ -54,14 +54,15 @@ def test_sealing_takes_a_partitions_counts_once_and_only_when_they_changed():
     """exactly_once: what a transaction is sealed with (dlqapp.tables.steps)."""
     table, context = FakeTable("stats"), StepContext()
     counters = Counters(table, context, read=lambda partition, key: table.get(key))
-    assert counters.unwritten(0) is None
+    assert counters.unwritten(0) == []
     counted(counters, context, 0, "received", 2)
-    stats, key, blob = counters.unwritten(0)
+    sealed = counters.unwritten(0)
+    [(stats, key, blob)] = sealed
     assert stats is table and key == b"p0" and json.loads(blob) == {"received": 2}
-    counters.written(0, blob)
-    assert counters.unwritten(0) is None
+    counters.written(0, sealed)
+    assert counters.unwritten(0) == []
     counted(counters, context, 0, "succeeded")
-    assert json.loads(counters.unwritten(0)[2]) == {"received": 2, "succeeded": 1}
+    assert json.loads(counters.unwritten(0)[0][2]) == {"received": 2, "succeeded": 1}
 
 
 def test_a_partition_starts_from_its_stored_counts():
@@ -70,3 +71,78 @@ def test_a_partition_starts_from_its_stored_counts():
     counters = Counters(table, context, read=lambda partition, key: table.get(key))
     counted(counters, context, 1, "received")
     assert counters.total([1], lambda partition, key: None)["received"] == 11
+
+
+def spend(tenant: str, window: str = "2026-12") -> str:
+    return f"spend|t|{tenant}|{window}"
+
+
+def test_a_write_carries_the_spend_that_moved_not_every_tenants():
+    """5,000 tenants in one blob made every commit of a partition rewrite tens of kilobytes."""
+    table, context = FakeTable("stats"), StepContext()
+    counters = Counters(table, context, read=lambda partition, key: table.get(key))
+    for i in range(300):
+        counted(counters, context, 4, spend(f"t{i}"), 10)
+    counters.written(4, counters.unwritten(4))
+    counted(counters, context, 4, "cost_nusd", 7)
+    counted(counters, context, 4, spend("t7"), 7)
+    sealed = counters.unwritten(4)
+    assert [(key, value) for _, key, value in sealed] == [
+        (b"p4", b'{"cost_nusd":7}'),
+        (b"p4|" + spend("t7").encode(), b"17"),
+    ]
+    assert counters.value(4, spend("t7")) == 17 and counters.value(4, spend("t8")) == 10
+
+
+def test_a_forgotten_spend_counter_is_deleted():
+    table, context = FakeTable("stats"), StepContext()
+    counters = Counters(
+        table, context, read=lambda p, key: table.get(key), forget=lambda name: name.endswith("|2026-10")
+    )
+    counted(counters, context, 0, spend("a", "2026-10"), 5)
+    counters.written(0, counters.unwritten(0))
+    counted(counters, context, 0, spend("a", "2026-12"), 2)
+    records = {key: value for _, key, value in counters.unwritten(0)}
+    assert records[b"p0|" + spend("a", "2026-10").encode()] is None
+    assert records[b"p0|" + spend("a", "2026-12").encode()] == b"2"
+
+
+def test_spend_written_in_the_blob_before_moves_to_keys_of_its_own_at_the_next_write():
+    table, context = FakeTable("stats"), StepContext()
+    table[b"p2"] = json.dumps({"received": 4, spend("a"): 30, spend("b"): 5}).encode()
+    table[b"p2|" + spend("b").encode()] = b"9"  # a key of its own wins over the blob
+    counters = Counters(table, context, read=lambda partition, key: table.get(key))
+    assert counters.value(2, spend("a")) == 30, "read from the blob until the partition is loaded"
+    counted(counters, context, 2, "received")
+    records = {key: value for _, key, value in counters.unwritten(2)}
+    assert json.loads(records.pop(b"p2")) == {"received": 5}
+    assert records == {b"p2|" + spend("a").encode(): b"30", b"p2|" + spend("b").encode(): b"9"}
+
+
+def test_through_the_at_least_once_writes_a_partition_reloads_the_same_counts():
+    table, context = FakeTable("stats"), StepContext()
+    counters = Counters(table, context, read=lambda partition, key: table.get(key))
+    counted(counters, context, 1, "received", 2)
+    counted(counters, context, 1, spend("a"), 3)
+    token = context.enter(Step(1))
+    counters.flush_due(1, open_steps=1)
+    context.leave(token)
+    again = Counters(table, context, read=lambda partition, key: table.get(key))
+    assert again.value(1, "received") == 2 and again.value(1, spend("a")) == 3
+    counted(again, context, 1, spend("a"), 1)
+    assert again.spend(1) == {spend("a"): 4}
+
+
+def test_a_partition_back_unchanged_after_a_rebalance_keeps_its_unwritten_spend():
+    table, context = FakeTable("stats"), StepContext()
+    counters = Counters(table, context, read=lambda partition, key: table.get(key))
+    counted(counters, context, 0, spend("a"), 3)
+    sealed = counters.unwritten(0)
+    for _, key, value in sealed:
+        table[key] = value
+    counters.written(0, sealed)
+    counted(counters, context, 0, spend("a"), 2)  # counted, not yet written
+    counters.on_revoked()
+    counted(counters, context, 0, "received")  # back, and nobody wrote it meanwhile
+    records = {key: value for _, key, value in counters.unwritten(0)}
+    assert records[b"p0|" + spend("a").encode()] == b"5"

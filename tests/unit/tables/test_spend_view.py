@@ -48,9 +48,25 @@ class _Steps:
 
 def test_counters_forget_past_windows_when_a_new_one_is_counted():
     table: dict[bytes, bytes] = {}
-    counters = Counters(table, _Steps(), read=lambda p, key: None, forget=lambda name: name.endswith("|old"))
+    counters = Counters(
+        table, _Steps(), read=lambda p, key: None, scan=lambda p, prefix: [], forget=lambda name: name.endswith("|old")
+    )
     counters.merge(0, Counter({"spend|t|a|old": 5, "received": 1}))
     counters.merge(0, Counter({"received": 1}))  # no new name: nothing dropped
     assert counters.value(0, "spend|t|a|old") == 5
     counters.merge(0, Counter({"spend|t|a|new": 2}))
     assert counters.value(0, "spend|t|a|old") == 0 and counters.value(0, "received") == 2
+
+
+def test_spend_under_keys_of_its_own_wins_over_a_blob_written_before_and_a_tombstone_removes_it():
+    view = SpendView(lambda p, name: 0, lambda: [])
+    name = "spend|t|a|2026-12"
+    view.on_record(3, b"p3", json.dumps({"received": 1, name: 10}).encode())  # written before keys of their own
+    assert view.spent(name) == 10
+    view.on_record(3, b"p3|" + name.encode(), b"25")
+    view.on_record(4, b"p4|" + name.encode(), b"5")
+    view.on_record(4, b"p3|" + name.encode(), b"99")  # not its partition's: ignored
+    assert view.spent(name) == 30 and view.spent_with_prefix("spend|t|") == {name: 30}
+    view.on_record(3, b"p3", json.dumps({"received": 2}).encode())
+    view.on_record(4, b"p4|" + name.encode(), None)
+    assert view.spent(name) == 25
