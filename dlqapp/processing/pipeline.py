@@ -289,7 +289,7 @@ class Pipeline:
         now = self.clock()
         reason = over.reason() if over is not None else "the cluster's spend is not read yet"
         budget = f"{over.scope}:{over.window}" if over is not None else "unknown"
-        metrics.budget_holds.labels(tenant, budget).inc()
+        metrics.budget_holds.labels(self.spending.tenant_label(tenant), budget).inc()
         await self.parking.hold(envelope, hold_until(now, self.budget_recheck_ms, request.deadline), reason, tenant)
 
     # -- outcomes ---------------------------------------------------------------------

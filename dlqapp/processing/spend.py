@@ -95,8 +95,10 @@ class Spending:
         default_tenant: str,
         clock: Clock,
         share: Callable[[], float] = lambda: 1.0,
+        tenant_label: Callable[[str], str] = lambda tenant: tenant,
     ) -> None:
-        """`share()`: this worker's share of the work now (its input partitions / all)."""
+        """`share()`: this worker's share of the work now (its input partitions / all);
+        `tenant_label(tenant)`: its `tenant` label on /metrics (metrics.TenantLabels)."""
         self.prices = prices
         self.configured = budgets
         self.view = view
@@ -105,6 +107,7 @@ class Spending:
         self.default_tenant = default_tenant
         self.clock = clock
         self.share = share
+        self.tenant_label = tenant_label
         self.pending: Counter[str] = Counter()
         """Estimates of the calls this worker admitted and has not yet accounted, per spend counter."""
 
@@ -176,7 +179,8 @@ class Spending:
             add("tokens_estimated", usage.prompt)
         outcome = "failed" if attempt.error_class else "succeeded"
         error_class = attempt.error_class or "none"
-        labels = (model, outcome, error_class, tenant)
+        label = self.tenant_label(tenant)
+        labels = (model, outcome, error_class, label)
         for kind, count in (
             ("prompt", usage.prompt),
             ("completion", usage.completion),
@@ -184,7 +188,7 @@ class Spending:
             ("reasoning", usage.reasoning),
         ):
             if count:
-                metrics.tokens.labels(model, kind, outcome, error_class, tenant).inc(count)
+                metrics.tokens.labels(model, kind, outcome, error_class, label).inc(count)
         if attempt.cost_nusd is None:
             add("unpriced_attempts")
             metrics.unpriced_attempts.labels(model).inc()

@@ -116,6 +116,15 @@ class WorkFields:
         _parse_weights,
         'Weights of tenants\' fair shares of backend slots, JSON: `{"acme": 3, "beta": 1}` (1 for a tenant not named).',
     )
+    metrics_tenants: int = setting(
+        "DLQ_METRICS_TENANTS",
+        "100",
+        _non_negative_int,
+        "Tenants with a `tenant` label of their own on `/metrics`, beyond those named in `DLQ_BUDGETS`, "
+        "`DLQ_TENANT_WEIGHTS` or a budget set at run time (always their own), in the order a worker first counts "
+        "them; the others are counted under `_other` (a label per end user would swamp Prometheus). "
+        "`GET /budgets/` lists every tenant.",
+    )
     read_ahead: int = setting(
         "DLQ_READ_AHEAD",
         "50000",

@@ -114,6 +114,10 @@ class SpendView:
         """The configured budgets with those set at run time in their place."""
         return configured.with_entries({k: b for k, (b, _) in self._set_budgets.items()})
 
+    def has_set_budget(self, key: str) -> bool:
+        """Whether a budget was set at run time for `key` (a tenant, or `model:<name>`)."""
+        return key in self._set_budgets
+
     def set_budgets(self) -> dict[str, dict[str, Any]]:
         """The budgets set at run time, as recorded (`day_usd`, `month_usd`, `set_by`, `set_at`)."""
         return {k: doc for k, (_, doc) in sorted(self._set_budgets.items())}

@@ -282,7 +282,7 @@ class _Handlers:
             return
         handler = functools.partial(pipeline.on_input, record, self.components.topology.input, admitted)
         size = HELD_REQUEST_BYTES + len(record.payload or b"")
-        metrics.started_ahead.labels(admitted.tenant).inc()
+        metrics.started_ahead.labels(self.components.spending.tenant_label(admitted.tenant)).inc()
         await feed.put(ticket, handler, admitted.tenant, admitted.cost, size, back_pressure=False)
 
     def due_agent(self) -> Callable[[StreamT], Awaitable[None]]:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from typing import Any
+
+from prometheus_client import REGISTRY
 
 from dlqapp.core.backend import InferenceOutput
 from dlqapp.core.budgets import Budget
@@ -171,3 +174,21 @@ def test_budget_bodies_of_the_api():
     for body in ({}, {"tenant": "a", "model": "b"}, {"tenant": ""}, {"tenant": "a", "limit": 1}):
         with pytest.raises(ApiError):
             budget_of(body)
+
+
+def test_tenants_past_the_metrics_limit_share_one_label_unless_named_in_the_settings(tmp_path):
+    """A `tenant` label per end user would swamp Prometheus (5,000 tenants: a 1.1 MB scrape)."""
+    tag = uuid.uuid4().hex[:8]  # the registry is the process's
+    weights = json.dumps({f"{tag}-vip": 2})
+    w = worker(tmp_path, UsageBackend({}), DLQ_PRICES=PRICES, DLQ_METRICS_TENANTS="1", DLQ_TENANT_WEIGHTS=weights)
+    for i, tenant in enumerate([f"{tag}-a", f"{tag}-b", f"{tag}-c", f"{tag}-vip", f"{tag}-a"]):
+        run(w.pipeline.on_input(event(f"{tag}-r{i}", offset=i, model="m", metadata={"tenant": tenant}), w.input))
+
+    def prompt_tokens(label: str) -> float:
+        labels = {"model": "m", "kind": "prompt", "outcome": "succeeded", "error_class": "none", "tenant": label}
+        return REGISTRY.get_sample_value("dlqapp_tokens_total", labels) or 0.0
+
+    assert prompt_tokens(f"{tag}-a") == 2000, "the first tenant counted has its own label"
+    assert prompt_tokens(f"{tag}-vip") == 1000, "a tenant named in the settings always has its own"
+    assert prompt_tokens(f"{tag}-b") == prompt_tokens(f"{tag}-c") == 0
+    assert prompt_tokens("_other") >= 2000
