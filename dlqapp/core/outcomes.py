@@ -77,11 +77,17 @@ def expiry(policy: RetryPolicy, original_timestamp: int, now_ms: int) -> DeadLet
     return None
 
 
+SECONDS_LIKE = 10**11
+"""A deadline below this (March 1973 in epoch milliseconds, the year 5138 in seconds) was
+almost surely written in seconds."""
+
+
 def past_deadline(deadline_ms: int | None, now_ms: int) -> DeadLetter | None:
     """A `DeadLetter(expired)` when the request's own `deadline` has passed, else None."""
     if deadline_ms is not None and now_ms > deadline_ms:
+        hint = " (it reads as epoch seconds: deadline is epoch milliseconds)" if deadline_ms < SECONDS_LIKE else ""
         return DeadLetter(
-            ErrorClass.EXPIRED, f"deadline {deadline_ms} passed {now_ms - deadline_ms} ms ago; not called"
+            ErrorClass.EXPIRED, f"deadline {deadline_ms} passed {now_ms - deadline_ms} ms ago; not called{hint}"
         )
     return None
 

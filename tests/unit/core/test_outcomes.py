@@ -7,6 +7,7 @@ from dlqapp.core.outcomes import (
     Succeeded,
     decide,
     expiry,
+    past_deadline,
 )
 from dlqapp.inference import InferenceOutput
 
@@ -76,3 +77,13 @@ def test_fallback_after_the_last_tier_and_on_context_length():
     assert decide_after_fallback("big-context", None, output=out, attempts=5) == Succeeded(out)
     dead = decide_after_fallback("big-context", Failure(ErrorClass.SERVER_ERROR, "503"), output=None, attempts=5)
     assert dead.final and "fallback model big-context" in dead.reason
+
+
+def test_a_deadline_written_in_seconds_is_expired_with_a_hint_and_one_in_milliseconds_without():
+    now = 1_796_000_000_000
+    seconds = past_deadline(1_795_956_945, now)
+    assert seconds is not None and seconds.error_class is ErrorClass.EXPIRED
+    assert "epoch seconds" in seconds.reason
+    passed = past_deadline(now - 5_000, now)
+    assert passed is not None and "5000 ms ago" in passed.reason and "seconds" not in passed.reason
+    assert past_deadline(now + 1, now) is None and past_deadline(None, now) is None
