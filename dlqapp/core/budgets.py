@@ -85,7 +85,12 @@ def next_roll_ms(now_ms: int) -> int:
 
 
 def spend_name(scope: str, name: str, window: str) -> str:
-    """The counter of `scope` (`t` tenant, `m` model) `name` in `window` (a window name)."""
+    """The counter of `scope` (`t` tenant, `m` model) `name` in `window` (a window name).
+
+    A model name comes from the request as is: a lone surrogate (valid in JSON, not in UTF-8)
+    is replaced, as the counter's name is a key of its own (dlqapp.tables.counters)."""
+    if not name.isascii():
+        name = name.encode("utf-8", "replace").decode("utf-8")
     return f"{SPEND}|{scope}|{name}|{window}"
 
 

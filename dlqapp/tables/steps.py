@@ -298,10 +298,13 @@ class StreamSteps:
     async def write_unwritten_counts(self) -> None:
         """at_least_once, on a rebalance or a shutdown: write every partition's counts no step
         is left to write, straight to the changelog (the next owner starts from them)."""
+        by_partition: dict[int, list[tuple[Any, bytes, bytes | None]]] = {}
         for partition, table, key, value in self.counters.all_unwritten():
-            pending = await self._send(table.changelog_topic_name, key, value, partition, None)
-            await pending
-            self.counters.written_elsewhere(partition)
+            by_partition.setdefault(partition, []).append((table, key, value))
+        for partition, records in by_partition.items():
+            for table, key, value in records:
+                await (await self._send(table.changelog_topic_name, key, value, partition, None))
+            self.counters.written_elsewhere(partition)  # all of them, or none should a send fail
 
 
 def _note_persisted(sent: list[tuple[StepTable, Any]], partition: int) -> None:

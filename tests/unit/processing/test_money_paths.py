@@ -192,3 +192,13 @@ def test_tenants_past_the_metrics_limit_share_one_label_unless_named_in_the_sett
     assert prompt_tokens(f"{tag}-vip") == 1000, "a tenant named in the settings always has its own"
     assert prompt_tokens(f"{tag}-b") == prompt_tokens(f"{tag}-c") == 0
     assert prompt_tokens("_other") >= 2000
+
+
+def test_a_model_name_with_a_lone_surrogate_is_counted_and_its_partition_goes_on(tmp_path):
+    """Valid JSON, not UTF-8: its spend counter, a key of its own, broke every later write of its partition."""
+    prices = json.dumps({"*": {"input": 1.0, "cached_input": 0.5, "output": 4.0}})
+    w = worker(tmp_path, UsageBackend({}), DLQ_PRICES=prices, DLQ_PROCESSING_GUARANTEE="at_least_once")
+    run(w.pipeline.on_input(event("odd-model", offset=0, model="gpt\ud800"), w.input))
+    run(w.pipeline.on_input(event("plain-model", offset=1, model="m"), w.input))
+    assert {json.loads(value)["request_id"] for _, value, _, _ in w.results.sent} == {"odd-model", "plain-model"}
+    assert any(name.startswith("spend|m|gpt") for name in w.counts)

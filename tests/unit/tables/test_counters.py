@@ -88,9 +88,9 @@ def test_a_write_carries_the_spend_that_moved_not_every_tenants():
     counted(counters, context, 4, spend("t7"), 7)
     sealed = counters.unwritten(4)
     assert [(key, value) for _, key, value in sealed] == [
-        (b"p4", b'{"cost_nusd":7}'),
         (b"p4|" + spend("t7").encode(), b"17"),
-    ]
+        (b"p4", b'{"cost_nusd":7}'),
+    ], "the spend keys first, the blob last (a reader between them keeps the blob's older spend)"
     assert counters.value(4, spend("t7")) == 17 and counters.value(4, spend("t8")) == 10
 
 
