@@ -7,8 +7,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from faust import web
+from faust.web.drivers.aiohttp import Web as AiohttpWeb
 
 from dlqapp.core.commands import ReplayStatus
+from dlqapp.core.requests import without_lone_surrogates
 from dlqapp.deadletters.queries import BadQuery
 from dlqapp.settings import parse_duration_ms
 
@@ -24,6 +26,18 @@ STATUS_CODES: dict[str, int] = {
     ReplayStatus.INVALID: 400,
     ReplayStatus.ERROR: 500,
 }
+
+
+class SurrogateSafeWeb(AiohttpWeb):
+    """Faust's aiohttp web driver, whose JSON answers survive a lone surrogate in what they
+    show (a model name or payload stored before dlqapp refused them): orjson refuses one, and
+    every read showing it answered 500."""
+
+    def json(self, value: Any, **kwargs: Any) -> Any:
+        try:
+            return super().json(value, **kwargs)
+        except (TypeError, UnicodeEncodeError):  # "str is not valid UTF-8: surrogates not allowed"
+            return super().json(without_lone_surrogates(value), **kwargs)
 
 
 class ApiError(Exception):

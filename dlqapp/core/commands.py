@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from dlqapp.core.requests import InvalidRequest, validate_request
+from dlqapp.core.requests import LONE_SURROGATE, InvalidRequest, lone_surrogate, validate_request
 
 UNDECODABLE = "__dlqapp_undecodable__"
 """Key of what the commands topic's codec yields for bytes that are not JSON."""
@@ -99,6 +99,8 @@ def check_edit(request_id: str, payload: Any) -> list[str]:
     """Reasons an edited payload cannot be replayed (empty when it can)."""
     if not isinstance(payload, dict):
         return ["payload must be a JSON object"]
+    if lone_surrogate(payload):
+        return [LONE_SURROGATE]
     try:
         validate_request(payload)
     except InvalidRequest as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,34 @@ def _encodable(text: str) -> bool:
     return True
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate: the only way a payload that decodes as UTF-8 can
+hold one (a pair is joined into one character by the parser; a lone one stays)."""
+LONE_SURROGATE = "payload holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair): not valid Unicode"
+
+
+def lone_surrogate(data: Any) -> bool:
+    """Whether a decoded JSON value holds a string UTF-8 cannot carry (a lone surrogate): it
+    would break every JSON answer, metric label and key made of it."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def without_lone_surrogates(data: Any) -> Any:
+    """A decoded JSON value as UTF-8 can carry it: lone surrogates replaced by `?` (for showing
+    a payload dlqapp refused for holding them; its bytes are kept as they were)."""
+    if isinstance(data, str):
+        return data if _encodable(data) else data.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(data, list):
+        return [without_lone_surrogates(item) for item in data]
+    if isinstance(data, dict):
+        return {without_lone_surrogates(k): without_lone_surrogates(v) for k, v in data.items()}
+    return data
+
+
 def _check_messages(messages: Any) -> list[str]:
     if not isinstance(messages, list) or not messages:
         return ["messages must be a non-empty list"]
@@ -89,6 +118,13 @@ def parse_request(payload: bytes | None, max_bytes: int) -> Request:
         raise InvalidRequest([f"payload is not valid JSON: {exc}"]) from None
     if not isinstance(data, dict):
         raise InvalidRequest([f"payload must be a JSON object, not {type(data).__name__}"])
+    if _SURROGATE_ESCAPE.search(payload) and lone_surrogate(data):
+        try:
+            validate_request(data)
+            more: list[str] = []
+        except InvalidRequest as exc:
+            more = exc.reasons
+        raise InvalidRequest([LONE_SURROGATE, *more], _valid_request_id(data.get("request_id")))
     return validate_request(data)
 
 

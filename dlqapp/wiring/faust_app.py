@@ -14,10 +14,13 @@ import faust
 from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
 from faust.types import ServiceT
+from faust.web import drivers as web_drivers
+from faust.web.drivers.aiohttp import Web as AiohttpWeb
 from mode.utils.objects import cached_property
 from yarl import URL
 
 from dlqapp.api.auth import access_policy, guard_middleware
+from dlqapp.api.http import SurrogateSafeWeb
 from dlqapp.kafka.access import KafkaAccessError
 from dlqapp.kafka.acls import reply_prefix
 from dlqapp.kafka.admin import ensure_topics
@@ -80,6 +83,12 @@ class DlqApp(faust.App):
     _ready_logged = False
     topics_checked = False
     """True once this run's topic checks passed (on_first_start)."""
+
+    def _new_web(self) -> Any:
+        """Faust's web driver, with JSON answers that survive a lone surrogate (SurrogateSafeWeb)."""
+        if web_drivers.by_url(self.conf.web) is AiohttpWeb:
+            return SurrogateSafeWeb(self)
+        return super()._new_web()
 
     def stop_requested(self) -> None:
         """SIGTERM or Ctrl-C (dlqapp.wiring.worker): never restart from now on, and be gone in bounded time."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.request
 import uuid
 
 import pytest
@@ -62,6 +63,17 @@ def corpus() -> list[tuple[str, bytes | None]]:
         ("utf-8 BOM", b"\xef\xbb\xbf" + obj(request_id=f"bom-{n()}", prompt="x")),
         ("truncated json", obj(request_id=f"t-{n()}", prompt="x")[:-5]),
         ("trailing garbage", obj(request_id=f"g-{n()}", prompt="x") + b" trailing"),
+        # lone surrogates where the request is valid otherwise: a model name made /metrics answer 500 for good
+        ("lone surrogate model", b'{"request_id": "s1-' + n().encode() + b'", "prompt": "x", "model": "gpt\\ud800"}'),
+        ("lone surrogate prompt", b'{"request_id": "s2-' + n().encode() + b'", "prompt": "x\\udfff"}'),
+        (
+            "lone surrogate metadata",
+            b'{"request_id": "s3-' + n().encode() + b'", "prompt": "x", "metadata": {"t": "\\uDBFF"}}',
+        ),
+        (
+            "lone surrogate content",
+            b'{"request_id": "s4-' + n().encode() + b'", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+        ),
     ]
 
 
@@ -91,6 +103,9 @@ def test_every_bad_input_is_dead_lettered_with_its_bytes_and_the_next_valid_one_
         assert record.headers["error_class"] == "invalid_request", name
         assert record.headers["final_error"].startswith("invalid request:"), name
     assert worker.process.poll() is None, "the worker must survive every bad input"
+    for path in ("/metrics", "/dlq/?limit=100", "/dlq/stats/", "/budgets/"):
+        with urllib.request.urlopen(worker.url + path, timeout=10) as answer:
+            assert answer.status == 200, path
     huge = by_value[cases[9][1]]
     # The dlq agent records the entry after the DLQ topic has the record: wait for it.
     _, entry = wait_until(

@@ -10,7 +10,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from dlqapp.core.backend import InferenceOutput
-from dlqapp.core.budgets import Budget
+from dlqapp.core.budgets import Budget, spend_name
 from dlqapp.core.errors import ErrorClass, InferenceError
 from dlqapp.core.prices import nusd_of
 from dlqapp.core.record import Record
@@ -194,11 +194,14 @@ def test_tenants_past_the_metrics_limit_share_one_label_unless_named_in_the_sett
     assert prompt_tokens("_other") >= 2000
 
 
-def test_a_model_name_with_a_lone_surrogate_is_counted_and_its_partition_goes_on(tmp_path):
-    """Valid JSON, not UTF-8: its spend counter, a key of its own, broke every later write of its partition."""
+def test_a_model_name_with_a_lone_surrogate_is_refused_and_its_partition_goes_on(tmp_path):
+    """Valid JSON, not UTF-8: as a spend counter's key of its own it broke every later write
+    of its partition, and as a metric label every /metrics scrape."""
     prices = json.dumps({"*": {"input": 1.0, "cached_input": 0.5, "output": 4.0}})
     w = worker(tmp_path, UsageBackend({}), DLQ_PRICES=prices, DLQ_PROCESSING_GUARANTEE="at_least_once")
     run(w.pipeline.on_input(event("odd-model", offset=0, model="gpt\ud800"), w.input))
     run(w.pipeline.on_input(event("plain-model", offset=1, model="m"), w.input))
-    assert {json.loads(value)["request_id"] for _, value, _, _ in w.results.sent} == {"odd-model", "plain-model"}
-    assert any(name.startswith("spend|m|gpt") for name in w.counts)
+    assert [json.loads(value)["request_id"] for _, value, _, _ in w.results.sent] == ["plain-model"]
+    ((_, _, headers, _),) = w.dlq.sent
+    assert headers["error_class"] == "invalid_request" and "surrogate" in headers["final_error"]
+    assert spend_name("m", "gpt\ud800", "2026-12").encode() == b"spend|m|gpt?|2026-12"
