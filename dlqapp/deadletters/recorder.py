@@ -39,6 +39,12 @@ class OldestDeadLetter:
         self._walked_at = float("-inf")
         self._walk: asyncio.Task[None] | None = None
 
+    def recorded(self, dead_at: int | None) -> None:
+        """A dead letter was recorded here: older than the oldest known, or the first since the
+        last walk, it is the oldest at once (a walk only every `every_s`)."""
+        if dead_at is not None and (self.value is None or dead_at < self.value):
+            self.value = dead_at
+
     def get(self) -> int | None:
         if time.monotonic() - self._walked_at >= self.every_s and (self._walk is None or self._walk.done()):
             self._walk = asyncio.ensure_future(self._refresh())
@@ -83,8 +89,10 @@ class DeadLetterRecorder:
         log: DeadLetterLog,
         alerts: AlertBatcher | None = None,
         max_payload_bytes: int | None = None,
+        oldest: OldestDeadLetter | None = None,
     ) -> None:
         self.table = table
+        self.oldest = oldest
         self.by_time = by_time
         self.counters = counters
         self.log = log
@@ -114,6 +122,8 @@ class DeadLetterRecorder:
             self._unindex(key, old)
         self.table[key] = entry.encode()
         self._index(key, entry)
+        if self.oldest is not None:
+            self.oldest.recorded(entry.dead_at)
         self._append_to_log(entry)
         log_event(
             log,

@@ -173,10 +173,12 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         if settings.alert_webhook_url
         else None
     )
+    oldest_dead_letter = OldestDeadLetter(topology.dead_letters)
     recorder = DeadLetterRecorder(
         topology.dead_letters,
         topology.dead_letters_by_time,
         counters=counters,
+        oldest=oldest_dead_letter,
         log=DeadLetterLog(settings.dead_letter_log, settings.dlq_log_max_bytes, settings.dlq_log_backups),
         alerts=alerts,
         max_payload_bytes=settings.max_payload_bytes,
@@ -236,7 +238,7 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         sweeper=sweeper,
         alerts=alerts,
         replay_jobs=ReplayJobs(),
-        oldest_dead_letter=OldestDeadLetter(topology.dead_letters),
+        oldest_dead_letter=oldest_dead_letter,
         rates=rates,
         offsets=OffsetWatch(
             lambda topic, skipped: metrics.offset_gaps.labels(topic).inc(),

@@ -96,6 +96,7 @@ def test_a_non_retryable_failure_is_dead_lettered_at_once_and_recorded(tmp_path)
     entry = json.loads(w.dead_letters_table[b"r5"])
     assert entry["error_class"] == "auth_error" and entry["dlq"] == {"partition": 0, "offset": 7}
     assert w.counts["dlq_size"] == 1 and w.counts["dlq_class|auth_error"] == 1
+    assert w.components.oldest_dead_letter.value == entry["dead_at"], "the oldest at once, not at the next walk"
     w.recorder.log.flush()
     assert (tmp_path / "dead-letters.jsonl").read_text().count("\n") == 1
 
