@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from faust import web
@@ -101,6 +101,20 @@ def actor_of(request: web.Request) -> str:
 
 def command_response(view: web.View, result: dict[str, Any]) -> web.Response:
     return view.json(result, status=STATUS_CODES.get(result.get("status", ReplayStatus.ERROR), 500))
+
+
+def optional_limit(query: Mapping[str, str]) -> int | None:
+    """`?limit=` (at least 1), or None when not given."""
+    raw = query.get("limit")
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadQuery(f"limit must be an integer, not {raw!r}") from None
+    if value < 1:
+        raise BadQuery("limit must be >= 1")
+    return value
 
 
 def budget_of(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -17,6 +17,7 @@ from dlqapp.api.http import (
     command_response,
     handled,
     lateness_window,
+    optional_limit,
     read_json,
     top_of,
 )
@@ -170,13 +171,14 @@ def register_views(app: Any, api: Api) -> None:
 
     @app.page("/budgets/")
     class Budgets(web.View):
-        """`GET /budgets/`: spent and left per tenant (and model) in the current UTC day and month;
+        """`GET /budgets/`: spent and left per tenant (and model) in the current UTC day and month
+        (`?limit=N`: the N tenants that spent the most this month, `tenants_total` counts all);
         `POST /budgets/` `{"tenant": "acme", "day_usd": 5, "month_usd": 100}` (or `"model"`, or
         `"tenant": "*"`) sets a budget at run time, kept where every worker reads it."""
 
         @handled
         async def get(self, request: web.Request) -> web.Response:
-            return self.json(api.components.spending.report())
+            return self.json(api.components.spending.report(optional_limit(request.query)))
 
         @handled
         async def post(self, request: web.Request) -> web.Response:

@@ -199,26 +199,33 @@ class Spending:
                 add(name, attempt.cost_nusd)
             metrics.cost.labels(*labels).inc(usd(attempt.cost_nusd))
 
-    def report(self) -> dict[str, Any]:
+    def report(self, limit: int | None = None) -> dict[str, Any]:
         """`GET /budgets/`: per tenant (and per model with a budget), spent and left in the current
-        UTC day and month, over the whole cluster, with the limits in force and where they come from."""
+        UTC day and month, over the whole cluster, with the limits in force and where they come
+        from; `limit`: only the tenants that spent the most this month (`tenants_total`: all)."""
         now = self.clock()
         windows = window_names(now)
         table = self.budgets()
         set_at_run_time = self.view.set_budgets()
-        seen = {name.split("|")[2] for name in self.view.spent_with_prefix(f"{SPEND}|t|")}
+        totals = self.view.totals()
+        seen = {name.split("|")[2] for name in totals if name.startswith(f"{SPEND}|t|")}
         tenants = sorted(set(table.tenants()) | seen | {k for k in set_at_run_time if not k.startswith("model:")})
         tenants = [t for t in tenants if t != ANY_TENANT]
+        tenants_total = len(tenants)
+        if limit is not None:
+            month = windows["month"]
+            tenants = sorted(tenants, key=lambda t: -totals.get(spend_name("t", t, month), 0))[:limit]
 
         def entry(scope: str, name: str, budget: Budget | None, key: str) -> dict[str, Any]:
             row: dict[str, Any] = {}
             for window in WINDOWS:
-                spent = self.view.spent(spend_name(scope, name, windows[window]))
+                counter = spend_name(scope, name, windows[window])
+                spent = totals.get(counter, 0)
                 limit = budget.limit_nusd(window) if budget is not None else None
                 row[window] = {
                     "window": windows[window],
                     "spent_usd": usd(spent),
-                    "in_flight_usd": usd(self.pending[spend_name(scope, name, windows[window])]),
+                    "in_flight_usd": usd(self.pending[counter]),
                     "limit_usd": None if limit is None else usd(limit),
                     "left_usd": None if limit is None else usd(max(0, limit - spent)),
                 }
@@ -236,6 +243,7 @@ class Spending:
             "tenants": {
                 t: entry("t", t, table.for_tenant(t), t if t in table.entries else ANY_TENANT) for t in tenants
             },
+            "tenants_total": tenants_total,
             "models": {
                 m: entry("m", m, table.for_model(m), MODEL_PREFIX + m)
                 for m in sorted(

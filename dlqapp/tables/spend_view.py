@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dlqapp.core.budgets import SPEND, Budget, BudgetError, BudgetTable, check_key
@@ -37,10 +37,17 @@ def budget_record_key(key: str) -> bytes:
 class SpendView:
     """Every partition's spend counters, and the budgets set at run time."""
 
-    def __init__(self, local: Callable[[int, str], int], owned: Callable[[], Iterable[int]]) -> None:
-        """`local(partition, name)`: a counter of a partition this worker owns (its own counts);
-        `owned()`: the partitions this worker owns now."""
+    def __init__(
+        self,
+        local: Callable[[int, str], int],
+        owned: Callable[[], Iterable[int]],
+        local_all: Callable[[int], Mapping[str, int]] = lambda partition: {},
+    ) -> None:
+        """`local(partition, name)`: a counter of a partition this worker owns (its own counts),
+        `local_all(partition)` all of its spend counters; `owned()`: the partitions this worker
+        owns now."""
         self.local = local
+        self.local_all = local_all
         self.owned = owned
         self._remote: dict[int, dict[str, int]] = {}
         """Partition → spend counter → nano-dollars, from the changelog."""
@@ -99,15 +106,17 @@ class SpendView:
         spend = self._remote.get(partition, {})
         return spend[name] if name in spend else self._in_blob.get(partition, {}).get(name, 0)
 
-    def spent_with_prefix(self, prefix: str) -> dict[str, int]:
-        """Every spend counter starting with `prefix`, summed over the partitions the changelog
-        has shown (owned ones included as committed: for listings, not enforcement)."""
+    def totals(self) -> dict[str, int]:
+        """Every spend counter summed over every partition, in one pass (for listings: a lookup
+        per counter and partition took 200 ms of the event loop with 5,000 tenants)."""
+        owned = set(self.owned())
         total: dict[str, int] = {}
-        for partition in self._remote.keys() | self._in_blob.keys():
-            spend = {**self._in_blob.get(partition, {}), **self._remote.get(partition, {})}
-            for name, value in spend.items():
-                if name.startswith(prefix):
-                    total[name] = total.get(name, 0) + value
+        for partition in owned:
+            for name, value in self.local_all(partition).items():
+                total[name] = total.get(name, 0) + value
+        for partition in (self._remote.keys() | self._in_blob.keys()) - owned:
+            for name, value in {**self._in_blob.get(partition, {}), **self._remote.get(partition, {})}.items():
+                total[name] = total.get(name, 0) + value
         return total
 
     def budgets(self, configured: BudgetTable) -> BudgetTable:

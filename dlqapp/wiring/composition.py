@@ -83,7 +83,9 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         observe=lambda name, amount: rates.add(name, amount, clock()),
         forget=lambda name: is_stale_spend(name, clock()),
     )
-    spend_view = SpendView(counters.value, ports.owned_partitions or (lambda: active_partitions(topology.stats)))
+    spend_view = SpendView(
+        counters.value, ports.owned_partitions or (lambda: active_partitions(topology.stats)), counters.spend
+    )
     spending = Spending(
         settings.prices,
         settings.budgets,
