@@ -118,6 +118,8 @@ class Counters:
                 part.changed.add(name)
             else:
                 part.core[name] += amount
+                if not part.core[name]:
+                    del part.core[name]  # 0 and absent read the same: a label counted up and down leaves nothing
         part.dirty = True
 
     def _forget(self, part: _Partition) -> None:

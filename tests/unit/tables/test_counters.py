@@ -146,3 +146,15 @@ def test_a_partition_back_unchanged_after_a_rebalance_keeps_its_unwritten_spend(
     counted(counters, context, 0, "received")  # back, and nobody wrote it meanwhile
     records = {key: value for _, key, value in counters.unwritten(0)}
     assert records[b"p0|" + spend("a").encode()] == b"5"
+
+
+def test_a_counter_back_at_zero_leaves_the_blob():
+    """`dlq_model|<model>` goes up and down with the DLQ: a model name per request would
+    otherwise stay in the blob, and in every commit's write, for good."""
+    table, context = FakeTable("stats"), StepContext()
+    counters = Counters(table, context, read=lambda partition, key: table.get(key))
+    counted(counters, context, 0, "dlq_model|one-off-model")
+    counted(counters, context, 0, "dlq_size")
+    counted(counters, context, 0, "dlq_model|one-off-model", -1)
+    [(_, _, blob)] = counters.unwritten(0)
+    assert json.loads(blob) == {"dlq_size": 1}
