@@ -92,7 +92,7 @@ async def dlq_show(self: Any, request_id: str, as_json: bool) -> None:
     settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
-        _, entry = await call(settings, "GET", f"/dlq/{request_id}/")
+        _, entry = await call(settings, "GET", f"/dlq/{quote(request_id, safe='')}/")
         history = [
             [a["attempt"], when(a["at"]), a["topic"], a.get("error_class") or "-", (a.get("error") or "")[:60]]
             for a in entry.get("history", [])
@@ -223,7 +223,7 @@ async def dlq_discard(self: Any, keys: tuple[str, ...], as_json: bool) -> None:
     settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
-        answers = [(await call(settings, "DELETE", f"/dlq/{key}/", ok=(200, 404)))[1] for key in keys]
+        answers = [(await call(settings, "DELETE", f"/dlq/{quote(key, safe='')}/", ok=(200, 404)))[1] for key in keys]
         emit(answers, as_json, "\n".join(f"{a['request_id']}: {a['status']}" for a in answers))
         if any(a["status"] != "discarded" for a in answers):
             raise SystemExit(EXIT_NOT_FOUND)

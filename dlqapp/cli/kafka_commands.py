@@ -37,6 +37,8 @@ async def generate(
 
     if count < 1 or (rate is not None and rate <= 0):
         fail("--count and --rate must be positive", EXIT_USAGE)
+    if not (0 <= fail_share <= 1 and 0 <= invalid_share <= 1 and fail_share + invalid_share <= 1):
+        fail("--fail-share and --invalid-share are shares: each from 0 to 1, together at most 1", EXIT_USAGE)
     producer = AIOKafkaProducer(**settings.kafka_client(acks="all", linger_ms=5))
     try:
         await producer.start()

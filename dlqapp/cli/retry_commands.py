@@ -99,7 +99,7 @@ async def request_status(self: Any, request_id: str, as_json: bool) -> None:
     settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
-        _, state = await call(settings, "GET", f"/requests/{request_id}/")
+        _, state = await call(settings, "GET", f"/requests/{quote(request_id, safe='')}/")
         rows = [
             [when(h["at"]), h["state"], h.get("error_class") or "", h.get("tier") or ""]
             for h in state.get("history", [])

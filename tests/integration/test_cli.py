@@ -79,3 +79,21 @@ def test_errors_have_clear_messages_and_exit_codes(worker):
     assert usage.returncode == 2 and "--key" in usage.stderr
     down = cli(worker, "dlq-stats", url="http://127.0.0.1:9")
     assert down.returncode == 3 and "cannot reach the dlqapp worker" in down.stderr and "DLQ_WEB_URL" in down.stderr
+    shares = cli(worker, "generate", "--count", "5", "--fail-share", "2")
+    assert shares.returncode == 2 and "--fail-share" in shares.stderr
+
+
+def test_ids_with_slashes_and_dots_are_found_and_discarded(worker):
+    """A request id is any string: the CLI sent `/dlq/a/../b/` unescaped and got the router's 404."""
+    rid = unique("team/batch") + "/../chunk%2F1?x=#y"
+    produce(
+        worker.bootstrap,
+        worker.topic("input"),
+        [(rid.encode(), request_bytes(rid, metadata={"simulate": {"fail_times": 1, "error": "auth_error"}}))],
+    )
+    wait_until(lambda: cli(worker, "dlq-show", rid).returncode == 0, 30, f"{rid} in the DLQ")
+    assert rid in cli(worker, "dlq-show", rid).stdout
+    status = cli(worker, "request-status", rid, "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "dead_lettered"
+    assert cli(worker, "dlq-discard", "--key", rid, "--json").returncode == 0
+    assert cli(worker, "dlq-show", rid).returncode == 1
