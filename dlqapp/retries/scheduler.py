@@ -240,8 +240,10 @@ class RetryScheduler:
     async def on_due(self, record: Record) -> None:
         """Attempt the parked retry named by a due message, then delete it."""
         key = record.payload
-        if not isinstance(key, bytes) or len(key) <= 8:
-            raise ValueError("a due message must carry a parked-retry key")
+        if not isinstance(key, bytes) or len(key) <= 8:  # written by something else than the timer
+            reason = "invalid due message: it must carry a parked-retry key (the timer writes this topic)"
+            await self.dead_letters.write_unprocessable(record, ErrorClass.INVALID_REQUEST, reason)
+            return
         self.gate.received(key)
         handed_over_at = self.handed_over.get(key)
         if handed_over_at is not None:

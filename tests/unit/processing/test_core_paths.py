@@ -76,6 +76,13 @@ def test_a_due_retry_is_attempted_then_deleted_and_a_stale_one_only_deleted(tmp_
     assert w.backend.calls_for("r4") == 2 and key not in w.parked_table
 
 
+def test_a_due_message_the_timer_did_not_write_is_dead_lettered_as_invalid_not_poison(tmp_path):
+    w = worker(tmp_path)
+    run(w.scheduler.on_due(consumed(b"odd", None, message=FakeMessage("due"))))
+    ((_, _, headers, _),) = w.dlq.sent
+    assert headers["error_class"] == "invalid_request" and "parked-retry key" in headers["final_error"]
+
+
 def _envelope_blob(w, request_id: str) -> bytes:
     from dlqapp.core.envelope import Envelope
 
