@@ -29,15 +29,23 @@ STATUS_CODES: dict[str, int] = {
 
 
 class SurrogateSafeWeb(AiohttpWeb):
-    """Faust's aiohttp web driver, whose JSON answers survive a lone surrogate in what they
-    show (a model name or payload stored before dlqapp refused them): orjson refuses one, and
-    every read showing it answered 500."""
+    """Faust's aiohttp web driver, whose JSON answers survive what orjson refuses in what they
+    show: a lone surrogate (a model name or payload stored before dlqapp refused them; every
+    read showing one answered 500), an integer past 64 bits in a dead letter's payload."""
 
     def json(self, value: Any, **kwargs: Any) -> Any:
         try:
             return super().json(value, **kwargs)
         except (TypeError, UnicodeEncodeError):  # "str is not valid UTF-8: surrogates not allowed"
-            return super().json(without_lone_surrogates(value), **kwargs)
+            pass
+        cleaned = without_lone_surrogates(value)
+        try:
+            return super().json(cleaned, **kwargs)
+        except (TypeError, UnicodeEncodeError):  # orjson's other refusals: an integer past 64 bits, deep nesting
+            text = json.dumps(cleaned, default=str)
+            return self.bytes(
+                text.encode(), content_type=kwargs.pop("content_type", None) or "application/json", **kwargs
+            )
 
 
 class ApiError(Exception):

@@ -191,8 +191,13 @@ class Counters:
         return _decode(self.read(partition, _key(partition))).get(name, 0)
 
     def spend(self, partition: int) -> Counter[str]:
-        """The spend counters of a partition this worker owns, written or not."""
-        return Counter(self._load(partition).detached)
+        """The spend counters of a partition this worker owns, written or not. A read only:
+        a partition not loaded yet stays so (loading it outside a step, before its changelog
+        was recovered, would make the next step count on top of a half-recovered store)."""
+        part = self._parts.get(partition)
+        if part is not None:
+            return Counter(part.detached)
+        return self._stored(partition, self.read(partition, _key(partition))).detached
 
     def total(self, partitions: Iterable[int], read: Any) -> Counter[str]:
         """The sum of the blobs' counters over `partitions` (spend counters: SpendView);

@@ -40,3 +40,10 @@ def test_a_request_holding_a_lone_surrogate_anywhere_is_invalid_and_a_pair_is_no
     )
     assert lone_surrogate({"a": ["\ud800"]}) and not lone_surrogate({"a": ["\U0001f642"]})
     assert without_lone_surrogates({"\ud800": 1}) == {"?": 1}
+
+
+def test_an_answer_with_an_integer_past_64_bits_is_sent_all_the_same():
+    shown = {"payload": {"seed": 18446744073709551616, "t": "\ud800"}}
+    answer = SurrogateSafeWeb.__new__(SurrogateSafeWeb).json(shown, status=200)
+    assert answer.status == 200 and answer.content_type == "application/json"
+    assert json.loads(answer.body) == {"payload": {"seed": 18446744073709551616, "t": "?"}}

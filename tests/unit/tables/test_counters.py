@@ -158,3 +158,17 @@ def test_a_counter_back_at_zero_leaves_the_blob():
     counted(counters, context, 0, "dlq_model|one-off-model", -1)
     [(_, _, blob)] = counters.unwritten(0)
     assert json.loads(blob) == {"dlq_size": 1}
+
+
+def test_reading_a_partitions_spend_loads_nothing_a_later_step_would_count_on():
+    """GET /budgets/ reads owned partitions' spend, also while their changelog is recovered: a
+    partition loaded then made its next step write its counts on a half-recovered base."""
+    table, context = FakeTable("stats"), StepContext()
+    counters = Counters(table, context, read=lambda partition, key: table.get(key))
+    assert counters.spend(0) == {}  # read during recovery: nothing there yet
+    table[b"p0"] = json.dumps({"received": 100, "dlq_size": 7}).encode()  # the recovered counts
+    table[b"p0|" + spend("a").encode()] = b"40"
+    assert counters.spend(0) == {spend("a"): 40}
+    counted(counters, context, 0, "received")
+    records = {key: value for _, key, value in counters.unwritten(0)}
+    assert json.loads(records[b"p0"]) == {"received": 101, "dlq_size": 7}
