@@ -106,9 +106,9 @@ class Replays:
     async def bulk_replay(self, body: Any, actor: str) -> tuple[dict[str, Any], int]:
         keys, rate = await self.bulk_keys(body)
         force = force_of(body)
-        dry_run = body.get("dry_run", False)
-        if not isinstance(dry_run, bool):
-            raise ApiError(400, "dry_run must be true or false")
+        dry_run, background = body.get("dry_run", False), body.get("background", False)
+        if not isinstance(dry_run, bool) or not isinstance(background, bool):
+            raise ApiError(400, "dry_run and background must be true or false")
         if dry_run:
             return await self.dry_run(body, keys), 200
         jobs = self.jobs
@@ -116,8 +116,8 @@ class Replays:
         def replay(rid: str) -> Awaitable[dict[str, Any]]:
             return self.cluster.ask(Command(Action.REPLAY, rid, actor, force=force))
 
-        if rate:
-            job = jobs.start(keys, rate, replay)
+        if rate or background:  # answered at once; the replays' progress at status_url
+            job = jobs.start(keys, rate or None, replay)
             return {"replay_id": job.id, "total": len(keys), "rate": rate, "status_url": f"/dlq/replays/{job.id}/"}, 202
         return await jobs.run_now(keys, replay), 200
 

@@ -88,7 +88,7 @@ def register_views(app: Any, api: Api) -> None:
 
     @app.page("/dlq/reprocess/")
     class BulkReprocess(web.View):
-        """`POST /dlq/reprocess/` with `{"keys": [...]}` or `{"all": true, <filters>}`, optional `"rate"`, `"force"`."""
+        """`POST /dlq/reprocess/` with `{"keys": [...]}` or `{"all": true, <filters>}`, optional `"rate"` or `"background"` (a job: 202), `"force"`."""
 
         @handled
         async def post(self, request: web.Request) -> web.Response:
@@ -99,7 +99,7 @@ def register_views(app: Any, api: Api) -> None:
     @app.page("/dlq/replays/{replay_id}/")
     @handled
     async def replay_progress(self: web.View, request: web.Request, replay_id: str) -> web.Response:
-        """Progress of a rate-limited bulk replay started on this worker."""
+        """Progress of a bulk replay started in the background on this worker."""
         job = api.components.replay_jobs.get(replay_id)
         if job is None:
             raise ApiError(404, f"no bulk replay {replay_id!r} on this worker")

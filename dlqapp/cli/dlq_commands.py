@@ -200,13 +200,12 @@ async def dlq_reprocess(
 async def _reprocess_all(
     settings: Settings, error_class: str | None, rate: float | None, force: bool, quiet: bool
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"all": True, "force": force}
+    # always in the background, its progress asked for: thousands of replays outlast an HTTP answer
+    body: dict[str, Any] = {"all": True, "force": force, "background": True}
     if error_class:
         body["error_class"] = error_class
-    if rate is None:
-        _, report = await call(settings, "POST", "/dlq/reprocess/", body)
-        return report
-    body["rate"] = rate
+    if rate is not None:
+        body["rate"] = rate
     _, job = await call(settings, "POST", "/dlq/reprocess/", body, ok=(202,))
     while True:
         _, state = await call(settings, "GET", job["status_url"])

@@ -1,4 +1,5 @@
-"""Bulk replays: all at once (bounded concurrency) or as a rate-limited background job."""
+"""Bulk replays: all at once (bounded concurrency), answered when done, or as a background
+job (rate-limited, or as fast as all at once) whose progress can be asked for."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ def _empty_report() -> dict[str, list[str]]:
 
 @dataclass
 class ReplayJob:
-    """A rate-limited bulk replay running on this worker."""
+    """A bulk replay running on this worker in the background."""
 
     id: str
     keys: list[str]
-    rate: float
+    rate: float | None
+    """Replays per second at most; None: BULK_CONCURRENCY at a time, as fast as they go."""
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     report: dict[str, list[str]] = field(default_factory=_empty_report)
@@ -59,18 +61,11 @@ class ReplayJobs:
     async def run_now(self, keys: list[str], replay: ReplayOne) -> dict[str, list[str]]:
         """Replay every key, a few at a time; report ids per outcome."""
         report = _empty_report()
-        slots = asyncio.Semaphore(BULK_CONCURRENCY)
-
-        async def one(key: str) -> None:
-            async with slots:
-                result = await replay(key)
-            report[result.get("status", "error") if result.get("status") in report else "error"].append(key)
-
-        await asyncio.gather(*(one(k) for k in keys))
+        await _all_at_once(keys, replay, report)
         return report
 
-    def start(self, keys: list[str], rate: float, replay: ReplayOne) -> ReplayJob:
-        """Replay `keys` at most `rate` per second in the background."""
+    def start(self, keys: list[str], rate: float | None, replay: ReplayOne) -> ReplayJob:
+        """Replay `keys` in the background, at most `rate` per second (None: as `run_now` does)."""
         self._prune(time.time())
         job = ReplayJob(id=uuid.uuid4().hex[:12], keys=keys, rate=rate)
         self._jobs[job.id] = job
@@ -86,6 +81,10 @@ class ReplayJobs:
 
     @staticmethod
     async def _run(job: ReplayJob, replay: ReplayOne) -> None:
+        if job.rate is None:
+            await _all_at_once(job.keys, replay, job.report)
+            job.finished_at = time.time()
+            return
         interval = 1.0 / job.rate
         next_at = time.monotonic()
         for key in job.keys:
@@ -97,3 +96,15 @@ class ReplayJobs:
             status = result.get("status")
             job.report[status if status in job.report else "error"].append(key)
         job.finished_at = time.time()
+
+
+async def _all_at_once(keys: list[str], replay: ReplayOne, report: dict[str, list[str]]) -> None:
+    """Replay every key, BULK_CONCURRENCY at a time, noting each outcome in `report`."""
+    slots = asyncio.Semaphore(BULK_CONCURRENCY)
+
+    async def one(key: str) -> None:
+        async with slots:
+            result = await replay(key)
+        report[result.get("status", "error") if result.get("status") in report else "error"].append(key)
+
+    await asyncio.gather(*(one(k) for k in keys))

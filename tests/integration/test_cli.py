@@ -67,6 +67,9 @@ def test_reprocess_discard_and_status(worker):
     everything = cli(worker, "dlq-reprocess", "--all", "--error-class", "auth_error", "--rate", "50")
     assert everything.returncode == 0 and "reprocessed:" in everything.stdout and "reprocessing" in everything.stderr
     assert worker.get(f"/dlq/{c}/")[0] == 404
+    d = dead(worker)  # without a rate too, in the background with its progress (not one answer that can time out)
+    unpaced = cli(worker, "dlq-reprocess", "--all", "--error-class", "auth_error")
+    assert unpaced.returncode == 0 and d in unpaced.stdout and "reprocessing" in unpaced.stderr
 
 
 def test_errors_have_clear_messages_and_exit_codes(worker):

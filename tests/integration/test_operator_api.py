@@ -156,6 +156,19 @@ def test_rate_limited_bulk_replay_reports_progress(worker):
     assert worker.get("/dlq/replays/nope/")[0] == 404
 
 
+def test_a_bulk_replay_in_the_background_answers_at_once_and_reports_progress(worker):
+    """Thousands of replays take minutes (about 125 a second): an answer at the end outlasted the CLI."""
+    model = unique("background-model")
+    ids = {dead_letter(worker, "auth_error", model=model) for _ in range(3)}
+    assert post(worker, "/dlq/reprocess/", {"all": True, "model": model, "background": "yes"})[0] == 400
+    status, job = post(worker, "/dlq/reprocess/", {"all": True, "model": model, "background": True})
+    assert status == 202 and job["total"] == 3 and job["rate"] is None
+    progress = wait_until(
+        lambda: (p := worker.get(job["status_url"])[1])["state"] == "done" and p, 30, "the bulk replay"
+    )
+    assert set(progress["reprocessed"]) == ids and progress["done"] == 3
+
+
 def test_discard_removes_the_entry_and_is_recorded(worker):
     rid = dead_letter(worker, "auth_error")
     status, body = http_json(worker.url + f"/dlq/{rid}/", "DELETE")
