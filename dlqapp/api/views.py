@@ -88,7 +88,8 @@ def register_views(app: Any, api: Api) -> None:
 
     @app.page("/dlq/reprocess/")
     class BulkReprocess(web.View):
-        """`POST /dlq/reprocess/` with `{"keys": [...]}` or `{"all": true, <filters>}`, optional `"rate"` or `"background"` (a job: 202), `"force"`."""
+        """`POST /dlq/reprocess/` with `{"keys": [...]}` or `{"all": true, <filters>}`, optional `"force"`;
+        `"rate"` or `"background"` run it as a job (202)."""
 
         @handled
         async def post(self, request: web.Request) -> web.Response:
