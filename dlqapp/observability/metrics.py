@@ -51,27 +51,27 @@ class _Histogram(_CachedLabels, Histogram):
     pass
 
 
-OTHER_TENANT = "_other"
+OTHER = "_other"
 
 
-class TenantLabels:
-    """Values of the `tenant` label: a tenant named in the settings (`named`) has its own, the
-    others too up to `limit` of them, in the order this process first counts them, and the rest
-    are `_other`. A label value per end user would swamp Prometheus: 5,000 tenants made one
-    worker's scrape 1.1 MB."""
+class BoundedLabel:
+    """Values of a label whose values come from requests (`tenant`, `model`): a value named in
+    the settings (`named`) has its own, the others too up to `limit` of them, in the order this
+    process first counts them, and the rest are `_other`. A label value per end user would swamp
+    Prometheus: 5,000 tenants made one worker's scrape 1.1 MB."""
 
-    def __init__(self, limit: int, named: Callable[[str], bool] = lambda tenant: False) -> None:
+    def __init__(self, limit: int, named: Callable[[str], bool] = lambda value: False) -> None:
         self.limit = limit
         self.named = named
         self._own: set[str] = set()
 
-    def __call__(self, tenant: str) -> str:
-        if tenant in self._own or self.named(tenant):
-            return tenant
+    def __call__(self, value: str) -> str:
+        if value in self._own or self.named(value):
+            return value
         if len(self._own) < self.limit:
-            self._own.add(tenant)
-            return tenant
-        return OTHER_TENANT
+            self._own.add(value)
+            return value
+        return OTHER
 
 
 requests = _Counter(

@@ -96,9 +96,10 @@ class Spending:
         clock: Clock,
         share: Callable[[], float] = lambda: 1.0,
         tenant_label: Callable[[str], str] = lambda tenant: tenant,
+        model_label: Callable[[str], str] = lambda model: model,
     ) -> None:
         """`share()`: this worker's share of the work now (its input partitions / all);
-        `tenant_label(tenant)`: its `tenant` label on /metrics (metrics.TenantLabels)."""
+        `tenant_label(tenant)`, `model_label(model)`: their labels on /metrics (metrics.BoundedLabel)."""
         self.prices = prices
         self.configured = budgets
         self.view = view
@@ -108,6 +109,7 @@ class Spending:
         self.clock = clock
         self.share = share
         self.tenant_label = tenant_label
+        self.model_label = model_label
         self.pending: Counter[str] = Counter()
         """Estimates of the calls this worker admitted and has not yet accounted, per spend counter."""
 
@@ -179,8 +181,8 @@ class Spending:
             add("tokens_estimated", usage.prompt)
         outcome = "failed" if attempt.error_class else "succeeded"
         error_class = attempt.error_class or "none"
-        label = self.tenant_label(tenant)
-        labels = (model, outcome, error_class, label)
+        label, model_label = self.tenant_label(tenant), self.model_label(model)
+        labels = (model_label, outcome, error_class, label)
         for kind, count in (
             ("prompt", usage.prompt),
             ("completion", usage.completion),
@@ -188,10 +190,10 @@ class Spending:
             ("reasoning", usage.reasoning),
         ):
             if count:
-                metrics.tokens.labels(model, kind, outcome, error_class, label).inc(count)
+                metrics.tokens.labels(model_label, kind, outcome, error_class, label).inc(count)
         if attempt.cost_nusd is None:
             add("unpriced_attempts")
-            metrics.unpriced_attempts.labels(model).inc()
+            metrics.unpriced_attempts.labels(model_label).inc()
             return
         if attempt.cost_nusd:
             add("cost_nusd", attempt.cost_nusd)

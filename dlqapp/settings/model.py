@@ -116,6 +116,12 @@ class Settings(OperationsFields, BackendFields, WorkFields, KafkaFields):
     def exactly_once(self) -> bool:
         return self.processing_guarantee == "exactly_once"
 
+    def named_models(self) -> frozenset[str]:
+        """The models these settings name: priced, budgeted, rate-limited, the default, the fallback."""
+        budgeted = {key.removeprefix("model:") for key in self.budgets.entries if key.startswith("model:")}
+        named = {*self.prices.prices, *budgeted, *self.rate_limits.by_model, self.default_model, self.fallback_model}
+        return frozenset(name for name in named if name and name != "*")
+
     def kafka_client(self, **extra: Any) -> dict[str, Any]:
         """Keyword arguments of an aiokafka client of this deployment: the bootstrap
         servers and the security options, plus `extra`."""

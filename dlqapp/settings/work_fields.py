@@ -125,6 +125,14 @@ class WorkFields:
         "them; the others are counted under `_other` (a label per end user would swamp Prometheus). "
         "`GET /budgets/` lists every tenant.",
     )
+    metrics_models: int = setting(
+        "DLQ_METRICS_MODELS",
+        "50",
+        _non_negative_int,
+        "Models with a `model` label of their own on `/metrics` beyond those the settings name (prices, budgets, "
+        "rate limits, the default and fallback models), in the order a worker first counts them; the others are "
+        "counted under `_other`.",
+    )
     read_ahead: int = setting(
         "DLQ_READ_AHEAD",
         "50000",

@@ -39,7 +39,7 @@ from dlqapp.observability import metrics
 from dlqapp.observability.health import MinuteRates
 from dlqapp.observability.lateness import LatenessWindow
 from dlqapp.observability.logs import log_breaker_move
-from dlqapp.observability.metrics import TenantLabels
+from dlqapp.observability.metrics import BoundedLabel
 from dlqapp.observability.tracing import Tracing
 from dlqapp.processing.caller import BackendCaller
 from dlqapp.processing.crashguard import CrashGuard
@@ -95,12 +95,13 @@ def build_components(settings: Settings, topology: Topology, ports: Ports) -> Co
         default_tenant=settings.default_tenant,
         clock=clock,
         share=ports.input_share,
-        tenant_label=TenantLabels(
+        tenant_label=BoundedLabel(
             settings.metrics_tenants,
             named=lambda t: (
                 t in settings.budgets.entries or t in settings.tenant_weights or spend_view.has_set_budget(t)
             ),
         ),
+        model_label=BoundedLabel(settings.metrics_models, named=settings.named_models().__contains__),
     )
     acks = Acks(ports.hand_back)
     transactions = (

@@ -205,3 +205,18 @@ def test_a_model_name_with_a_lone_surrogate_is_refused_and_its_partition_goes_on
     ((_, _, headers, _),) = w.dlq.sent
     assert headers["error_class"] == "invalid_request" and "surrogate" in headers["final_error"]
     assert spend_name("m", "gpt\ud800", "2026-12").encode() == b"spend|m|gpt?|2026-12"
+
+
+def test_models_past_the_metrics_limit_share_one_label_unless_named_in_the_settings(tmp_path):
+    tag = uuid.uuid4().hex[:8]  # the registry is the process's
+    prices = json.dumps({f"{tag}-priced": {"input": 1.0, "cached_input": 0.5, "output": 4.0}, "*": {"input": 1.0, "output": 1.0}})
+    w = worker(tmp_path, UsageBackend({}), DLQ_PRICES=prices, DLQ_METRICS_MODELS="1")
+    for i, model in enumerate([f"{tag}-a", f"{tag}-b", f"{tag}-priced", f"{tag}-c"]):
+        run(w.pipeline.on_input(event(f"{tag}-r{i}", offset=i, model=model), w.input))
+
+    def prompt_tokens(label: str) -> float:
+        labels = {"model": label, "kind": "prompt", "outcome": "succeeded", "error_class": "none", "tenant": "default"}
+        return REGISTRY.get_sample_value("dlqapp_tokens_total", labels) or 0.0
+
+    assert prompt_tokens(f"{tag}-a") == 1000 and prompt_tokens(f"{tag}-priced") == 1000
+    assert prompt_tokens(f"{tag}-b") == prompt_tokens(f"{tag}-c") == 0 and prompt_tokens("_other") >= 2000
