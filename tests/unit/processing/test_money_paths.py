@@ -209,7 +209,9 @@ def test_a_model_name_with_a_lone_surrogate_is_refused_and_its_partition_goes_on
 
 def test_models_past_the_metrics_limit_share_one_label_unless_named_in_the_settings(tmp_path):
     tag = uuid.uuid4().hex[:8]  # the registry is the process's
-    prices = json.dumps({f"{tag}-priced": {"input": 1.0, "cached_input": 0.5, "output": 4.0}, "*": {"input": 1.0, "output": 1.0}})
+    prices = json.dumps(
+        {f"{tag}-priced": {"input": 1.0, "cached_input": 0.5, "output": 4.0}, "*": {"input": 1.0, "output": 1.0}}
+    )
     w = worker(tmp_path, UsageBackend({}), DLQ_PRICES=prices, DLQ_METRICS_MODELS="1")
     for i, model in enumerate([f"{tag}-a", f"{tag}-b", f"{tag}-priced", f"{tag}-c"]):
         run(w.pipeline.on_input(event(f"{tag}-r{i}", offset=i, model=model), w.input))
