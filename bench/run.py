@@ -47,6 +47,7 @@ import os
 import platform
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -167,9 +168,16 @@ def measure(bench: Bench, sections: list[str], quick: bool) -> dict[str, Any]:
     return results
 
 
+def exit_on_sigterm() -> None:
+    """A SIGTERM ends the bench as Ctrl-C does, through its cleanup: by default it ended the
+    process at once and left its mock LLMs, workers and private Kafka running."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def main() -> None:
     """Parse the command line, start a private Kafka unless KAFKA_BOOTSTRAP is set, measure, report."""
     args = parse_args()
+    exit_on_sigterm()
     tmp = Path(tempfile.mkdtemp(prefix="dlqapp-bench-"))
     broker = None
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP")
