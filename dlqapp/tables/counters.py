@@ -187,7 +187,7 @@ class Counters:
         if name.startswith(DETACHED):
             value = self.read(partition, _prefix(partition) + name.encode())
             if value is not None:
-                return _int(value)  # else still in the blob, should it predate keys of their own
+                return count_of(value)  # else still in the blob, should it predate keys of their own
         return _decode(self.read(partition, _key(partition))).get(name, 0)
 
     def spend(self, partition: int) -> Counter[str]:
@@ -243,7 +243,7 @@ class Counters:
             part.detached[name] = part.core.pop(name)
         prefix = _prefix(partition)
         for key, value in self.scan(partition, prefix):
-            part.detached[key[len(prefix) :].decode()] = _int(value)
+            part.detached[key[len(prefix) :].decode()] = count_of(value)
         part.changed.update(older)  # moved to keys of their own at the next write
         part.dirty = bool(older)
         return part
@@ -254,7 +254,8 @@ def _scan(table: Any, partition: int, prefix: bytes) -> list[Record]:
     return [(key, db.get(key)) for key in keys_with_prefix(db, prefix, 1 << 30)]
 
 
-def _int(value: bytes | None) -> int:
+def count_of(value: bytes | None) -> int:
+    """A spend counter's stored value (decimal digits); 0 when absent or not a number."""
     try:
         return int(value) if value else 0
     except ValueError:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dlqapp.core.budgets import SPEND, Budget, BudgetError, BudgetTable, check_key
+from dlqapp.tables.counters import count_of
 
 log = logging.getLogger("dlqapp.tables.spend_view")
 
@@ -66,13 +67,13 @@ class SpendView:
             self._on_budget(key[len(BUDGET_KEY_PREFIX) :].decode("utf-8", "replace"), value)
         elif key == f"p{partition}".encode():
             self._in_blob[partition] = _spend_of(value)
-        elif key.startswith(f"p{partition}|".encode()):
-            name = key[len(f"p{partition}|") :].decode("utf-8", "replace")
+        elif key.startswith(prefix := f"p{partition}|".encode()):
+            name = key[len(prefix) :].decode("utf-8", "replace")
             spend = self._remote.setdefault(partition, {})
             if value is None:
                 spend.pop(name, None)
             else:
-                spend[name] = _int(value)
+                spend[name] = count_of(value)
 
     def _on_budget(self, name: str, value: bytes | None) -> None:
         try:
@@ -94,17 +95,6 @@ class SpendView:
         """Nano-dollars counted under `name` on the partitions this worker owns (its own counts:
         what its steps counted, committed or not)."""
         return sum(self.local(p, name) for p in self.owned())
-
-    def spent(self, name: str) -> int:
-        """Nano-dollars counted under `name` over every partition."""
-        owned = set(self.owned())
-        total = sum(self.local(p, name) for p in owned)
-        partitions = (self._remote.keys() | self._in_blob.keys()) - owned
-        return total + sum(self._remote_spent(p, name) for p in partitions)
-
-    def _remote_spent(self, partition: int, name: str) -> int:
-        spend = self._remote.get(partition, {})
-        return spend[name] if name in spend else self._in_blob.get(partition, {}).get(name, 0)
 
     def totals(self) -> dict[str, int]:
         """Every spend counter summed over every partition, in one pass (for listings: a lookup
@@ -143,10 +133,3 @@ def _spend_of(blob: bytes | None) -> dict[str, int]:
     if not isinstance(doc, dict):
         return {}
     return {k: v for k, v in doc.items() if k.startswith(SPEND + "|") and isinstance(v, int)}
-
-
-def _int(value: bytes) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        return 0
