@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 from faust.cli import option
@@ -45,6 +46,16 @@ class CliError(Exception):
 def fail(message: str, code: int) -> None:
     print(f"dlqapp: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
+
+
+def segment(value: str) -> str:
+    """`value` as one path segment of a URL: a request id may hold `/`, `?` or `#`."""
+    return quote(value, safe="")
+
+
+def query_of(params: dict[str, Any]) -> str:
+    """The query string of `params` (those None or empty left out), each value escaped."""
+    return "&".join(f"{k}={segment(str(v))}" for k, v in params.items() if v not in (None, ""))
 
 
 async def call(

@@ -5,11 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
-from urllib.parse import quote
 
 from faust.cli import argument, option
 
-from dlqapp.cli.base import EXIT_NOT_FOUND, EXIT_USAGE, JSON, CliError, call, command, emit, progress, run, table, when
+from dlqapp.cli.base import (
+    EXIT_NOT_FOUND,
+    EXIT_USAGE,
+    JSON,
+    CliError,
+    call,
+    command,
+    emit,
+    progress,
+    query_of,
+    run,
+    segment,
+    table,
+    when,
+)
 from dlqapp.core.commands import BULK_OUTCOMES
 from dlqapp.settings import Settings
 
@@ -64,8 +77,7 @@ async def dlq_list(
 
     async def go() -> None:
         params = {"limit": limit, "offset": offset, "error_class": error_class, "model": model, "q": text}
-        query = "&".join(f"{k}={v}" for k, v in params.items() if v not in (None, ""))
-        _, page = await call(settings, "GET", f"/dlq/?{query}")
+        _, page = await call(settings, "GET", f"/dlq/?{query_of(params)}")
         rows = [
             [
                 i["request_id"],
@@ -92,7 +104,7 @@ async def dlq_show(self: Any, request_id: str, as_json: bool) -> None:
     settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
-        _, entry = await call(settings, "GET", f"/dlq/{quote(request_id, safe='')}/")
+        _, entry = await call(settings, "GET", f"/dlq/{segment(request_id)}/")
         history = [
             [a["attempt"], when(a["at"]), a["topic"], a.get("error_class") or "-", (a.get("error") or "")[:60]]
             for a in entry.get("history", [])
@@ -178,7 +190,7 @@ async def dlq_reprocess(
                 _, answer = await call(
                     settings,
                     "POST",
-                    f"/dlq/{quote(key, safe='')}/reprocess/",
+                    f"/dlq/{segment(key)}/reprocess/",
                     {"force": True} if force else None,
                     ok=(200, 404, 409, 400),
                 )
@@ -222,7 +234,7 @@ async def dlq_discard(self: Any, keys: tuple[str, ...], as_json: bool) -> None:
     settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
-        answers = [(await call(settings, "DELETE", f"/dlq/{quote(key, safe='')}/", ok=(200, 404)))[1] for key in keys]
+        answers = [(await call(settings, "DELETE", f"/dlq/{segment(key)}/", ok=(200, 404)))[1] for key in keys]
         emit(answers, as_json, "\n".join(f"{a['request_id']}: {a['status']}" for a in answers))
         if any(a["status"] != "discarded" for a in answers):
             raise SystemExit(EXIT_NOT_FOUND)

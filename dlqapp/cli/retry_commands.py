@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from faust.cli import argument, option
 
-from dlqapp.cli.base import EXIT_NOT_FOUND, JSON, call, command, emit, run, table, when
+from dlqapp.cli.base import EXIT_NOT_FOUND, JSON, call, command, emit, query_of, run, segment, table, when
 from dlqapp.core.clock import now_ms
 from dlqapp.settings import Settings
 
@@ -27,8 +26,7 @@ async def dlq_retries(
 
     async def go() -> None:
         params = {"limit": limit, "offset": offset, "tier": tier, "error_class": error_class}
-        query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in params.items() if v not in (None, ""))
-        _, page = await call(settings, "GET", f"/retries/?{query}")
+        _, page = await call(settings, "GET", f"/retries/?{query_of(params)}")
         now = now_ms()
         rows = [
             [
@@ -67,8 +65,7 @@ def relative(ms: int) -> str:
 
 async def _retry_action(settings: Settings, keys: tuple[str, ...], action: str, done: str, as_json: bool) -> None:
     answers = [
-        (await call(settings, "POST", f"/retries/{quote(key, safe='')}/{action}/", {}, ok=(200, 404, 409)))[1]
-        for key in keys
+        (await call(settings, "POST", f"/retries/{segment(key)}/{action}/", {}, ok=(200, 404, 409)))[1] for key in keys
     ]
     emit(
         answers,
@@ -99,7 +96,7 @@ async def request_status(self: Any, request_id: str, as_json: bool) -> None:
     settings: Settings = self.app.dlq_settings
 
     async def go() -> None:
-        _, state = await call(settings, "GET", f"/requests/{quote(request_id, safe='')}/")
+        _, state = await call(settings, "GET", f"/requests/{segment(request_id)}/")
         rows = [
             [when(h["at"]), h["state"], h.get("error_class") or "", h.get("tier") or ""]
             for h in state.get("history", [])
