@@ -92,9 +92,7 @@ class ReplayJobs:
             if delay > 0:
                 await asyncio.sleep(delay)
             next_at += interval
-            result = await replay(key)
-            status = result.get("status")
-            job.report[status if status in job.report else "error"].append(key)
+            _note(job.report, key, await replay(key))
         job.finished_at = time.time()
 
 
@@ -105,6 +103,12 @@ async def _all_at_once(keys: list[str], replay: ReplayOne, report: dict[str, lis
     async def one(key: str) -> None:
         async with slots:
             result = await replay(key)
-        report[result.get("status", "error") if result.get("status") in report else "error"].append(key)
+        _note(report, key, result)
 
     await asyncio.gather(*(one(k) for k in keys))
+
+
+def _note(report: dict[str, list[str]], key: str, result: dict[str, Any]) -> None:
+    """`key`'s replay under its outcome (`error` when the answer names none known)."""
+    status = result.get("status")
+    report[status if status in report else "error"].append(key)
