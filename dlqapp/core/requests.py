@@ -76,6 +76,14 @@ def lone_surrogate(data: Any) -> bool:
     return False
 
 
+def loads_shown(text: str | bytes) -> Any:
+    """JSON from elsewhere (a provider's answer, a stored payload) as dlqapp can show, label
+    and key it: lone surrogates replaced (`without_lone_surrogates`). ValueError when not JSON."""
+    data = json.loads(text)
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    return without_lone_surrogates(data) if _SURROGATE_ESCAPE.search(raw) and lone_surrogate(data) else data
+
+
 def without_lone_surrogates(data: Any) -> Any:
     """A decoded JSON value as UTF-8 can carry it: lone surrogates replaced by `?` (for showing
     a payload dlqapp refused for holding them; its bytes are kept as they were)."""

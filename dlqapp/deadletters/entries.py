@@ -34,7 +34,7 @@ from dlqapp.core.headers import (
 )
 from dlqapp.core.partitioning import owner_partition
 from dlqapp.core.prices import Spent
-from dlqapp.core.requests import lone_surrogate, without_lone_surrogates
+from dlqapp.core.requests import loads_shown
 from dlqapp.kafka.faust_tables import keys_with_prefix, partition_db
 
 PREVIEW_BYTES = 65536
@@ -194,7 +194,7 @@ class DeadLetterEntry:
         """The entry as the API shows it: `payload` is the parsed JSON when the bytes are JSON."""
         shown = self.as_dict()
         try:
-            shown["payload"] = _shown_json(self.payload_text) if self.payload_text else None
+            shown["payload"] = loads_shown(self.payload_text) if self.payload_text else None
         except (ValueError, RecursionError):
             shown["payload"] = self.payload_text
         return shown
@@ -239,14 +239,8 @@ def _spent_fields(headers: Mapping[str, str]) -> dict[str, Any]:
 def _model_of(text: str | None) -> str | None:
     """The `model` a JSON payload names, if any."""
     try:
-        parsed = _shown_json(text) if text else None
+        parsed = loads_shown(text) if text else None
     except (ValueError, RecursionError):
         return None
     model = parsed.get("model") if isinstance(parsed, dict) else None
     return model if isinstance(model, str) else None
-
-
-def _shown_json(text: str) -> Any:
-    """A payload's JSON as an answer can carry it (a lone surrogate breaks any JSON answer)."""
-    parsed = json.loads(text)
-    return without_lone_surrogates(parsed) if "\\u" in text and lone_surrogate(parsed) else parsed

@@ -7,13 +7,12 @@ DLQ_CONCURRENCY (dlqapp.inference.http_pool).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from dlqapp.core import compact_json
 from dlqapp.core.backend import CallLog, InferenceOutput
 from dlqapp.core.errors import ErrorClass, InferenceError
-from dlqapp.core.requests import Request
+from dlqapp.core.requests import Request, loads_shown
 from dlqapp.inference.http_pool import HttpConnectionError, HttpPool
 from dlqapp.inference.openai_errors import classify_response
 
@@ -90,11 +89,12 @@ class OpenAIBackend:
 
     @staticmethod
     def _json(raw: bytes) -> Any:
-        """The body as JSON, whatever its content type; a body that is not JSON becomes an error message."""
+        """The body as JSON, whatever its content type (a lone surrogate in it replaced: its served
+        model becomes a metric label); a body that is not JSON becomes an error message."""
         if not raw.strip():
             return None
         try:
-            return json.loads(raw)
+            return loads_shown(raw)
         except ValueError:  # UnicodeDecodeError included
             return {"error": {"message": raw.decode("utf-8", "replace")[:300]}}
 

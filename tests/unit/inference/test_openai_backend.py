@@ -213,3 +213,11 @@ def test_a_redirect_is_not_followed_and_says_where_it_points():
         assert "DLQ_INFERENCE_URL" in failure.message
 
     asyncio.run(check())
+
+
+def test_a_lone_surrogate_in_a_providers_answer_is_replaced():
+    """Its served model becomes a metric label: one such answer made every /metrics scrape 500."""
+    body = OpenAIBackend._json(
+        b'{"model": "gpt\\ud800", "choices": [{"message": {"content": "ok \\udfff \\ud83d\\ude42"}}]}'
+    )
+    assert body["model"] == "gpt?" and body["choices"][0]["message"]["content"] == "ok ? \U0001f642"
