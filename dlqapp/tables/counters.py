@@ -134,12 +134,11 @@ class Counters:
         part = self._parts.get(partition)
         if part is None or not part.dirty:
             return
-        now = time.monotonic()
-        if now - self._written_at.get(partition, 0.0) >= FLUSH_INTERVAL_S or open_steps <= 1:
-            records = self._records(partition, part)
-            for key, value in records:
-                self.table[key] = value
-            self.written(partition, [(self.table, key, value) for key, value in records])
+        if time.monotonic() - self._written_at.get(partition, 0.0) >= FLUSH_INTERVAL_S or open_steps <= 1:
+            records = self.unwritten(partition)
+            for table, key, value in records:
+                table[key] = value
+            self.written(partition, records)
 
     def unwritten(self, partition: int) -> list[tuple[Any, bytes, bytes | None]]:
         """(table, key, value) of each write the partition's counts need (none when unchanged)."""
