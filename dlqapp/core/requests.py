@@ -76,12 +76,17 @@ def lone_surrogate(data: Any) -> bool:
     return False
 
 
+def _holds_lone_surrogate(raw: bytes, data: Any) -> bool:
+    """`lone_surrogate(data)`, looked at only when `raw` (its JSON text) holds a surrogate escape."""
+    return _SURROGATE_ESCAPE.search(raw) is not None and lone_surrogate(data)
+
+
 def loads_shown(text: str | bytes) -> Any:
     """JSON from elsewhere (a provider's answer, a stored payload) as dlqapp can show, label
     and key it: lone surrogates replaced (`without_lone_surrogates`). ValueError when not JSON."""
     data = json.loads(text)
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-    return without_lone_surrogates(data) if _SURROGATE_ESCAPE.search(raw) and lone_surrogate(data) else data
+    return without_lone_surrogates(data) if _holds_lone_surrogate(raw, data) else data
 
 
 def without_lone_surrogates(data: Any) -> Any:
@@ -126,7 +131,7 @@ def parse_request(payload: bytes | None, max_bytes: int) -> Request:
         raise InvalidRequest([f"payload is not valid JSON: {exc}"]) from None
     if not isinstance(data, dict):
         raise InvalidRequest([f"payload must be a JSON object, not {type(data).__name__}"])
-    if _SURROGATE_ESCAPE.search(payload) and lone_surrogate(data):
+    if _holds_lone_surrogate(payload, data):
         try:
             validate_request(data)
             more: list[str] = []
