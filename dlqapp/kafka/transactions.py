@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from aiokafka.errors import MessageSizeTooLargeError
@@ -172,7 +172,7 @@ class PartitionTransaction:
                     tuple(self._culprits),
                 )
             # aiokafka commits even when a send of the transaction failed: check each first
-            await asyncio.wait_for(asyncio.gather(*(pending for pending, _ in sends)), self.timeout_s)
+            await asyncio.wait_for(self._delivered(pending for pending, _ in sends), self.timeout_s)
             await asyncio.wait_for(self.producer.commit_transaction(), self.timeout_s)
         except BaseException as exc:
             failure = (
@@ -209,8 +209,16 @@ class PartitionTransaction:
         pending = [
             await self.producer.send(topic, value, key=key, partition=self.partition) for topic, key, value in records
         ]
-        await asyncio.wait_for(asyncio.gather(*pending), self.timeout_s)
+        await asyncio.wait_for(self._delivered(pending), self.timeout_s)
         await asyncio.wait_for(self.producer.commit_transaction(), self.timeout_s)
+
+    async def _delivered(self, sends: Iterable[Awaitable[Any]]) -> None:
+        """Send the records the producer holds back (its linger lasts a commit interval: no
+        read_committed consumer reads them before the commit), then wait for each."""
+        accumulator = getattr(self.producer, "_message_accumulator", None)
+        if accumulator is not None:  # aiokafka's: the one way to end a batch's linger at once
+            await accumulator.flush_for_commit()
+        await asyncio.gather(*sends)
 
     def _fail(self, failure: TransactionFailed) -> None:
         self._closed = True

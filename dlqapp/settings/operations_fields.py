@@ -116,7 +116,8 @@ class OperationsFields:
         "5ms",
         parse_duration_ms,
         "How long the worker's Kafka producer waits to batch sends (results, retries, table changelogs) into one "
-        "request; 0 sends each at once.",
+        "request; 0 sends each at once. Under `exactly_once` a partition's records wait for its transaction's "
+        "commit (DLQ_COMMIT_INTERVAL), which no read_committed consumer sees them before.",
     )
     event_loop: str = setting(
         "DLQ_EVENT_LOOP",

@@ -81,7 +81,8 @@ def transactional_producer(settings: Settings) -> ProducerFactory:
                 acks="all",
                 transaction_timeout_ms=settings.transaction_timeout_ms,
                 max_request_size=settings.producer_request_bytes,
-                linger_ms=settings.producer_linger_ms,
+                # nothing of an open transaction is read before its commit, which sends what lingers
+                linger_ms=max(settings.producer_linger_ms, settings.commit_interval_ms),
             )
         )
 
