@@ -6,7 +6,6 @@ to `results` or `dlq`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -188,7 +187,7 @@ class Envelope:
     @classmethod
     def from_bytes(cls, blob: bytes) -> Envelope:
         meta_raw, _, payload = blob.partition(b"\n")
-        meta = json.loads(meta_raw)
+        meta = compact_json.loads(meta_raw)
         return cls.from_headers(meta[H_REQUEST_ID], payload, meta)
 
 

@@ -6,10 +6,11 @@ malformed value is read as absent, never raised.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from dlqapp.core import compact_json
 
 H_RETRY_COUNT = "retry_count"
 H_ATTEMPTS = "attempts"
@@ -95,7 +96,7 @@ def header_json(headers: Mapping[str, str], name: str, kind: type) -> Any:
     if value is None:
         return None
     try:
-        data = json.loads(value)
+        data = compact_json.loads(value)
     except (ValueError, RecursionError):
         return None
     return data if isinstance(data, kind) else None

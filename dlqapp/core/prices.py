@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dlqapp.core import compact_json
 from dlqapp.core.usage import Usage
 
 NANO = 1_000_000_000
@@ -159,7 +160,7 @@ class Spent:
     def decode(cls, text: str | None) -> Spent:
         """The header's value; nothing spent when absent or malformed (never raises)."""
         try:
-            doc = json.loads(text) if text else None
+            doc = compact_json.loads(text) if text else None
         except (ValueError, RecursionError):
             doc = None
         if not isinstance(doc, dict):

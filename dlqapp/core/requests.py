@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from dlqapp.core import compact_json
+
 MAX_REQUEST_ID_CHARS = 256
 PRIORITIES = ("high", "normal", "low")
 MAX_DEADLINE_MS = 253_402_300_799_999
@@ -84,7 +86,7 @@ def _holds_lone_surrogate(raw: bytes, data: Any) -> bool:
 def loads_shown(text: str | bytes) -> Any:
     """JSON from elsewhere (a provider's answer, a stored payload) as dlqapp can show, label
     and key it: lone surrogates replaced (`without_lone_surrogates`). ValueError when not JSON."""
-    data = json.loads(text)
+    data = compact_json.loads(text)
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     return without_lone_surrogates(data) if _holds_lone_surrogate(raw, data) else data
 
@@ -126,7 +128,7 @@ def parse_request(payload: bytes | None, max_bytes: int) -> Request:
     except UnicodeDecodeError:
         raise InvalidRequest(["payload is not valid UTF-8"]) from None
     try:
-        data = json.loads(text)
+        data = compact_json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
         raise InvalidRequest([f"payload is not valid JSON: {exc}"]) from None
     if not isinstance(data, dict):
@@ -191,7 +193,7 @@ def salvage_request_id(payload: bytes | None) -> str | None:
     if not payload:
         return None
     try:
-        data = json.loads(payload)
+        data = compact_json.loads(payload)
     except (ValueError, RecursionError):
         return None
     return _valid_request_id(data.get("request_id")) if isinstance(data, dict) else None

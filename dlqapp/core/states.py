@@ -7,7 +7,6 @@ in it); the table records every settled state.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -109,7 +108,7 @@ class StoredState:
         """The record stored in `blob` (None for no blob); ValueError when it holds none."""
         if not blob:
             return None
-        doc = json.loads(blob)
+        doc = compact_json.loads(blob)
         if not isinstance(doc, dict):
             raise ValueError("a request state is a JSON object")
         return cls(

@@ -12,6 +12,7 @@ from typing import Any
 
 from faust.types import TableT
 
+from dlqapp.core import compact_json
 from dlqapp.core.clock import now_ms
 from dlqapp.core.headers import (
     H_ATTEMPTS,
@@ -178,7 +179,7 @@ class DeadLetterEntry:
     @classmethod
     def decode(cls, blob: bytes) -> DeadLetterEntry:
         """The entry stored in `blob`; ValueError when it holds none (Faust's offset record)."""
-        doc = json.loads(blob)
+        doc = compact_json.loads(blob)
         if not isinstance(doc, dict):
             raise ValueError("a DLQ entry is a JSON object")
         fields: dict[str, Any] = {name: doc.get(name) for name in _ENTRY_FIELDS}

@@ -18,7 +18,7 @@ from typing import Any
 from faust import TopicT
 from faust.types import TableT
 
-from dlqapp.core import states
+from dlqapp.core import compact_json, states
 from dlqapp.core.budgets import Budget, BudgetError, check_key
 from dlqapp.core.clock import Clock
 from dlqapp.core.commands import RETRY_ACTIONS, Action, Command, CommandHandler, ReplayStatus, check_edit
@@ -109,7 +109,7 @@ class Operator:
 
     def ledger_for(self, request_id: str) -> list[dict[str, Any]]:
         blob = self.ledger.get(request_id.encode())
-        return json.loads(blob) if blob else []
+        return compact_json.loads(blob) if blob else []
 
     async def execute(self, raw: dict[str, Any]) -> dict[str, Any]:
         """Run one command; answer with its status (`reprocessed`, `discarded`, `not_found`, …)."""

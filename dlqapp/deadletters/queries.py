@@ -9,12 +9,12 @@ from running counters, so a crash and replay cannot double-count.
 from __future__ import annotations
 
 import heapq
-import json
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from dlqapp.core import compact_json
 from dlqapp.core.prices import usd
 from dlqapp.tables.counters import grouped
 
@@ -132,7 +132,7 @@ def local_page(
 
 def newest_first(walks: Iterable[Iterable[bytes]]) -> Iterator[dict[str, Any]]:
     """Summaries from several partitions' time indexes (each newest first), merged newest first."""
-    decoded = [(json.loads(blob) for blob in walk) for walk in walks]
+    decoded = [(compact_json.loads(blob) for blob in walk) for walk in walks]
     return heapq.merge(
         *decoded, key=lambda item: (item.get("dead_at") or 0, item.get("key") or item["request_id"]), reverse=True
     )

@@ -24,7 +24,6 @@ partition since (`on_revoked`).
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -265,7 +264,7 @@ def _decode(blob: bytes | None) -> Counter[str]:
     if not blob:
         return Counter()
     try:
-        data = json.loads(blob)
+        data = compact_json.loads(blob)
     except ValueError:
         return Counter()
     return Counter({k: v for k, v in data.items() if isinstance(v, int)}) if isinstance(data, dict) else Counter()

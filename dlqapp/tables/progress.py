@@ -17,7 +17,6 @@ so that Faust's offset commits stay as they are.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -148,7 +147,7 @@ def _decode(blob: bytes | None) -> Ended:
     if not blob:
         return Ended(-1)
     try:
-        doc = json.loads(blob)
+        doc = compact_json.loads(blob)
         return Ended(int(doc["next"]), tuple((int(low), int(high)) for low, high in doc.get("also", ())))
     except (ValueError, TypeError, KeyError):
         return Ended(-1)

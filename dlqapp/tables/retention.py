@@ -13,12 +13,11 @@ is that old and whose request is no longer in the DLQ.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dlqapp.core import states
+from dlqapp.core import compact_json, states
 from dlqapp.core.states import StoredState
 from dlqapp.kafka.faust_tables import active_partitions, partition_db, scan_chunk
 
@@ -48,7 +47,7 @@ def request_last_change(blob: bytes) -> int | None:
 def ledger_last_change(blob: bytes) -> int | None:
     """When a replay ledger last changed (its newest record), or None."""
     try:
-        records = json.loads(blob)
+        records = compact_json.loads(blob)
     except (ValueError, UnicodeDecodeError):
         return None
     if not isinstance(records, list) or not records or not isinstance(records[-1], dict):

@@ -17,11 +17,11 @@ them from the same changelog and a restart forgets none.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from dlqapp.core import compact_json
 from dlqapp.core.budgets import SPEND, Budget, BudgetError, BudgetTable, check_key
 from dlqapp.tables.counters import count_of
 
@@ -77,7 +77,7 @@ class SpendView:
 
     def _on_budget(self, name: str, value: bytes | None) -> None:
         try:
-            doc = json.loads(value) if value else None
+            doc = compact_json.loads(value) if value else None
             if doc is None:
                 self._set_budgets.pop(name, None)
             else:
@@ -127,7 +127,7 @@ def _spend_of(blob: bytes | None) -> dict[str, int]:
     if not blob:
         return {}
     try:
-        doc = json.loads(blob)
+        doc = compact_json.loads(blob)
     except ValueError:
         return {}
     if not isinstance(doc, dict):
