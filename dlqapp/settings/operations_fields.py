@@ -117,7 +117,7 @@ class OperationsFields:
         parse_duration_ms,
         "How long the worker's Kafka producer waits to batch sends (results, retries, table changelogs) into one "
         "request; 0 sends each at once. Under `exactly_once` a partition's records wait for its transaction's "
-        "commit (DLQ_COMMIT_INTERVAL), which no read_committed consumer sees them before.",
+        "commit (DLQ_COMMIT_INTERVAL), before which no read_committed consumer sees them anyway.",
     )
     event_loop: str = setting(
         "DLQ_EVENT_LOOP",
