@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 
 @dataclass
@@ -182,3 +182,13 @@ def record_of(m: Any) -> Record:
     """An aiokafka message as a test `Record` (headers decoded)."""
     headers = {k: v.decode("utf-8", "replace") for k, v in (m.headers or [])}
     return Record(m.topic, m.partition, m.offset, m.timestamp, m.key, m.value, headers)
+
+
+async def create_topics(bootstrap: str, *names: str) -> None:
+    """Create each topic with one partition and one replica."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(name, 1, 1) for name in names])
+    finally:
+        await admin.close()

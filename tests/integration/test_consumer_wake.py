@@ -13,10 +13,9 @@ import asyncio
 import time
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dlqapp.kafka.faust_consumer_thread import wake_polls
-from tests.kafka_io import produce
+from tests.kafka_io import create_topics, produce
 from tests.support import unique
 
 POLL_TIMEOUT_S = 60.0
@@ -48,18 +47,9 @@ async def _poll_sees_the_partition_once_woken(bootstrap: str, topic: str) -> tup
         await consumer.stop()
 
 
-async def _create(bootstrap: str, topic: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
-
-
 def test_a_waiting_poll_takes_the_records_of_a_partition_back_in_the_active_set_once_woken(kafka_bootstrap):
     topic = unique("wake")
-    asyncio.run(_create(kafka_bootstrap, topic))
+    asyncio.run(create_topics(kafka_bootstrap, topic))
     produce(kafka_bootstrap, topic, [(f"k{i}".encode(), b"v") for i in range(5)])
     taken, took = asyncio.run(_poll_sees_the_partition_once_woken(kafka_bootstrap, topic))
     assert taken == 5

@@ -13,25 +13,16 @@ from __future__ import annotations
 import asyncio
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dlqapp.kafka.faust_producer import keep_in_metadata
+from tests.kafka_io import create_topics
 from tests.support import unique
-
-
-async def _create(bootstrap: str, *names: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 1, 1) for name in names])
-    finally:
-        await admin.close()
 
 
 async def _known_after_a_send_to_a_new_topic(bootstrap: str, keep: bool) -> bool:
     """Whether the producer still knows topic `old` after its first send to a topic created after it started."""
     old, new = unique("meta-old"), unique("meta-new")
-    await _create(bootstrap, old)
+    await create_topics(bootstrap, old)
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
     await producer.start()
     try:
@@ -39,7 +30,7 @@ async def _known_after_a_send_to_a_new_topic(bootstrap: str, keep: bool) -> bool
         await producer.send_and_wait(old, b"before")  # known from that refresh, so never "added"
         if keep:
             keep_in_metadata(producer.client, [old])
-        await _create(bootstrap, new)
+        await create_topics(bootstrap, new)
         await producer.send_and_wait(new, b"first")
         return producer.client.cluster.partitions_for_topic(old) is not None
     finally:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from dlqapp.kafka.transactions import PartitionTransaction
-from tests.kafka_io import read_topic
+from tests.kafka_io import create_topics, read_topic
 from tests.support import unique
 
 LINGER_MS = 30_000
@@ -23,12 +22,7 @@ LINGER_MS = 30_000
 async def _commit_lingering(bootstrap: str, topic: str, values: list[bytes]) -> int:
     """Send `values` in one partition transaction whose producer lingers LINGER_MS, commit,
     then strike once (its own transaction); returns the number of periodic commits made."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
+    await create_topics(bootstrap, topic)
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap,
         transactional_id=unique("linger-txn"),
