@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import aiohttp
 from faust.cli import option
+from yarl import URL
 
 from dlqapp.settings import Settings
 
@@ -49,8 +50,9 @@ def fail(message: str, code: int) -> None:
 
 
 def segment(value: str) -> str:
-    """`value` as one path segment of a URL: a request id may hold `/`, `?` or `#`."""
-    return quote(value, safe="")
+    """`value` as one path segment of a URL: a request id may hold `/`, `?` or `#`, or be
+    `.` or `..` (sent as `%2E`, which `call` keeps as it is: a URL library resolves dots)."""
+    return quote(value, safe="").replace(".", "%2E")
 
 
 def query_of(params: dict[str, Any]) -> str:
@@ -62,7 +64,7 @@ async def call(
     settings: Settings, method: str, path: str, body: Any = None, ok: tuple[int, ...] = (200,)
 ) -> tuple[int, Any]:
     """One HTTP call to the worker; CliError on an unreachable worker or an unexpected status."""
-    url = settings.web_url.rstrip("/") + path
+    url = URL(settings.web_url.rstrip("/") + path, encoded=True)  # `path` is escaped already
     headers = {"X-DLQ-Actor": f"cli:{getpass.getuser()}@{socket.gethostname()}", "Content-Type": "application/json"}
     if settings.admin_token:
         headers["Authorization"] = f"Bearer {settings.admin_token}"

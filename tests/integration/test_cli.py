@@ -87,16 +87,22 @@ def test_errors_have_clear_messages_and_exit_codes(worker):
 
 
 def test_ids_with_slashes_and_dots_are_found_and_discarded(worker):
-    """A request id is any string: the CLI sent `/dlq/a/../b/` unescaped and got the router's 404."""
-    rid = unique("team/batch") + "/../chunk%2F1?x=#y"
+    """A request id is any string: the CLI sent `/dlq/a/../b/` unescaped and got the router's
+    404, and `..` alone became `/dlq/../`, which the URL library resolved to `/`."""
+    ids = [unique("team/batch") + "/../chunk%2F1?x=#y", "..", "."]
     produce(
         worker.bootstrap,
         worker.topic("input"),
-        [(rid.encode(), request_bytes(rid, metadata={"simulate": {"fail_times": 1, "error": "auth_error"}}))],
+        [
+            (rid.encode(), request_bytes(rid, metadata={"simulate": {"fail_times": 1, "error": "auth_error"}}))
+            for rid in ids
+        ],
     )
-    wait_until(lambda: cli(worker, "dlq-show", rid).returncode == 0, 30, f"{rid} in the DLQ")
-    assert rid in cli(worker, "dlq-show", rid).stdout
-    status = cli(worker, "request-status", rid, "--json")
-    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "dead_lettered"
-    assert cli(worker, "dlq-discard", "--key", rid, "--json").returncode == 0
-    assert cli(worker, "dlq-show", rid).returncode == 1
+    for rid in ids:
+        wait_until(lambda rid=rid: cli(worker, "dlq-show", rid).returncode == 0, 30, f"{rid} in the DLQ")
+        assert f"request_id   {rid}\n" in cli(worker, "dlq-show", rid).stdout
+        status = cli(worker, "request-status", rid, "--json")
+        assert status.returncode == 0 and json.loads(status.stdout)["request_id"] == rid
+        assert json.loads(status.stdout)["state"] == "dead_lettered"
+        assert cli(worker, "dlq-discard", "--key", rid, "--json").returncode == 0
+        assert cli(worker, "dlq-show", rid).returncode == 1

@@ -17,3 +17,12 @@ def test_an_id_is_one_path_segment():
     assert (
         "/" not in segment("team/batch/../x?y#z") and unquote(segment("team/batch/../x?y#z")) == "team/batch/../x?y#z"
     )
+
+
+def test_a_dot_id_reaches_the_worker_as_itself():
+    """`dlq-show ..` asked for `/dlq/../`, which a URL library resolves to `/`."""
+    from yarl import URL
+
+    for request_id in (".", "..", "...", "a.b", "../x"):
+        url = URL(f"http://worker:6066/dlq/{segment(request_id)}/", encoded=True)
+        assert url.raw_path.count("/") == 3 and unquote(url.raw_path.split("/")[2]) == request_id
