@@ -48,6 +48,9 @@ class InferenceBackend(Protocol):
     """Calls a model once. Raises `InferenceError` (or anything: it is classified)."""
 
     name: str
+    bounds_its_calls: bool
+    """True when `complete` itself ends a call that outlasts DLQ_INFERENCE_TIMEOUT (with
+    TimeoutError or a timeout InferenceError): the caller then adds no timeout of its own."""
 
     async def complete(self, request: Request, attempt: int, model: str | None = None) -> InferenceOutput:
         """Run one attempt (1-based `attempt`), on `model` when given (the fallback). Never retries internally."""

@@ -46,6 +46,7 @@ class OpenAIBackend:
     """Calls an OpenAI-compatible endpoint (OpenAI, vLLM, Ollama, a gateway, the mock)."""
 
     name = "openai"
+    bounds_its_calls = True  # one timer per call, connecting included (HttpPool.post)
 
     def __init__(
         self,

@@ -33,6 +33,7 @@ class SimulatedBackend:
     """Simulated model calls with configurable latency, success rate and seed."""
 
     name = "simulated"
+    bounds_its_calls = False
 
     def __init__(
         self,

@@ -271,8 +271,11 @@ class BackendCaller:
     ) -> tuple[InferenceOutput | None, Failure | None]:
         """One backend call, bounded by DLQ_INFERENCE_TIMEOUT; never raises."""
         try:
-            async with asyncio.timeout(self._timeout_s):
+            if self.backend.bounds_its_calls:  # a timeout scope per call is a few % of a worker's CPU
                 output = await self.backend.complete(request, attempt, model)
+            else:
+                async with asyncio.timeout(self._timeout_s):
+                    output = await self.backend.complete(request, attempt, model)
         except Exception as exc:  # every failure is classified, nothing escapes
             return None, classify_exception(exc)
         return output, None

@@ -128,6 +128,7 @@ class ScriptedBackend:
     """Succeeds, or fails the first `fail_times` calls of an id with `error`."""
 
     name = "scripted"
+    bounds_its_calls = False
 
     def __init__(self, fail_times: dict[str, int] | None = None, error: ErrorClass = ErrorClass.SERVER_ERROR) -> None:
         self.fail_times = fail_times or {}

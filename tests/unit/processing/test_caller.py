@@ -16,6 +16,8 @@ from dlqapp.tables.step import Step, StepContext
 class MarkedBackend:
     """Records whether the calling step was marked waiting when the call reached it."""
 
+    bounds_its_calls = False
+
     def __init__(self, context: StepContext) -> None:
         self.context = context
         self.waiting_at_call: list[bool] = []
@@ -94,6 +96,8 @@ def test_a_held_call_is_not_an_attempt_so_its_step_may_still_be_handed_back_whil
 class FailingBackend:
     """A backend that answers every call with a 500 of the request's own."""
 
+    bounds_its_calls = False
+
     def __init__(self) -> None:
         self.calls = 0
 
@@ -135,3 +139,33 @@ def test_replayed_dead_letters_failing_again_are_attempts_and_never_open_the_bre
     assert asyncio.run(run(replayed=True)) == ("closed", [True, True, True], 3)
     state, made, _ = asyncio.run(run(replayed=False))  # fresh requests failing alike: an outage
     assert state == "open" and made[-1] is False
+
+
+class SlowBackend:
+    """Answers after `delay_s`; bounds its own calls or leaves that to the caller."""
+
+    def __init__(self, delay_s: float, bounds_its_calls: bool) -> None:
+        self.delay_s = delay_s
+        self.bounds_its_calls = bounds_its_calls
+
+    async def complete(self, request, attempt, model=None):
+        await asyncio.sleep(self.delay_s)
+        return InferenceOutput(text="late", model="m")
+
+
+def test_the_caller_bounds_a_call_unless_the_backend_bounds_its_own():
+    """DLQ_INFERENCE_TIMEOUT ends a slow call (a timeout, classified); a backend that ends its
+    own calls (the OpenAI one: one timer per call) gets no second timeout scope."""
+
+    async def call(backend: SlowBackend):
+        breaker = CircuitBreaker(BreakerConfig(), lambda: 0)
+        caller = BackendCaller(
+            backend, breaker, SlotLimiter(4), timeout_ms=50, clock=lambda: 0, lateness=LatenessWindow()
+        )
+        request = Request("r1", "m", [{"role": "user", "content": "hi"}], None, {}, {})
+        return await caller.call_backend(request, 1)
+
+    output, failure = asyncio.run(call(SlowBackend(5, bounds_its_calls=False)))
+    assert output is None and failure is not None and failure.error_class is ErrorClass.TIMEOUT
+    output, failure = asyncio.run(call(SlowBackend(0.2, bounds_its_calls=True)))
+    assert failure is None and output is not None and output.text == "late"
