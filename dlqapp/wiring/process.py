@@ -3,12 +3,15 @@ collector, and what it keeps on disk between runs."""
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import gc
+import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dlqapp.settings import Settings, SettingsError
 
@@ -68,3 +71,33 @@ def tune_garbage_collector() -> None:
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
+
+
+def exit_code_of(exit: SystemExit) -> int:
+    """The process exit code a SystemExit asks for (a message is printed, and is 1)."""
+    if exit.code is None:
+        return 0
+    if isinstance(exit.code, int):
+        return exit.code
+    print(exit.code, file=sys.stderr)
+    return 1
+
+
+def end_process(
+    code: int, exit: Callable[[int], Any] = os._exit, exit_handlers: Callable[[], None] = atexit._run_exitfuncs
+) -> NoReturn:
+    """End a worker whose stop is complete: run the exit handlers (logging's flush, the trace
+    exporter's), flush the standard streams, and exit without tearing the interpreter down.
+
+    The teardown only destroys objects, and native ones (uvloop's handles, RocksDB's shared
+    block cache and its background threads) have crashed it: a worker that had stopped
+    cleanly ended with SIGSEGV, after the interpreter's fault handler was gone."""
+    exit_handlers()  # a restart in place is one (dlqapp.wiring.restart): it re-executes the worker
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:  # a closed or replaced stream: nothing left to flush there
+            pass
+    exit(code)
+    raise AssertionError("exit returned")  # only a test's `exit` does

@@ -68,3 +68,42 @@ def test_a_text_log_hides_faust_start_lines_from_the_first() -> None:
     logger = _root_set_up(DlqWorker, logging.INFO, log_format="text")
     assert _line(logger, "mode.worker", "[^DlqWorker]: Starting...") == ""
     assert _line(logger, "dlqapp.wiring.faust_app", "ready").strip().endswith("ready")
+
+
+class Ended(Exception):
+    """What the fake `exit` raises: the process would have ended here."""
+
+
+def test_a_stopped_worker_ends_with_its_code_after_its_exit_handlers_without_the_teardown(monkeypatch) -> None:
+    """Faust's worker ends with SystemExit, and the interpreter's teardown that followed has
+    crashed a cleanly stopped worker in native destructors: the process ends right after
+    the exit handlers (a restart in place is one), with the same code."""
+    from dlqapp.wiring import process
+
+    done: list[object] = []
+
+    def stopped(self) -> None:
+        raise SystemExit(3)
+
+    def exit(code: int) -> None:
+        done.append(("exit", code))
+        raise Ended
+
+    monkeypatch.setattr(Worker, "execute_from_commandline", stopped)
+    worker = object.__new__(DlqWorker)
+    real_end = process.end_process
+
+    def end(code: int) -> None:
+        real_end(code, exit=exit, exit_handlers=lambda: done.append("handlers"))
+
+    monkeypatch.setattr("dlqapp.wiring.worker.end_process", end)
+    with pytest.raises(Ended):
+        worker.execute_from_commandline()
+    assert done == ["handlers", ("exit", 3)]
+
+
+@pytest.mark.parametrize(("code", "expected"), [(None, 0), (0, 0), (2, 2), ("bad setting", 1)])
+def test_the_exit_code_of_a_system_exit(code: object, expected: int) -> None:
+    from dlqapp.wiring.process import exit_code_of
+
+    assert exit_code_of(SystemExit(code)) == expected
