@@ -4,6 +4,7 @@ collector, and what it keeps on disk between runs."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import gc
 import os
@@ -73,6 +74,14 @@ def tune_garbage_collector() -> None:
     gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
+def flush_standard_streams() -> None:
+    """Flush stdout and stderr (mode's proxies and the real ones) before the process ends or is replaced."""
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        with contextlib.suppress(Exception):  # a closed stream, or none: nothing to flush there
+            if stream is not None:
+                stream.flush()
+
+
 def exit_code_of(exit: SystemExit) -> int:
     """The process exit code a SystemExit asks for (a message is printed, and is 1)."""
     if exit.code is None:
@@ -93,11 +102,6 @@ def end_process(
     block cache and its background threads) have crashed it: a worker that had stopped
     cleanly ended with SIGSEGV, after the interpreter's fault handler was gone."""
     exit_handlers()  # a restart in place is one (dlqapp.wiring.restart): it re-executes the worker
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:  # a closed or replaced stream: nothing left to flush there
-            pass
+    flush_standard_streams()
     exit(code)
     raise AssertionError("exit returned")  # only a test's `exit` does

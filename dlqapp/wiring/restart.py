@@ -22,7 +22,6 @@ close-on-exec), wipes its tables and joins the group again.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import faulthandler
 import logging
 import os
@@ -33,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dlqapp.wiring.process import STDERR_FD
+from dlqapp.wiring.process import STDERR_FD, flush_standard_streams
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +162,7 @@ class Restarts:
             return
         env = {**os.environ, RESTARTS_ENV: str(self.in_a_row + 1)}
         log.info("restart_exec restarts_in_a_row=%d from=%s", self.in_a_row + 1, threading.current_thread().name)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a closed stream: nothing to flush
-                stream.flush()
+        flush_standard_streams()
         os.execve(sys.executable, list(sys.orig_argv), env)
 
 
@@ -185,7 +182,5 @@ class StopWatch:
         log.warning(
             "the stop took longer than %.0f s (DLQ_DRAIN_TIMEOUT + %.0f s): exiting now", self.bound_s, STOP_MARGIN_S
         )
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):  # a closed stream
-                stream.flush()
+        flush_standard_streams()
         self._exit(0)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, unquote
 
+from yarl import URL
+
 from dlqapp.cli.base import query_of, segment
 
 
@@ -21,8 +23,6 @@ def test_an_id_is_one_path_segment():
 
 def test_a_dot_id_reaches_the_worker_as_itself():
     """`dlq-show ..` asked for `/dlq/../`, which a URL library resolves to `/`."""
-    from yarl import URL
-
     for request_id in (".", "..", "...", "a.b", "../x"):
         url = URL(f"http://worker:6066/dlq/{segment(request_id)}/", encoded=True)
         assert url.raw_path.count("/") == 3 and unquote(url.raw_path.split("/")[2]) == request_id
