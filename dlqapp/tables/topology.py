@@ -17,7 +17,7 @@ from faust.types import TableT
 from dlqapp.core.commands import UNDECODABLE
 from dlqapp.core.tiers import Tier
 from dlqapp.settings import Settings
-from dlqapp.tables.rocksdb_memory import MEMTABLE_BUDGET, SHARED_CACHE
+from dlqapp.tables.rocksdb_memory import MEMTABLE_BUDGET, SHARED_CACHE, WITHOUT_WAL
 from dlqapp.tables.step import StepContext
 
 TOLERANT_JSON = "dlqapp-json"
@@ -131,7 +131,8 @@ def declare(app: faust.App, settings: Settings) -> Topology:
 
 def _rocksdb_options(settings: Settings) -> dict[str, int]:
     """Bounded RocksDB memory for the whole worker (dlqapp.tables.rocksdb_memory): Faust's
-    defaults allow 192 MiB of write buffers and a 2 GiB block cache per table partition."""
+    defaults allow 192 MiB of write buffers and a 2 GiB block cache per table partition.
+    Under exactly_once, without the write-ahead log (a start rebuilds the tables anyway)."""
     return {
         "write_buffer_size": settings.table_write_buffer_bytes,
         "max_write_buffer_number": 2,
@@ -139,4 +140,5 @@ def _rocksdb_options(settings: Settings) -> dict[str, int]:
         "block_cache_compressed_size": settings.table_cache_bytes,
         SHARED_CACHE: settings.table_cache_bytes,
         MEMTABLE_BUDGET: settings.table_memtable_budget_bytes,
+        WITHOUT_WAL: int(settings.exactly_once),
     }
