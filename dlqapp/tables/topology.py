@@ -95,7 +95,7 @@ def declare(app: faust.App, settings: Settings) -> Topology:
                 "max.message.bytes": str(settings.table_record_bytes),
                 "min.insync.replicas": str(settings.min_insync_replicas),
             },
-            options=_rocksdb_options(settings),
+            options=rocksdb_options(settings),
             steps=steps,
         )
 
@@ -129,7 +129,7 @@ def declare(app: faust.App, settings: Settings) -> Topology:
     )
 
 
-def _rocksdb_options(settings: Settings) -> dict[str, int]:
+def rocksdb_options(settings: Settings) -> dict[str, int]:
     """Bounded RocksDB memory for the whole worker (dlqapp.tables.rocksdb_memory): Faust's
     defaults allow 192 MiB of write buffers and a 2 GiB block cache per table partition.
     Under exactly_once, without the write-ahead log (a start rebuilds the tables anyway)."""

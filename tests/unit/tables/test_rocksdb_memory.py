@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 from faust.stores.rocksdb import RocksDBOptions
 
+from dlqapp.settings import Settings
 from dlqapp.tables.rocksdb_memory import MEMTABLE_BUDGET, SHARED_CACHE, WITHOUT_WAL, share_memory
+from dlqapp.tables.topology import rocksdb_options
 
 
 class _Store:
@@ -29,3 +31,10 @@ def test_writes_skip_the_write_ahead_log_only_when_asked(tmp_path: Path, without
         assert (_wal_bytes(tmp_path / "db") > 0) is logged  # before the close, which flushes the memtable
     finally:
         db.close()
+
+
+@pytest.mark.parametrize(("guarantee", "without_wal"), [("exactly_once", 1), ("at_least_once", 0)])
+def test_only_exactly_once_tables_skip_the_log(guarantee: str, without_wal: int) -> None:
+    """exactly_once rebuilds the tables at every start; at_least_once reopens them, so keeps the log."""
+    options = rocksdb_options(Settings.from_env({"DLQ_PROCESSING_GUARANTEE": guarantee}))
+    assert options[WITHOUT_WAL] == without_wal
