@@ -23,7 +23,9 @@ def hand_back_unacked(app: Any, event: Any) -> None:
 def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
     """(topic, partition, messages not yet handled) for `topics`: the log end offset minus
     the oldest offset still being handled (read, not yet acked), or, when none is, minus
-    the next offset to read.
+    the next offset the consumer hands over (dlqapp.kafka.delivery_order: past the commit
+    and abort markers at a partition's end once its idle check took them as a gap), or,
+    before the partition's first seek, the next offset to read.
 
     Faust keeps the offset it last handed to a stream in `Consumer._read_offset` and the
     events not yet acked in `Consumer._unacked_messages`; the committed offset trails by
@@ -42,6 +44,7 @@ def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
         tp = message.tp
         if tp.topic in topics and (tp not in oldest or message.offset < oldest[tp]):
             oldest[tp] = message.offset
+    order = getattr(consumer, "delivery_order", None)
     for tp in assigned:
         if tp.topic not in topics:
             continue
@@ -50,10 +53,15 @@ def consumer_lag(app: Any, topics: set[str]) -> list[tuple[str, int, int]]:
         except Exception:  # not fetched yet
             continue
         if high is not None:
-            read = consumer._read_offset.get(tp)
-            committed = consumer._committed_offset.get(tp) or 0
-            # committed can pass the last record read: a transaction's commit marker after it
-            position = oldest.get(tp, max(read + 1, committed) if read is not None else committed)
+            position = oldest.get(tp)
+            if position is None and order is not None:
+                position = order.expected(tp)
+            if position is None:
+                # Faust's read offset is the last one read, or the committed one after a
+                # seek; committed can pass the last record read (a commit marker after it)
+                read = consumer._read_offset.get(tp)
+                committed = consumer._committed_offset.get(tp) or 0
+                position = max(read + 1, committed) if read is not None else committed
             lag.append((tp.topic, tp.partition, max(0, high - position)))
     return lag
 
